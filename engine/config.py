@@ -1,0 +1,16 @@
+"""Engine settings: one plain data class, filled from the CLI or the gateway policy."""
+
+from dataclasses import dataclass
+
+
+@dataclass
+class EngineConfig:
+    model: str  # bundled name (smollm2-135m, ...), a GGUF path or a Hugging Face folder
+    kv_cache_bytes: int = 256 * 1024 * 1024  # K and V pools of all layers together
+    page_size: int = 16  # tokens per KV page
+    max_num_seqs: int = 64  # running sequences per step
+    max_num_batched_tokens: int = 2048  # token budget per step (prefill chunks + decodes)
+    max_waiting: int = 256  # waiting-queue bound; beyond it add_request raises QueueFullError
+    max_model_len: int | None = None  # None: the model's context length
+    enable_prefix_caching: bool = True
+    num_threads: int | None = None  # torch intra-op threads; None leaves torch's default

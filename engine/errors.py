@@ -1,0 +1,17 @@
+"""Errors the engine raises to its callers (the servers map them to HTTP statuses)."""
+
+
+class EngineError(Exception):
+    """Base class for errors a caller should turn into a client-facing error."""
+
+
+class PromptTooLongError(EngineError, ValueError):
+    """The prompt (plus at least one new token) does not fit the model's context: HTTP 400."""
+
+
+class QueueFullError(EngineError):
+    """The waiting queue is at its bound: HTTP 429 with Retry-After."""
+
+
+class EngineDeadError(EngineError):
+    """The step loop has stopped (crashed or shut down): HTTP 503."""

