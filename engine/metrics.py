@@ -27,21 +27,32 @@ class EngineMetrics:
         self.registry = registry or CollectorRegistry()
         labels = ["model_name"]
         r = self.registry
-        self._running = Gauge("tiergate_engine_num_requests_running", "Running requests", labels, registry=r)
-        self._waiting = Gauge("tiergate_engine_num_requests_waiting", "Waiting requests", labels, registry=r)
+        self._running = Gauge(
+            "tiergate_engine_num_requests_running", "Running requests", labels, registry=r
+        )
+        self._waiting = Gauge(
+            "tiergate_engine_num_requests_waiting", "Waiting requests", labels, registry=r
+        )
         self._kv_usage = Gauge(
             "tiergate_engine_kv_cache_usage_perc", "Fraction of KV pages in use", labels, registry=r
         )
         self._prefix_queries = Counter(
-            "tiergate_engine_prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
-            labels, registry=r,
+            "tiergate_engine_prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache",
+            labels,
+            registry=r,
         )
         self._prefix_hits = Counter(
-            "tiergate_engine_prefix_cache_hits", "Prompt tokens found in the prefix cache",
-            labels, registry=r,
+            "tiergate_engine_prefix_cache_hits",
+            "Prompt tokens found in the prefix cache",
+            labels,
+            registry=r,
         )
         self._preemptions = Counter(
-            "tiergate_engine_num_preemptions", "Requests preempted (recomputed later)", labels, registry=r
+            "tiergate_engine_num_preemptions",
+            "Requests preempted (recomputed later)",
+            labels,
+            registry=r,
         )
         self._generation_tokens = Counter(
             "tiergate_engine_generation_tokens", "Generated tokens", labels, registry=r
@@ -50,12 +61,18 @@ class EngineMetrics:
             "tiergate_engine_prompt_tokens", "Prompt tokens prefilled or reused", labels, registry=r
         )
         self._ttft = Histogram(
-            "tiergate_engine_time_to_first_token_seconds", "Time to first token", labels,
-            buckets=_LATENCY_BUCKETS, registry=r,
+            "tiergate_engine_time_to_first_token_seconds",
+            "Time to first token",
+            labels,
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
         self._itl = Histogram(
-            "tiergate_engine_inter_token_latency_seconds", "Time between output tokens", labels,
-            buckets=_LATENCY_BUCKETS, registry=r,
+            "tiergate_engine_inter_token_latency_seconds",
+            "Time between output tokens",
+            labels,
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
         self._labels = {"model_name": model_name}
         self._snapshot = EngineSnapshot(0, 0, 0.0, 0, 0, 0, 0, 0)

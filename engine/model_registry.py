@@ -116,7 +116,7 @@ def resolve_model(ref: str) -> ResolvedModel:
         return _resolve_path(path)
     known = ", ".join(BUNDLED)
     raise ModelNotFoundError(
-        f"unknown model {ref!r}: use a bundled name ({known}), a .gguf path or a Hugging Face folder"
+        f"unknown model {ref!r}: use a bundled name ({known}), a .gguf path or an HF folder"
     )
 
 
