@@ -1,0 +1,346 @@
+"""OpenAI API request and response models, shared by the engine server and the gateway.
+
+Import-light on purpose (pydantic only): the gateway validates bodies with these models
+without pulling in torch. Unknown request fields are kept (clients send vendor extras);
+the fields we know are validated, so a bad value is a clear 400 rather than a silent default.
+"""
+
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_serializer,
+)
+
+from engine.sampling_params import SamplingParams
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+
+    def text(self) -> str:
+        """The content as one string: text parts joined, "" when absent."""
+        if isinstance(self.content, list):
+            return "".join(part.text for part in self.content)
+        return self.content or ""
+
+    def template_dict(self) -> dict[str, Any]:
+        """The shape chat templates expect: content a plain string, absent fields left out."""
+        out: dict[str, Any] = {"role": self.role, "content": self.text()}
+        for key in ("name", "tool_calls", "tool_call_id"):
+            if (value := getattr(self, key)) is not None:
+                out[key] = value
+        return out
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class FunctionDefinition(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["text", "json_object", "json_schema"]
+
+
+class _SamplingRequest(BaseModel):
+    """Fields chat and text completions share."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: int | None = Field(default=None, ge=-1)  # vLLM extension; -1 or 0 is off
+    n: int | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)  # accepted, not applied
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)  # accepted, not applied
+    user: str | None = None
+    ignore_eos: bool = False  # vLLM extension, used by benchmarks for fixed output lengths
+
+    logprobs: bool | int | None = None  # a flag in chat, a count in text completions
+    echo: bool = False  # text completions only
+
+    @field_validator("n", "logprobs", "echo")
+    @classmethod
+    def _unsupported(cls, value: Any, info: ValidationInfo) -> Any:
+        # The default is accepted so clients that send it work; anything else is refused.
+        if info.field_name == "n" and value not in (None, 1):
+            raise ValueError("only n=1 is supported")
+        if info.field_name != "n" and value:
+            raise ValueError(f"{info.field_name} is not supported")
+        return value
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class ChatCompletionRequest(_SamplingRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    tools: list[Tool] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
+    top_logprobs: int | None = None
+
+
+class CompletionRequest(_SamplingRequest):
+    prompt: str | list[int] | list[str]
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, prompt: str | list[int] | list[str]) -> str | list[int]:
+        if isinstance(prompt, str):
+            return prompt
+        if not prompt:
+            raise ValueError("the prompt must not be empty")
+        if isinstance(prompt[0], str):
+            if len(prompt) != 1:
+                raise ValueError("only one prompt per request is supported")
+            return prompt[0]
+        return prompt
+
+
+def to_sampling_params(
+    req: _SamplingRequest, default_max_tokens: int | None = None
+) -> SamplingParams:
+    """Engine sampling settings for a request; OpenAI's defaults where a field is absent."""
+    max_tokens = getattr(req, "max_completion_tokens", None) or req.max_tokens
+    if max_tokens is None:
+        max_tokens = default_max_tokens or SamplingParams.max_tokens
+    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    return SamplingParams(
+        temperature=1.0 if req.temperature is None else req.temperature,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        top_k=max(req.top_k or 0, 0),
+        seed=req.seed,
+        max_tokens=max_tokens,
+        stop=stop,
+        ignore_eos=req.ignore_eos,
+    )
+
+
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
+
+    @classmethod
+    def of(cls, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> "Usage":
+        return cls(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            total_tokens=prompt_tokens + completion_tokens,
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
+        )
+
+
+FinishReason = Literal["stop", "length", "tool_calls", "content_filter", "abort"]
+
+
+class _Choice(BaseModel):
+    index: int = 0
+    finish_reason: FinishReason | None = None
+    logprobs: None = None
+
+
+class _Response(BaseModel):
+    id: str
+    created: int = Field(default_factory=lambda: created_now())
+    model: str
+    usage: Usage | None = None  # in streams: only on the final chunk, if include_usage
+    system_fingerprint: str | None = None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+
+
+class ChatChoice(_Choice):
+    message: AssistantMessage
+
+
+class ChatCompletion(_Response):
+    object: Literal["chat.completion"] = "chat.completion"
+    choices: list[ChatChoice]
+
+
+class DeltaMessage(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_none(self, handler: Any) -> dict[str, Any]:
+        # OpenAI sends only the keys that change, e.g. `"delta": {}` on the last chunk.
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
+class ChunkChoice(_Choice):
+    delta: DeltaMessage
+
+
+class ChatCompletionChunk(_Response):
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    choices: list[ChunkChoice]
+
+
+class CompletionChoice(_Choice):
+    text: str
+
+
+class Completion(_Response):
+    """A text completion, and also each chunk of a streamed one (same object name)."""
+
+    object: Literal["text_completion"] = "text_completion"
+    choices: list[CompletionChoice]
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=lambda: created_now())
+    owned_by: str = "tiergate"
+    max_model_len: int | None = None
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ErrorBody(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody
+
+
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "service_unavailable",
+}
+
+
+def error_response_body(
+    status: int,
+    message: str,
+    type: str | None = None,
+    param: str | None = None,
+    code: str | None = None,
+) -> dict[str, Any]:
+    """`{"error": {...}}` as OpenAI sends it; `type` defaults from the HTTP status."""
+    error_type = type or _ERROR_TYPES.get(status, "server_error")
+    body = ErrorBody(message=message, type=error_type, param=param, code=code)
+    return ErrorResponse(error=body).model_dump()
+
+
+def _param_path(loc: Sequence[int | str]) -> str | None:
+    """`("messages", 0, "content", "str")` -> `messages[0].content`.
+
+    Pydantic puts union member names (`str`, `list[int]`, `function-after[...]`) in the
+    location; they are not fields, so they are dropped.
+    """
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif part == "body":
+            continue  # FastAPI's prefix for the request body
+        elif "[" in part or part in {"str", "int", "float", "bool", "dict", "list"}:
+            continue
+        else:
+            path += f".{part}" if path else part
+    return path or None
+
+
+def validation_error_message(
+    exc: ValidationError | Sequence[Mapping[str, Any]],
+) -> tuple[str, str | None]:
+    """An OpenAI-style message naming the first bad field, and that field as `param`."""
+    errors = exc.errors() if isinstance(exc, ValidationError) else list(exc)
+    if not errors:
+        return "Invalid request body.", None
+    # A union reports one error per member; the deepest one names the real culprit
+    # (e.g. `messages[0].content[0].type`, not "content should be a string").
+    same_field = [e for e in errors if e.get("loc", ())[:1] == errors[0].get("loc", ())[:1]]
+    first = max(same_field, key=lambda e: len(e.get("loc", ())))
+    param = _param_path(first.get("loc", ()))
+    kind, msg = first.get("type", ""), str(first.get("msg", "invalid value"))
+    msg = msg.removeprefix("Value error, ")
+    if kind == "json_invalid":
+        return "We could not parse the JSON body of your request.", None
+    if kind == "missing":
+        return f"Missing required parameter: '{param}'.", param
+    if param is None:
+        return f"Invalid request body: {msg}.", None
+    shown = first.get("input")
+    got = f" (got {shown!r})" if isinstance(shown, int | float | str) else ""
+    return f"Invalid value for '{param}': {msg}{got}.", param
+
+
+def chat_completion_id() -> str:
+    return f"chatcmpl-{uuid.uuid4().hex}"
+
+
+def completion_id() -> str:
+    return f"cmpl-{uuid.uuid4().hex}"
+
+
+def created_now() -> int:
+    return int(time.time())
