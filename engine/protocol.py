@@ -96,6 +96,7 @@ class _SamplingRequest(BaseModel):
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)  # accepted, not applied
     user: str | None = None
     ignore_eos: bool = False  # vLLM extension, used by benchmarks for fixed output lengths
+    cache_salt: str | None = None  # vLLM extension: different salts never share KV pages
 
     logprobs: bool | int | None = None  # a flag in chat, a count in text completions
     echo: bool = False  # text completions only
