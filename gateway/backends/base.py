@@ -1,0 +1,62 @@
+"""What every backend takes and gives: one validated OpenAI request in, text pieces out.
+
+A backend's `generate` is an async generator of `Piece`s; the last piece carries the
+finish reason and the usage. Closing the generator early aborts the request upstream
+(the engine frees its pages, an HTTP stream is closed).
+"""
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from engine.protocol import ChatCompletionRequest, CompletionRequest, Usage
+
+OpenAIRequest = ChatCompletionRequest | CompletionRequest
+
+
+@dataclass
+class GenerationRequest:
+    request_id: str
+    body: OpenAIRequest
+    tenant: str  # also the engine's cache salt: tenants never share KV pages
+
+    @property
+    def is_chat(self) -> bool:
+        return isinstance(self.body, ChatCompletionRequest)
+
+
+@dataclass
+class Piece:
+    text: str = ""  # new text since the previous piece
+    finish_reason: str | None = None  # set on the last piece
+    usage: Usage | None = None  # set on the last piece when the backend reports it
+
+
+class BackendError(Exception):
+    """A failed call, sorted by what may help.
+
+    retry: the same deployment may succeed on a later attempt (timeouts, 5xx, 429).
+    fallback: another deployment or tier may succeed; False means the request itself is
+    at fault (400) and goes straight back to the caller.
+    """
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        retry: bool,
+        fallback: bool,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.retry = retry
+        self.fallback = fallback
+        self.retry_after = retry_after
+
+
+class Backend(Protocol):
+    name: str  # the model name reported in x-tiergate-model and the response's `model`
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[Piece]: ...

@@ -1,0 +1,179 @@
+"""The fallback chain: per-attempt timeouts, retries with backoff, cooldowns, fallback tiers.
+
+A request is served by the first deployment that produces its first piece in time. Until
+then anything retryable moves on: the same deployment again (with backoff), the tier's
+next deployment, then the fallback tier's. Once a piece has gone out to the client the
+answer is committed to that deployment; a later failure ends the answer with an error.
+"""
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+
+from gateway.backends.base import Backend, BackendError, GenerationRequest, Piece
+from gateway.policy import Deployment, Price, Tier
+
+OnFailure = Callable[[str, str, BackendError], None]  # (tier, model, error)
+
+
+@dataclass
+class TierBackends:
+    name: str
+    tier: Tier
+    backends: list[tuple[Deployment, Backend]]
+
+
+@dataclass
+class Served:
+    """The deployment that answered, and its pieces (the first already received)."""
+
+    tier: str
+    model: str
+    price: Price
+    pieces: AsyncIterator[Piece]  # closing it aborts the request upstream
+    failures: list[BackendError] = field(default_factory=list)  # attempts that failed first
+
+
+class Cooldowns:
+    """Deployments that failed recently are skipped until their cooldown ends."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._until: dict[str, float] = {}
+
+    def cooling(self, key: str) -> bool:
+        return self._until.get(key, 0.0) > self._clock()
+
+    def trip(self, key: str, seconds: float) -> None:
+        if seconds > 0:
+            self._until[key] = self._clock() + seconds
+
+
+def deployment_key(deployment: Deployment) -> str:
+    return f"{deployment.model}@{deployment.api_base or 'local'}"
+
+
+async def _first_piece(
+    backend: Backend, request: GenerationRequest, timeout_s: float
+) -> tuple[AsyncIterator[Piece], Piece]:
+    pieces = backend.generate(request)
+    try:
+        first = await asyncio.wait_for(anext(pieces), timeout_s)
+    except StopAsyncIteration:
+        first = Piece(finish_reason="stop")
+    except TimeoutError:
+        await pieces.aclose()
+        raise BackendError(504, f"{backend.name}: no answer within {timeout_s:g}s", True, True) from None
+    except BackendError:
+        await pieces.aclose()
+        raise
+    except Exception as exc:  # a backend bug must not take the whole chain down
+        await pieces.aclose()
+        raise BackendError(502, f"{backend.name}: {type(exc).__name__}: {exc}", False, True) from exc
+    return pieces, first
+
+
+async def _rest(
+    pieces: AsyncIterator[Piece], first: Piece, name: str, timeout_s: float
+) -> AsyncIterator[Piece]:
+    """The first piece, then the others, each within the timeout; closing aborts upstream."""
+    try:
+        yield first
+        if first.finish_reason is not None and first.usage is not None:
+            return
+        while True:
+            try:
+                piece = await asyncio.wait_for(anext(pieces), timeout_s)
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                raise BackendError(504, f"{name}: stalled for {timeout_s:g}s", False, False) from None
+            yield piece
+    finally:
+        await pieces.aclose()
+
+
+def all_failed(failures: list[BackendError]) -> BackendError:
+    """One error for the caller: 504 if all timed out, 429/503 if all said so, else 502."""
+    statuses = {f.status for f in failures}
+    status = statuses.pop() if len(statuses) == 1 and statuses <= {429, 503, 504} else 502
+    if not failures:
+        return BackendError(503, "no deployment is available", False, False)
+    waits = [f.retry_after for f in failures if f.retry_after is not None]
+    detail = "; ".join(f.message for f in failures)
+    return BackendError(
+        status, f"all deployments failed: {detail}", False, False, min(waits, default=None)
+    )
+
+
+class FallbackChain:
+    def __init__(
+        self,
+        tiers: dict[str, TierBackends],
+        cooldowns: Cooldowns,
+        on_failure: OnFailure | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self.tiers = tiers
+        self._cooldowns = cooldowns
+        self._on_failure = on_failure or (lambda tier, model, error: None)
+        self._sleep = sleep
+
+    def chain(self, tier_name: str) -> list[TierBackends]:
+        """The tier, its fallback, that one's fallback... (the policy forbids cycles)."""
+        out = []
+        name: str | None = tier_name
+        while name is not None:
+            out.append(self.tiers[name])
+            name = self.tiers[name].tier.fallback
+        return out
+
+    def _candidates(
+        self, tier_name: str, deployment: str | None
+    ) -> list[tuple[TierBackends, Deployment, Backend]]:
+        if deployment is not None:  # a named deployment is pinned: no other model answers
+            tiers = self.tiers.values()
+            return [(t, d, b) for t in tiers for d, b in t.backends if d.model == deployment]
+        return [(t, d, b) for t in self.chain(tier_name) for d, b in t.backends]
+
+    async def open(
+        self, request: GenerationRequest, tier_name: str, deployment: str | None = None
+    ) -> Served:
+        """Find a deployment that starts answering; raises BackendError when none does."""
+        candidates = self._candidates(tier_name, deployment)
+        ready = [c for c in candidates if not self._cooldowns.cooling(deployment_key(c[1]))]
+        # When everything is cooling down, trying anyway beats a certain error.
+        failures: list[BackendError] = []
+        for tier, dep, backend in ready or candidates:
+            served = await self._try(request, tier, dep, backend, failures)
+            if served is not None:
+                return served
+        raise all_failed(failures)
+
+    async def _try(
+        self,
+        request: GenerationRequest,
+        tier: TierBackends,
+        dep: Deployment,
+        backend: Backend,
+        failures: list[BackendError],
+    ) -> Served | None:
+        timeout_s = dep.timeout_s or tier.tier.timeout_s
+        for attempt in range(tier.tier.retries + 1):
+            if attempt:
+                await self._sleep(tier.tier.backoff_s * 2 ** (attempt - 1))
+            try:
+                pieces, first = await _first_piece(backend, request, timeout_s)
+            except BackendError as exc:
+                self._on_failure(tier.name, backend.name, exc)
+                if not exc.fallback:
+                    raise
+                failures.append(exc)
+                if not exc.retry:
+                    break
+                continue
+            rest = _rest(pieces, first, backend.name, timeout_s)
+            return Served(tier.name, backend.name, tier.tier.price, rest, failures)
+        self._cooldowns.trip(deployment_key(dep), tier.tier.cooldown_s)
+        return None
