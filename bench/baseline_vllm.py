@@ -1,0 +1,44 @@
+"""vLLM (CPU build) baseline, run inside .bench-venvs/vllm (not the project venv).
+
+Reads a JSON job {hf_folder, items: [{prompt_ids, output_tokens}], kv_gib, threads} from
+argv[1], submits all items at once (vLLM batches them continuously) and prints one JSON
+line on stdout: output tokens, generation seconds, start-up seconds.
+"""
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+
+def main() -> None:
+    job = json.loads(Path(sys.argv[1]).read_text())
+    # vLLM's CPU backend sizes its KV cache from this variable (GiB), not from a fraction.
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(job["kv_gib"]))
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{job['threads'] - 1}")
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    items = job["items"]
+    max_len = max(len(i["prompt_ids"]) + i["output_tokens"] for i in items) + 16
+    start = time.perf_counter()
+    llm = LLM(model=job["hf_folder"], dtype="float32", max_model_len=max_len, seed=0)
+    startup_seconds = time.perf_counter() - start
+    warm = SamplingParams(max_tokens=4, temperature=0.0)
+    llm.generate([TokensPrompt(prompt_token_ids=items[0]["prompt_ids"])], warm, use_tqdm=False)
+    prompts = [TokensPrompt(prompt_token_ids=i["prompt_ids"]) for i in items]
+    params = [
+        SamplingParams(max_tokens=i["output_tokens"], temperature=0.0, ignore_eos=True)
+        for i in items
+    ]
+    start = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    seconds = time.perf_counter() - start
+    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    result = {"output_tokens": tokens, "seconds": seconds, "startup_seconds": startup_seconds}
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
