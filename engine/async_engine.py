@@ -1,0 +1,199 @@
+"""AsyncEngine: asyncio streams over an LLMEngine whose step loop runs in its own thread.
+
+Only the loop thread touches the LLMEngine. Other threads hand it adds and aborts through
+a thread-safe queue and wake it with an event (it sleeps on that event when idle); it hands
+each output back with loop.call_soon_threadsafe into the request's asyncio queue. If the
+loop dies, every pending and future request gets EngineDeadError instead of hanging.
+"""
+
+import asyncio
+import contextlib
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from engine.config import EngineConfig
+from engine.errors import EngineDeadError
+from engine.llm_engine import LLMEngine
+from engine.outputs import RequestOutput
+from engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from engine.runner import ModelRunner
+
+log = logging.getLogger(__name__)
+
+_Item = RequestOutput | BaseException
+
+
+@dataclass
+class _Stream:
+    """Where one request's outputs go: an asyncio queue on the caller's event loop."""
+
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[_Item]
+
+    def put(self, item: _Item) -> None:
+        # RuntimeError: the caller's loop is closed, so nobody is listening any more.
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+
+@dataclass
+class _Add:
+    request_id: str
+    prompt: str | list[int]
+    params: SamplingParams
+    cache_salt: str | None
+    stream: _Stream
+
+
+@dataclass
+class _Abort:
+    request_id: str
+
+
+class AsyncEngine:
+    def __init__(self, config: EngineConfig, runner: "ModelRunner | None" = None) -> None:
+        self.engine = LLMEngine(config, runner)  # owned by the loop thread once started
+        self.tokenizer = self.engine.tokenizer
+        self.max_model_len = self.engine.max_model_len
+        self.model_name = self.engine.model_name
+        self.metrics = self.engine.metrics
+        self._commands: queue.SimpleQueue[_Add | _Abort] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._lock = threading.Lock()  # orders "submit a command" against "the loop died"
+        self._streams: dict[str, _Stream] = {}  # loop thread only
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._dead: str | None = None  # why the loop is gone
+        self._dead_cause: BaseException | None = None
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        with self._lock:
+            if self._thread is not None or self._dead is not None:
+                return
+            self._thread = threading.Thread(target=self._run, name="engine-step-loop", daemon=True)
+            self._thread.start()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop the loop after its current step; pending requests get EngineDeadError."""
+        self._stopping = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        else:
+            self._die("engine shut down", None)
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread is not None and self._dead is None
+
+    # -- requests ---------------------------------------------------------------------------
+
+    async def generate(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        request_id: str,
+        cache_salt: str | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        """Stream the request's output deltas; closing the stream early aborts the request.
+
+        PromptTooLongError, QueueFullError, ValueError and EngineDeadError are raised before
+        the first output. EngineDeadError is also raised mid-stream if the loop crashes.
+        """
+        self.start()
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+        self._submit(_Add(request_id, prompt, params, cache_salt, stream))
+        finished = False
+        try:
+            while not finished:
+                item = await stream.queue.get()
+                if isinstance(item, BaseException):
+                    finished = True  # rejected or the engine died: nothing to abort
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            if not finished:  # aclose(), break, cancellation: free the pages now
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request from any thread; a no-op if it already finished."""
+        with contextlib.suppress(EngineDeadError):  # a dead engine holds no pages
+            self._submit(_Abort(request_id))
+
+    def _submit(self, command: _Add | _Abort) -> None:
+        with self._lock:
+            if self._dead is not None:
+                raise self._dead_error()
+            self._commands.put(command)
+        self._wake.set()
+
+    def _dead_error(self) -> EngineDeadError:
+        err = EngineDeadError(self._dead or "engine is not running")
+        err.__cause__ = self._dead_cause
+        return err
+
+    # -- the loop thread --------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while not self._stopping:
+                if not self.engine.has_unfinished() and self._commands.empty():
+                    self._wake.wait()  # idle: sleep until a command arrives
+                self._wake.clear()  # commands are queued before set(), so none is missed
+                self._drain_commands()
+                if self.engine.has_unfinished() and not self._stopping:
+                    for out in self.engine.step():
+                        self._deliver(out)
+        except BaseException as exc:
+            log.exception("engine step loop crashed")
+            self._die(f"engine step loop crashed: {exc!r}", exc)
+            return
+        self._die("engine shut down", None)
+
+    def _drain_commands(self) -> None:
+        while True:
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(cmd, _Abort):
+                self.engine.abort_request(cmd.request_id)  # its stream gets "abort" next step
+                continue
+            try:
+                self.engine.add_request(cmd.request_id, cmd.prompt, cmd.params, cmd.cache_salt)
+            except Exception as exc:  # a rejected request, not an engine failure
+                cmd.stream.put(exc)
+                continue
+            self._streams[cmd.request_id] = cmd.stream
+
+    def _deliver(self, out: RequestOutput) -> None:
+        stream = self._streams.get(out.request_id)
+        if stream is None:
+            return
+        if out.finished:
+            del self._streams[out.request_id]
+        stream.put(out)
+
+    def _die(self, reason: str, cause: BaseException | None) -> None:
+        with self._lock:  # after this, _submit refuses; commands already queued are failed here
+            self._dead, self._dead_cause = reason, cause
+        streams = list(self._streams.values())
+        self._streams.clear()
+        while True:
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(cmd, _Add):
+                streams.append(cmd.stream)
+        for stream in streams:
+            stream.put(self._dead_error())

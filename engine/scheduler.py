@@ -1,0 +1,128 @@
+"""Continuous batching under a per-step token budget, chunked prefill, preemption by recompute.
+
+Each step the running sequences go first, oldest first (a decode token, or the next chunk of
+a long prompt), then waiting ones are admitted in arrival order while the token budget,
+max_num_seqs and free pages allow. When a running sequence needs a page and none is left,
+the newest running sequence is preempted: its pages are released (full ones stay in the
+prefix cache, so it usually gets them back) and it re-prefills prompt + generated tokens
+when readmitted at the head of the queue.
+"""
+
+from collections import deque
+
+from engine.batch import SeqChunk
+from engine.config import EngineConfig
+from engine.errors import QueueFullError
+from engine.kv import KVManager
+from engine.metrics import EngineMetrics
+from engine.sequence import SeqStatus, Sequence
+
+Scheduled = list[tuple[Sequence, SeqChunk]]
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, kv: KVManager, metrics: EngineMetrics) -> None:
+        self.max_num_seqs = config.max_num_seqs
+        self.max_batched_tokens = config.max_num_batched_tokens
+        self.max_waiting = config.max_waiting
+        self.kv = kv
+        self.metrics = metrics
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self._preempted = False  # set by _preempt during schedule()
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def add(self, seq: Sequence) -> None:
+        if len(self.waiting) >= self.max_waiting:
+            raise QueueFullError(f"waiting queue is full ({self.max_waiting} requests)")
+        self.waiting.append(seq)
+
+    def schedule(self) -> Scheduled:
+        """Pick this step's chunks; the caller runs them, then calls on_executed()."""
+        budget = self.max_batched_tokens
+        out: Scheduled = []
+        self._preempted = False
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if n > 0:
+                if not self._reserve(seq, n):
+                    break  # seq preempted itself: it was the last running one
+                out.append((seq, self._chunk(seq, n)))
+                budget -= n
+            i += 1
+        if not self._preempted:  # pages are short: admitting more would only thrash
+            self._admit(out, budget)
+        return out
+
+    def _reserve(self, seq: Sequence, n: int) -> bool:
+        """Make room for n more tokens of seq, preempting the newest sequences if needed."""
+        while not self.kv.can_grow(seq, n):
+            victim = self.running.pop()
+            self._preempt(victim)
+            if victim is seq:
+                return False
+        self.kv.grow(seq, n)
+        return True
+
+    def _admit(self, out: Scheduled, budget: int) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            hits = self.kv.match_prefix(seq)
+            num_cached = len(hits) * self.kv.page_size
+            n = min(seq.num_tokens - num_cached, budget)
+            if not self.kv.can_admit(seq, hits, n):
+                break  # first come, first served: later requests wait too
+            self.waiting.popleft()
+            self.kv.admit(seq, hits, n)
+            self._on_admitted(seq, num_cached)
+            self.running.append(seq)
+            out.append((seq, self._chunk(seq, n)))
+            budget -= n
+
+    def _on_admitted(self, seq: Sequence, num_cached: int) -> None:
+        seq.status = SeqStatus.RUNNING
+        if self.kv.cache is not None:
+            self.metrics.on_prefix_lookup(seq.num_tokens, num_cached)
+        if seq.num_preemptions == 0:
+            seq.num_cached_tokens = num_cached
+            self.metrics.on_prompt(seq.num_prompt_tokens)
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.kv.free(seq)
+        seq.status = SeqStatus.WAITING
+        seq.num_preemptions += 1
+        self.waiting.appendleft(seq)
+        self._preempted = True
+        self.metrics.on_preemption()
+
+    def _chunk(self, seq: Sequence, n: int) -> SeqChunk:
+        start = seq.num_computed_tokens
+        return SeqChunk(
+            seq_id=seq.seq_id,
+            token_ids=seq.token_ids[start : start + n],
+            start_pos=start,
+            page_table=list(seq.page_table),
+            sample=start + n == seq.num_tokens,
+            params=seq.params,
+            generator=seq.generator,
+        )
+
+    def on_executed(self, scheduled: Scheduled) -> None:
+        """The runner computed the chunks: advance each sequence and publish full pages."""
+        for seq, chunk in scheduled:
+            seq.num_computed_tokens += len(chunk.token_ids)
+            self.kv.register_full_pages(seq)
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """Remove a sequence from the queues and free its pages at once."""
+        if seq.status is SeqStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is SeqStatus.WAITING:
+            self.waiting.remove(seq)
+        self.kv.free(seq)
+        seq.status = SeqStatus.FINISHED
+        seq.finish_reason = reason

@@ -1,0 +1,58 @@
+"""One request's state as the scheduler and the engine see it."""
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+import torch
+
+from engine.detokenizer import IncrementalDetokenizer
+from engine.sampling_params import SamplingParams
+
+
+class SeqStatus(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)  # identity semantics: sequences live in lists and are removed by identity
+class Sequence:
+    seq_id: int
+    request_id: str
+    token_ids: list[int]  # prompt followed by the generated tokens
+    num_prompt_tokens: int
+    params: SamplingParams
+    max_tokens: int  # params.max_tokens clamped so prompt + output fits the context
+    cache_salt: str | None = None
+    arrival_time: float = 0.0
+    generator: torch.Generator | None = None
+    detokenizer: IncrementalDetokenizer | None = None
+    status: SeqStatus = SeqStatus.WAITING
+    finish_reason: str | None = None
+    # KV bookkeeping (the KV manager owns these)
+    num_computed_tokens: int = 0  # leading tokens whose K/V are in the cache
+    page_table: list[int] = field(default_factory=list)
+    page_keys: list[bytes] = field(default_factory=list)  # chained keys of full pages
+    num_registered_pages: int = 0  # leading pages that are in the prefix cache
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache on first admission
+    num_preemptions: int = 0
+    # latency bookkeeping
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    num_emitted_tokens: int = 0  # output tokens already reported to the caller
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SeqStatus.FINISHED
