@@ -192,6 +192,7 @@ class _Choice(BaseModel):
 
 class _Response(BaseModel):
     id: str
+    object: str  # each response type pins its own literal
     created: int = Field(default_factory=lambda: created_now())
     model: str
     usage: Usage | None = None  # in streams: only on the final chunk, if include_usage
@@ -269,10 +270,8 @@ class ErrorResponse(BaseModel):
 
 
 _ERROR_TYPES = {
-    400: "invalid_request_error",
     401: "authentication_error",
     403: "permission_error",
-    404: "invalid_request_error",
     429: "rate_limit_error",
     503: "service_unavailable",
 }
@@ -286,7 +285,8 @@ def error_response_body(
     code: str | None = None,
 ) -> dict[str, Any]:
     """`{"error": {...}}` as OpenAI sends it; `type` defaults from the HTTP status."""
-    error_type = type or _ERROR_TYPES.get(status, "server_error")
+    default_type = "invalid_request_error" if status < 500 else "server_error"
+    error_type = type or _ERROR_TYPES.get(status, default_type)
     body = ErrorBody(message=message, type=error_type, param=param, code=code)
     return ErrorResponse(error=body).model_dump()
 

@@ -1,0 +1,384 @@
+"""A standalone OpenAI-compatible HTTP server for one engine (`tiergate engine`).
+
+The openai client and litellm (`hosted_vllm/<name>` with `api_base`) talk to it as they
+would to vLLM. Every error, FastAPI's own body validation included, leaves as an OpenAI
+error body; nothing answers 422.
+"""
+
+import json
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Receive, Scope, Send
+
+from engine.config import EngineConfig
+from engine.errors import EngineDeadError, EngineError, PromptTooLongError, QueueFullError
+from engine.outputs import RequestOutput
+from engine.protocol import (
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChunkChoice,
+    Completion,
+    CompletionChoice,
+    CompletionRequest,
+    DeltaMessage,
+    ModelCard,
+    ModelList,
+    Usage,
+    chat_completion_id,
+    completion_id,
+    created_now,
+    error_response_body,
+    to_sampling_params,
+    validation_error_message,
+)
+
+if TYPE_CHECKING:
+    from engine.engine import AsyncEngine
+
+RETRY_AFTER_SECONDS = 1
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away first"
+
+Outputs = AsyncGenerator[RequestOutput, None]
+
+
+# -------------------------------------------------------------------------------- errors
+
+
+class OpenAIError(Exception):
+    """An error the client should see as `{"error": {...}}` with this HTTP status."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = headers
+
+    def body(self) -> dict[str, Any]:
+        return error_response_body(self.status, self.message, param=self.param, code=self.code)
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def engine_error(exc: EngineError) -> OpenAIError:
+    """The HTTP error a client should see for an engine exception."""
+    if isinstance(exc, PromptTooLongError):
+        return OpenAIError(400, str(exc), param="messages", code="context_length_exceeded")
+    if isinstance(exc, QueueFullError):
+        headers = {"Retry-After": str(RETRY_AFTER_SECONDS)}
+        message = str(exc) or "The engine's waiting queue is full; retry shortly."
+        return OpenAIError(429, message, code="queue_full", headers=headers)
+    if isinstance(exc, EngineDeadError):
+        return OpenAIError(503, str(exc) or "The engine is not running.", code="engine_dead")
+    return OpenAIError(500, f"Engine error: {exc}")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    async def on_openai_error(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, OpenAIError)
+        return exc.response()
+
+    async def on_validation_error(_: Request, exc: Exception) -> Response:
+        # OpenAI answers a bad body with 400, not FastAPI's 422.
+        assert isinstance(exc, RequestValidationError)
+        message, param = validation_error_message(exc.errors())
+        return OpenAIError(400, message, param=param).response()
+
+    async def on_http_error(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, StarletteHTTPException)
+        headers = dict(exc.headers or {})
+        return JSONResponse(
+            error_response_body(exc.status_code, str(exc.detail)),
+            status_code=exc.status_code,
+            headers=headers,
+        )
+
+    app.add_exception_handler(OpenAIError, on_openai_error)
+    app.add_exception_handler(RequestValidationError, on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, on_http_error)
+
+
+# ----------------------------------------------------------------------- engine requests
+
+
+async def start_outputs(
+    engine: "AsyncEngine",
+    prompt: str | list[int] | list[str],  # a one-string list is unwrapped by validation
+    request_id: str,
+    body: ChatCompletionRequest | CompletionRequest,
+) -> tuple[RequestOutput, Outputs]:
+    """Submit a request and wait for its first output.
+
+    The engine raises admission errors (too long, queue full, dead) before its first
+    yield; pulling that output here turns them into HTTP statuses before any byte is sent.
+    """
+    params = to_sampling_params(body)
+    outputs = engine.generate(prompt, params, request_id, cache_salt=body.cache_salt)
+    try:
+        return await anext(outputs), outputs
+    except EngineError as exc:
+        raise engine_error(exc) from exc
+    except StopAsyncIteration:
+        raise OpenAIError(500, "The engine ended the request without output.") from None
+
+
+async def close_outputs(outputs: Outputs) -> None:
+    # Closing the engine's generator aborts the request and frees its KV pages at once.
+    # Shielded: this often runs inside a task that a client disconnect is cancelling.
+    with anyio.CancelScope(shield=True):
+        await outputs.aclose()
+
+
+async def collect(request: Request, first: RequestOutput, outputs: Outputs) -> RequestOutput | None:
+    """Run a non-streamed request to its end; the returned output's text is the whole answer.
+
+    Returns None, having aborted the request, if the client disconnects first.
+    """
+    texts, last = [first.text], first
+
+    async def watch_disconnect() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        group.cancel_scope.cancel()
+
+    try:
+        async with anyio.create_task_group() as group:
+            group.start_soon(watch_disconnect)
+            if not first.finished:
+                async for out in outputs:
+                    texts.append(out.text)
+                    last = out
+                    if out.finished:
+                        break
+            group.cancel_scope.cancel()
+    finally:
+        await close_outputs(outputs)
+    if not last.finished:
+        return None
+    last.text = "".join(texts)
+    return last
+
+
+def sse(payload: BaseModel | dict[str, Any]) -> str:
+    data = payload.model_dump_json() if isinstance(payload, BaseModel) else json.dumps(payload)
+    return f"data: {data}\n\n"
+
+
+async def sse_events(
+    first: RequestOutput,
+    outputs: Outputs,
+    render: Callable[[RequestOutput], BaseModel | None],
+    usage_event: Callable[[RequestOutput], BaseModel] | None,
+) -> AsyncIterator[str]:
+    """A stream's SSE events: one per engine output, then usage if asked, then [DONE]."""
+    last = first
+    try:
+        if (event := render(first)) is not None:
+            yield sse(event)
+        if not first.finished:
+            async for out in outputs:
+                last = out
+                if (event := render(out)) is not None:
+                    yield sse(event)
+                if out.finished:
+                    break
+        if usage_event is not None:
+            yield sse(usage_event(last))
+        yield "data: [DONE]\n\n"
+    except EngineError as exc:
+        # Headers are gone; the error travels in-band, as vLLM and OpenAI do.
+        yield sse(engine_error(exc).body())
+    finally:
+        await close_outputs(outputs)
+
+
+class ClosingStreamingResponse(StreamingResponse):
+    """Closes its body iterator however the response ends.
+
+    On a client disconnect Starlette cancels the sending task but leaves the iterator to
+    the garbage collector; closing it here aborts the engine request (pages freed) at once.
+    """
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.body_iterator.aclose()  # type: ignore[attr-defined]
+
+
+def event_stream(events: AsyncIterator[str]) -> StreamingResponse:
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return ClosingStreamingResponse(events, media_type="text/event-stream", headers=headers)
+
+
+def json_response(model: BaseModel) -> Response:
+    return Response(model.model_dump_json(), media_type="application/json")
+
+
+def usage_of(out: RequestOutput) -> Usage:
+    return Usage.of(out.prompt_tokens, out.completion_tokens, out.cached_tokens)
+
+
+# ------------------------------------------------------------------------ chat completions
+
+
+def render_chat(engine: "AsyncEngine", body: ChatCompletionRequest) -> str:
+    messages = [message.template_dict() for message in body.messages]
+    tools = [tool.model_dump(exclude_none=True) for tool in body.tools] if body.tools else None
+    try:
+        return engine.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tools=tools
+        )
+    except Exception as exc:
+        # The template runs over client data (and may `raise_exception` on bad role
+        # orders); whatever fails there is the request's fault.
+        message = f"Could not apply the chat template: {exc}"
+        raise OpenAIError(400, message, param="messages") from exc
+
+
+async def chat_completion(
+    engine: "AsyncEngine", model: str, body: ChatCompletionRequest, request: Request
+) -> Response:
+    request_id = chat_completion_id()
+    first, outputs = await start_outputs(engine, render_chat(engine, body), request_id, body)
+    head: dict[str, Any] = {"id": request_id, "created": created_now(), "model": model}
+    if body.stream:
+        return event_stream(chat_events(head, first, outputs, body.include_usage))
+    final = await collect(request, first, outputs)
+    if final is None:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    message = AssistantMessage(content=final.text)
+    choice = ChatChoice(message=message, finish_reason=final.finish_reason)
+    return json_response(ChatCompletion(**head, choices=[choice], usage=usage_of(final)))
+
+
+def chat_events(
+    head: dict[str, Any], first: RequestOutput, outputs: Outputs, include_usage: bool
+) -> AsyncIterator[str]:
+    def render(out: RequestOutput) -> ChatCompletionChunk | None:
+        if not out.text and not out.finished and out is not first:
+            return None
+        role = "assistant" if out is first else None
+        delta = DeltaMessage(role=role, content=out.text or (None if out.finished else ""))
+        choice = ChunkChoice(delta=delta, finish_reason=out.finish_reason)
+        return ChatCompletionChunk(**head, choices=[choice])
+
+    def usage_event(last: RequestOutput) -> ChatCompletionChunk:
+        return ChatCompletionChunk(**head, choices=[], usage=usage_of(last))
+
+    return sse_events(first, outputs, render, usage_event if include_usage else None)
+
+
+# ------------------------------------------------------------------------ text completions
+
+
+async def text_completion(
+    engine: "AsyncEngine", model: str, body: CompletionRequest, request: Request
+) -> Response:
+    request_id = completion_id()
+    first, outputs = await start_outputs(engine, body.prompt, request_id, body)
+    head: dict[str, Any] = {"id": request_id, "created": created_now(), "model": model}
+    if body.stream:
+        return event_stream(completion_events(head, first, outputs, body.include_usage))
+    final = await collect(request, first, outputs)
+    if final is None:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    choice = CompletionChoice(text=final.text, finish_reason=final.finish_reason)
+    return json_response(Completion(**head, choices=[choice], usage=usage_of(final)))
+
+
+def completion_events(
+    head: dict[str, Any], first: RequestOutput, outputs: Outputs, include_usage: bool
+) -> AsyncIterator[str]:
+    def render(out: RequestOutput) -> Completion | None:
+        if not out.text and not out.finished:
+            return None
+        choice = CompletionChoice(text=out.text, finish_reason=out.finish_reason)
+        return Completion(**head, choices=[choice])
+
+    def usage_event(last: RequestOutput) -> Completion:
+        return Completion(**head, choices=[], usage=usage_of(last))
+
+    return sse_events(first, outputs, render, usage_event if include_usage else None)
+
+
+# ---------------------------------------------------------------------------------- app
+
+
+def check_model(requested: str, served_name: str) -> None:
+    if requested != served_name:
+        message = f"The model `{requested}` does not exist; this server serves `{served_name}`."
+        raise OpenAIError(404, message, param="model", code="model_not_found")
+
+
+def create_engine_app(engine: "AsyncEngine", served_name: str) -> FastAPI:
+    """The OpenAI-compatible API over one running engine (started and stopped by the caller)."""
+    app = FastAPI(title="tiergate engine", docs_url=None, redoc_url=None)
+    install_error_handlers(app)
+
+    @app.post("/v1/chat/completions")
+    async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
+        check_model(body.model, served_name)
+        return await chat_completion(engine, served_name, body, request)
+
+    @app.post("/v1/completions")
+    async def create_completion(body: CompletionRequest, request: Request) -> Response:
+        check_model(body.model, served_name)
+        return await text_completion(engine, served_name, body, request)
+
+    @app.get("/v1/models")
+    async def list_models() -> Response:
+        card = ModelCard(id=served_name, max_model_len=engine.max_model_len)
+        return json_response(ModelList(data=[card]))
+
+    @app.get("/health")
+    async def health() -> Response:
+        if not engine_alive(engine):
+            return OpenAIError(503, "The engine is not running.", code="engine_dead").response()
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(engine.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+def engine_alive(engine: "AsyncEngine") -> bool:
+    return bool(getattr(engine, "is_running", True))
+
+
+def run_engine_server(
+    config: EngineConfig, host: str, port: int, served_name: str | None = None
+) -> None:
+    """Load the model, start the engine and serve it until interrupted (`tiergate engine`)."""
+    import uvicorn
+
+    from engine.engine import AsyncEngine
+
+    engine = AsyncEngine(config)
+    app = create_engine_app(engine, served_name or config.model)
+    engine.start()
+    try:
+        uvicorn.run(app, host=host, port=port, log_level="info")
+    finally:
+        engine.shutdown()
