@@ -1,0 +1,149 @@
+"""Paged attention on CPU: the per-step context object and the attention kernel.
+
+KV pools per layer are K and V tensors [num_pages, page_size, kv_heads, head_dim].
+A step packs all chunks' tokens into one sequence of T tokens, prefill chunks first,
+then single-token chunks (decodes), so the decodes form one contiguous, batched tail.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from engine.batch import SeqChunk
+
+
+@dataclass
+class PrefillSeq:
+    q_start: int  # offset of this chunk's tokens in the packed batch
+    q_len: int
+    start_pos: int  # tokens already cached before this chunk
+    page_ids: torch.Tensor  # [pages] long, covering start_pos + q_len tokens
+
+
+@dataclass
+class AttentionContext:
+    page_size: int
+    slot_mapping: torch.Tensor  # [T] long: flat pool slot each new token's K/V goes to
+    prefills: list[PrefillSeq]
+    num_prefill_tokens: int  # the decode tail starts here
+    decode_page_table: torch.Tensor | None  # [B, max_pages] long, padded with page 0
+    decode_mask: torch.Tensor | None  # [B, 1, 1, max_pages * page_size] bool: key is live
+
+
+def build_context(chunks: list[SeqChunk], page_size: int) -> AttentionContext:
+    """Chunks must come prefills (len > 1) first, then decodes (len == 1)."""
+    slots: list[int] = []
+    prefills: list[PrefillSeq] = []
+    decodes: list[SeqChunk] = []
+    offset = 0
+    for c in chunks:
+        n = len(c.token_ids)
+        for pos in range(c.start_pos, c.start_pos + n):
+            slots.append(c.page_table[pos // page_size] * page_size + pos % page_size)
+        if n > 1:
+            ids = torch.tensor(c.page_table, dtype=torch.long)
+            prefills.append(PrefillSeq(offset, n, c.start_pos, ids))
+        else:
+            decodes.append(c)
+        offset += n
+    table, mask = _decode_tables(decodes, page_size)
+    return AttentionContext(
+        page_size=page_size,
+        slot_mapping=torch.tensor(slots, dtype=torch.long),
+        prefills=prefills,
+        num_prefill_tokens=offset - len(decodes),
+        decode_page_table=table,
+        decode_mask=mask,
+    )
+
+
+def _decode_tables(
+    decodes: list[SeqChunk], page_size: int
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    if not decodes:
+        return None, None
+    lens = [c.start_pos + 1 for c in decodes]
+    max_pages = max((n + page_size - 1) // page_size for n in lens)
+    table = torch.zeros(len(decodes), max_pages, dtype=torch.long)
+    for i, c in enumerate(decodes):
+        pages = c.page_table[: (lens[i] + page_size - 1) // page_size]
+        table[i, : len(pages)] = torch.tensor(pages, dtype=torch.long)
+    keys = torch.arange(max_pages * page_size)
+    mask = keys[None, :] < torch.tensor(lens)[:, None]
+    return table, mask[:, None, None, :]
+
+
+def write_kv(
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    slots: torch.Tensor,
+) -> None:
+    """Store new K/V [T, kv_heads, head_dim] at their flat slots."""
+    k_pool.view(-1, *k.shape[1:]).index_copy_(0, slots, k)
+    v_pool.view(-1, *v.shape[1:]).index_copy_(0, slots, v)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    ctx: AttentionContext,
+) -> torch.Tensor:
+    """q [T, H, D], k/v [T, KVH, D] for the new tokens -> out [T, H, D].
+
+    Writes the new K/V into the pools first, so every query reads its full context
+    (cached prefix + this step's tokens) from the pools.
+    """
+    write_kv(k_pool, v_pool, k, v, ctx.slot_mapping)
+    out = torch.empty_like(q)
+    for p in ctx.prefills:
+        qs = slice(p.q_start, p.q_start + p.q_len)
+        out[qs] = _prefill(q[qs], k[qs], v[qs], k_pool, v_pool, p)
+    if ctx.decode_page_table is not None:
+        tail = slice(ctx.num_prefill_tokens, q.shape[0])
+        out[tail] = _decode(q[tail], k_pool, v_pool, ctx.decode_page_table, ctx.decode_mask)
+    return out
+
+
+def _prefill(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    p: PrefillSeq,
+) -> torch.Tensor:
+    # q [L, H, D] -> SDPA layout [H, L, D]
+    qh = q.transpose(0, 1)
+    if p.start_pos == 0:  # no cached prefix: attend to this chunk's own K/V, causal
+        kh, vh = k.transpose(0, 1), v.transpose(0, 1)
+        out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, enable_gqa=True)
+        return out.transpose(0, 1)
+    ctx_len = p.start_pos + p.q_len
+    kh = k_pool[p.page_ids].flatten(0, 1)[:ctx_len].transpose(0, 1)
+    vh = v_pool[p.page_ids].flatten(0, 1)[:ctx_len].transpose(0, 1)
+    # query i sits at position start_pos + i and sees keys 0..start_pos + i
+    rows = torch.arange(p.q_len)[:, None] + p.start_pos
+    mask = torch.arange(ctx_len)[None, :] <= rows
+    out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, enable_gqa=True)
+    return out.transpose(0, 1)
+
+
+def _decode(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    page_table: torch.Tensor,
+    mask: torch.Tensor,
+) -> torch.Tensor:
+    # One gather per pool for the whole batch: [B, pages, page_size, KVH, D] -> [B, KVH, S, D]
+    b = q.shape[0]
+    kh = k_pool[page_table].flatten(1, 2).transpose(1, 2)
+    vh = v_pool[page_table].flatten(1, 2).transpose(1, 2)
+    out = F.scaled_dot_product_attention(q[:, :, None, :], kh, vh, attn_mask=mask, enable_gqa=True)
+    return out.reshape(b, q.shape[1], q.shape[2])

@@ -1,0 +1,141 @@
+"""Llama-family decoder (llama, qwen2) over paged KV, fp32.
+
+Q/K/V and gate/up projections are fused into one matmul each: at small batch sizes on
+CPU, fewer and larger GEMMs run closer to the machine's peak.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.attention import AttentionContext, paged_attention
+from engine.weights import ModelConfig
+
+KVCache = tuple[torch.Tensor, torch.Tensor]  # (K pool, V pool) of one layer
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+
+
+class Rotary(nn.Module):
+    """Half-split (NEOX / Hugging Face) rotary embedding with a precomputed table."""
+
+    def __init__(self, head_dim: int, theta: float, max_position: int) -> None:
+        super().__init__()
+        # device="cpu": the model is built on the meta device, but this table is not loaded
+        f64 = {"dtype": torch.float64, "device": "cpu"}
+        inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, **f64) / head_dim)
+        angles = torch.outer(torch.arange(max_position, **f64), inv_freq)
+        self.register_buffer("cos", angles.cos().float(), persistent=False)
+        self.register_buffer("sin", angles.sin().float(), persistent=False)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        # x [T, heads, D]; cos/sin [T, 1, D/2]
+        cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, rotary: Rotary) -> None:
+        super().__init__()
+        self.h, self.kvh, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        qkv_out = (self.h + 2 * self.kvh) * self.d
+        self.qkv_proj = nn.Linear(cfg.hidden_size, qkv_out, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(self.h * self.d, cfg.hidden_size, bias=False)
+        self.rotary = rotary
+
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext, kv: KVCache
+    ) -> torch.Tensor:
+        t = x.shape[0]
+        qkv = self.qkv_proj(x)
+        q, k, v = qkv.split([self.h * self.d, self.kvh * self.d, self.kvh * self.d], dim=-1)
+        q = self.rotary(positions, q.view(t, self.h, self.d))
+        k = self.rotary(positions, k.view(t, self.kvh, self.d))
+        v = v.reshape(t, self.kvh, self.d)
+        out = paged_attention(q, k, v, kv[0], kv[1], ctx)
+        return self.o_proj(out.reshape(t, self.h * self.d))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.inter = cfg.intermediate_size
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * self.inter, bias=False)
+        self.down_proj = nn.Linear(self.inter, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, rotary: Rotary) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
+        self.self_attn = Attention(cfg, rotary)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext, kv: KVCache
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), positions, ctx, kv)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.max_position)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, rotary) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
+        self.lm_head = None
+        if not cfg.tie_embeddings:
+            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        ctx: AttentionContext,
+        kv_caches: list[KVCache],
+    ) -> torch.Tensor:
+        """input_ids, positions [T] -> final-normed hidden states [T, D]."""
+        x = self.embed_tokens(input_ids)
+        for layer, kv in zip(self.layers, kv_caches, strict=True):
+            x = layer(x, positions, ctx, kv)
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, weight)
+
+    def load_weights(self, state: dict[str, torch.Tensor]) -> None:
+        """Take Hugging Face names (no "model." prefix), fusing q/k/v and gate/up."""
+        fused = {}
+        for i in range(self.config.num_layers):
+            p = f"layers.{i}."
+            qkv = [state.pop(f"{p}self_attn.{n}_proj.weight") for n in "qkv"]
+            fused[f"{p}self_attn.qkv_proj.weight"] = torch.cat(qkv)
+            if self.config.attention_bias:
+                bias = [state.pop(f"{p}self_attn.{n}_proj.bias") for n in "qkv"]
+                fused[f"{p}self_attn.qkv_proj.bias"] = torch.cat(bias)
+            gate_up = [state.pop(f"{p}mlp.{n}_proj.weight") for n in ("gate", "up")]
+            fused[f"{p}mlp.gate_up_proj.weight"] = torch.cat(gate_up)
+        state = {**state, **fused}
+        if self.lm_head is None:
+            state.pop("lm_head.weight", None)
+        elif "lm_head.weight" not in state:  # some "untied" exports still omit the head
+            state["lm_head.weight"] = state["embed_tokens.weight"]
+        self.load_state_dict(state, strict=True, assign=True)  # built on meta
