@@ -423,10 +423,12 @@ class PolicyWatcher:
         path: Path,
         apply: Callable[[Policy], Awaitable[None]],
         interval_s: float = 1.0,
+        on_result: Callable[[bool], None] | None = None,
     ) -> None:
         self.path = path
-        self._apply = apply
+        self._apply = apply  # raises PolicyError to refuse a policy it cannot put in force
         self.interval_s = interval_s
+        self._on_result = on_result or (lambda ok: None)
         self.last_error: PolicyError | None = None
         self._mtime = self._current_mtime()
         self._lock = asyncio.Lock()
@@ -446,9 +448,11 @@ class PolicyWatcher:
                 await self._apply(policy)
             except PolicyError as exc:
                 self.last_error = exc
+                self._on_result(False)
                 logger.error("policy reload refused, keeping the running policy: %s", exc)
                 return None
             self.last_error = None
+            self._on_result(True)
             logger.info("policy reloaded from %s", self.path)
             return policy
 
@@ -456,5 +460,9 @@ class PolicyWatcher:
         """Run until cancelled; reloads whenever the file's mtime changes."""
         while True:
             await asyncio.sleep(self.interval_s)
-            if self._current_mtime() != self._mtime:
+            if self._current_mtime() == self._mtime:
+                continue
+            try:
                 await self.reload()
+            except Exception:  # a bug in one reload must not end hot reload for good
+                logger.exception("policy reload failed")

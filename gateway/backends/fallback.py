@@ -59,18 +59,23 @@ async def _first_piece(
 ) -> tuple[AsyncIterator[Piece], Piece]:
     pieces = backend.generate(request)
     try:
-        first = await asyncio.wait_for(anext(pieces), timeout_s)
+        async with asyncio.timeout(timeout_s):  # cheaper than wait_for: no extra task
+            first = await anext(pieces)
     except StopAsyncIteration:
         first = Piece(finish_reason="stop")
     except TimeoutError:
         await pieces.aclose()
-        raise BackendError(504, f"{backend.name}: no answer within {timeout_s:g}s", True, True) from None
+        raise BackendError(
+            504, f"{backend.name}: no answer within {timeout_s:g}s", True, True
+        ) from None
     except BackendError:
         await pieces.aclose()
         raise
     except Exception as exc:  # a backend bug must not take the whole chain down
         await pieces.aclose()
-        raise BackendError(502, f"{backend.name}: {type(exc).__name__}: {exc}", False, True) from exc
+        raise BackendError(
+            502, f"{backend.name}: {type(exc).__name__}: {exc}", False, True
+        ) from exc
     return pieces, first
 
 
@@ -84,11 +89,14 @@ async def _rest(
             return
         while True:
             try:
-                piece = await asyncio.wait_for(anext(pieces), timeout_s)
+                async with asyncio.timeout(timeout_s):
+                    piece = await anext(pieces)
             except StopAsyncIteration:
                 return
             except TimeoutError:
-                raise BackendError(504, f"{name}: stalled for {timeout_s:g}s", False, False) from None
+                raise BackendError(
+                    504, f"{name}: stalled for {timeout_s:g}s", False, False
+                ) from None
             yield piece
     finally:
         await pieces.aclose()

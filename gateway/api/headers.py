@@ -1,0 +1,35 @@
+"""Pure ASGI middleware: a request id for every request, and the tiergate headers on every answer.
+
+Handlers record the tier and model they used in `request.state`; the headers are written
+when the response starts, so streamed answers carry them too.
+"""
+
+import uuid
+
+from starlette.datastructures import MutableHeaders
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+UNKNOWN = "none"  # tier/model of answers that never reached a tier (401, 400, 404...)
+
+
+class TiergateHeaders:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        state = scope.setdefault("state", {})
+        state["request_id"] = request_id = f"req-{uuid.uuid4().hex}"
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                headers["x-request-id"] = request_id
+                headers["x-tiergate-tier"] = state.get("tier", UNKNOWN)
+                headers["x-tiergate-model"] = state.get("model", UNKNOWN)
+                headers["x-tiergate-cache"] = state.get("cache", "off")
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)

@@ -1,0 +1,95 @@
+"""OpenAI response objects for chat and text completions, whole or as SSE chunks.
+
+The two endpoints differ only in how an answer is dressed; a shape does the dressing so the
+request flow in openai.py is written once.
+"""
+
+from typing import Protocol
+
+from engine.protocol import (
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChunkChoice,
+    Completion,
+    CompletionChoice,
+    DeltaMessage,
+    Usage,
+    chat_completion_id,
+    completion_id,
+    created_now,
+)
+
+
+def sse(data: str) -> bytes:
+    return f"data: {data}\n\n".encode()
+
+
+class Shape(Protocol):
+    def opening(self) -> bytes | None: ...
+    def delta(self, text: str) -> bytes: ...
+    def finish(self, reason: str) -> bytes: ...
+    def usage(self, usage: Usage) -> bytes: ...
+    def whole(self, text: str, reason: str, usage: Usage) -> dict: ...
+
+
+class ChatShape:
+    def __init__(self, model: str) -> None:
+        self.id, self.created, self.model = chat_completion_id(), created_now(), model
+
+    def _chunk(self, choices: list[ChunkChoice], usage: Usage | None = None) -> bytes:
+        chunk = ChatCompletionChunk(
+            id=self.id, created=self.created, model=self.model, choices=choices, usage=usage
+        )
+        return sse(chunk.model_dump_json())
+
+    def opening(self) -> bytes | None:
+        # OpenAI's first chunk names the role; clients that build the message rely on it.
+        return self._chunk([ChunkChoice(delta=DeltaMessage(role="assistant", content=""))])
+
+    def delta(self, text: str) -> bytes:
+        return self._chunk([ChunkChoice(delta=DeltaMessage(content=text))])
+
+    def finish(self, reason: str) -> bytes:
+        return self._chunk([ChunkChoice(delta=DeltaMessage(), finish_reason=reason)])
+
+    def usage(self, usage: Usage) -> bytes:
+        return self._chunk([], usage)
+
+    def whole(self, text: str, reason: str, usage: Usage) -> dict:
+        choice = ChatChoice(message=AssistantMessage(content=text), finish_reason=reason)
+        answer = ChatCompletion(
+            id=self.id, created=self.created, model=self.model, choices=[choice], usage=usage
+        )
+        return answer.model_dump()
+
+
+class TextShape:
+    def __init__(self, model: str) -> None:
+        self.id, self.created, self.model = completion_id(), created_now(), model
+
+    def _chunk(self, choices: list[CompletionChoice], usage: Usage | None = None) -> bytes:
+        chunk = Completion(
+            id=self.id, created=self.created, model=self.model, choices=choices, usage=usage
+        )
+        return sse(chunk.model_dump_json())
+
+    def opening(self) -> bytes | None:
+        return None
+
+    def delta(self, text: str) -> bytes:
+        return self._chunk([CompletionChoice(text=text)])
+
+    def finish(self, reason: str) -> bytes:
+        return self._chunk([CompletionChoice(text="", finish_reason=reason)])
+
+    def usage(self, usage: Usage) -> bytes:
+        return self._chunk([], usage)
+
+    def whole(self, text: str, reason: str, usage: Usage) -> dict:
+        choice = CompletionChoice(text=text, finish_reason=reason)
+        answer = Completion(
+            id=self.id, created=self.created, model=self.model, choices=[choice], usage=usage
+        )
+        return answer.model_dump()

@@ -1,0 +1,79 @@
+"""create_app(policy): wires routing, backends and stats; the lifespan runs the local engines."""
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from fastapi import FastAPI
+
+from gateway.api import admin, openai
+from gateway.api.headers import TiergateHeaders
+from gateway.backends.fallback import Cooldowns
+from gateway.backends.local import EngineFactory, LocalEngines, default_engine_factory
+from gateway.errors import install_error_handlers
+from gateway.policy import Policy, PolicyError, PolicyIssue, PolicyWatcher
+from gateway.routing.router import Scorer
+from gateway.state import GatewayState, build_runtime
+from gateway.stats import Stats
+
+logger = logging.getLogger("tiergate")
+
+
+def _applier(state: GatewayState):
+    """The hot-reload step after validation: start new engines, then swap the runtime."""
+
+    async def apply(policy: Policy) -> None:
+        try:
+            await state.engines.ensure(policy.local_engines())
+        except Exception as exc:  # e.g. a model that is not installed
+            issue = PolicyIssue("engines", f"starting a local engine failed: {exc}")
+            raise PolicyError(str(state.policy_path), [issue]) from exc
+        state.runtime = build_runtime(
+            policy, state.engines, state.cooldowns, state.stats, state.scorer
+        )
+
+    return apply
+
+
+def create_app(
+    policy: Policy,
+    *,
+    policy_path: str | Path | None = None,
+    engine_factory: EngineFactory = default_engine_factory,
+    scorer: Scorer | None = None,
+) -> FastAPI:
+    """The gateway for `policy`. With `policy_path` the file is watched and reloadable."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engines = LocalEngines(engine_factory)
+        await engines.ensure(policy.local_engines())
+        stats, cooldowns = Stats(), Cooldowns()
+        runtime = build_runtime(policy, engines, cooldowns, stats, scorer)
+        path = Path(policy_path) if policy_path is not None else None
+        state = GatewayState(runtime, stats, engines, cooldowns, scorer, path)
+        app.state.gateway = state
+        watch_task = None
+        if path is not None:
+            interval = policy.server.reload_interval_s
+            state.watcher = PolicyWatcher(path, _applier(state), interval, stats.policy_reload)
+            if interval > 0:
+                watch_task = asyncio.create_task(state.watcher.watch())
+        try:
+            yield
+        finally:
+            if watch_task is not None:
+                watch_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watch_task
+            await engines.shutdown()
+
+    app = FastAPI(title="tiergate", lifespan=lifespan, docs_url=None, redoc_url=None)
+    install_error_handlers(app)
+    app.include_router(openai.router)
+    app.include_router(admin.router)
+    app.add_middleware(TiergateHeaders)
+    return app

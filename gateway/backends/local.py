@@ -1,0 +1,141 @@
+"""Local deployments: the project's AsyncEngine in this process, each model loaded once.
+
+`LocalEngines` owns the engines (several tiers and deployments may name the same one);
+`LocalBackend` turns an OpenAI request into a prompt and sampling settings for one engine.
+"""
+
+import asyncio
+import inspect
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from engine.config import EngineConfig
+from engine.errors import EngineDeadError, PromptTooLongError, QueueFullError
+from engine.protocol import Usage, to_sampling_params
+from gateway.backends.base import BackendError, GenerationRequest, Piece
+from gateway.policy import EngineSettings
+
+logger = logging.getLogger("tiergate.local")
+
+EngineFactory = Callable[[EngineConfig], Any]  # returns an AsyncEngine (or a test double)
+_MB = 1024 * 1024
+
+
+def engine_config(name: str, settings: EngineSettings) -> EngineConfig:
+    return EngineConfig(
+        model=settings.model or name,
+        kv_cache_bytes=settings.kv_cache_mb * _MB,
+        page_size=settings.page_size,
+        max_num_seqs=settings.max_num_seqs,
+        max_num_batched_tokens=settings.max_num_batched_tokens,
+        max_waiting=settings.max_waiting,
+        max_model_len=settings.max_model_len,
+        enable_prefix_caching=settings.enable_prefix_caching,
+        num_threads=settings.num_threads,
+    )
+
+
+def default_engine_factory(config: EngineConfig) -> Any:
+    from engine.engine import AsyncEngine  # torch comes in only when a local model is used
+
+    return AsyncEngine(config)
+
+
+async def _maybe_await(value: Any) -> None:
+    if inspect.isawaitable(value):
+        await value
+
+
+class LocalEngines:
+    """The running engines by policy name. A reload reuses an engine whose config is unchanged.
+
+    An engine whose config changed or that no policy names any more is retired, not stopped:
+    requests in flight on it finish; retired engines stop with the gateway.
+    """
+
+    def __init__(self, factory: EngineFactory = default_engine_factory) -> None:
+        self._factory = factory
+        self._engines: dict[str, tuple[EngineConfig, Any]] = {}
+        self._retired: list[Any] = []
+        self._lock = asyncio.Lock()
+
+    async def ensure(self, engines: dict[str, EngineSettings]) -> None:
+        """Start every engine of `engines` not running yet with the same config."""
+        async with self._lock:
+            for name, settings in engines.items():
+                config = engine_config(name, settings)
+                current = self._engines.get(name)
+                if current is not None and current[0] == config:
+                    continue
+                logger.info("starting local engine %s (%s)", name, config.model)
+                # Loading weights blocks for seconds: keep the event loop serving meanwhile.
+                engine = await asyncio.to_thread(self._factory, config)
+                await _maybe_await(engine.start())
+                if current is not None:
+                    self._retired.append(current[1])
+                self._engines[name] = (config, engine)
+            for name in [n for n in self._engines if n not in engines]:
+                self._retired.append(self._engines.pop(name)[1])
+
+    def get(self, name: str) -> Any:
+        return self._engines[name][1]
+
+    def all(self) -> dict[str, Any]:
+        return {name: engine for name, (_, engine) in self._engines.items()}
+
+    async def shutdown(self) -> None:
+        engines = [e for _, e in self._engines.values()] + self._retired
+        self._engines, self._retired = {}, []
+        for engine in engines:
+            await _maybe_await(engine.shutdown())
+
+
+def _engine_error(exc: Exception, name: str) -> BackendError:
+    if isinstance(exc, PromptTooLongError):
+        return BackendError(400, str(exc), retry=False, fallback=False)
+    if isinstance(exc, QueueFullError):
+        return BackendError(429, f"{name}: queue full", retry=True, fallback=True, retry_after=1)
+    if isinstance(exc, EngineDeadError):
+        return BackendError(503, f"{name}: engine stopped", retry=False, fallback=True)
+    return BackendError(502, f"{name}: {type(exc).__name__}: {exc}", retry=False, fallback=True)
+
+
+class LocalBackend:
+    def __init__(self, name: str, engine: Any) -> None:
+        self.name = name
+        self._engine = engine
+
+    def _prompt(self, request: GenerationRequest) -> str | list[int]:
+        body = request.body
+        if not request.is_chat:
+            return body.prompt
+        messages = [m.template_dict() for m in body.messages]
+        tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
+        try:
+            return self._engine.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tools=tools
+            )
+        except Exception as exc:  # the template itself refuses, e.g. roles out of order
+            raise BackendError(400, f"chat template: {exc}", retry=False, fallback=False) from exc
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[Piece]:
+        prompt = self._prompt(request)
+        try:
+            params = to_sampling_params(request.body)
+        except ValueError as exc:
+            raise BackendError(400, str(exc), retry=False, fallback=False) from exc
+        outputs = self._engine.generate(
+            prompt, params, request.request_id, cache_salt=request.tenant
+        )
+        try:
+            async for out in outputs:
+                if not out.finished:
+                    yield Piece(out.text)
+                    continue
+                usage = Usage.of(out.prompt_tokens, out.completion_tokens, out.cached_tokens)
+                yield Piece(out.text, out.finish_reason, usage)
+        except (PromptTooLongError, QueueFullError, EngineDeadError) as exc:
+            raise _engine_error(exc, self.name) from exc
+        finally:
+            await outputs.aclose()  # closing the engine's generator aborts the request

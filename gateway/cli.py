@@ -1,0 +1,109 @@
+"""The `tiergate` command: serve | engine | check-policy.
+
+Heavy imports (uvicorn, the app, the engine and torch) happen inside each subcommand, so
+`tiergate check-policy` answers in well under a second.
+"""
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from gateway.policy import PolicyError, load_policy
+
+_MB = 1024 * 1024
+
+
+def _print_policy_error(error: PolicyError) -> None:
+    for issue in error.issues:
+        print(f"{error.source}: {issue}", file=sys.stderr)
+
+
+def check_policy(args: argparse.Namespace) -> int:
+    try:
+        policy = load_policy(args.file)
+    except PolicyError as exc:
+        _print_policy_error(exc)
+        print(f"{len(exc.issues)} error(s) in {args.file}", file=sys.stderr)
+        return 1
+    print(
+        f"{args.file}: ok ({len(policy.tiers)} tiers, {len(policy.routes)} routes, "
+        f"{len(policy.local_engines())} local engines)"
+    )
+    return 0
+
+
+def serve(args: argparse.Namespace) -> int:
+    try:
+        policy = load_policy(args.policy)
+    except PolicyError as exc:  # refuse to start on an invalid file
+        _print_policy_error(exc)
+        return 1
+    from engine.model_registry import ModelNotFoundError, resolve_model
+
+    # Resolve local models first: a missing one is a one-line error, not a lifespan traceback.
+    try:
+        for name, settings in policy.local_engines().items():
+            resolve_model(settings.model or name)
+    except ModelNotFoundError as exc:
+        print(f"tiergate: {exc}", file=sys.stderr)
+        return 1
+    import uvicorn
+
+    from gateway.app import create_app
+
+    app = create_app(policy, policy_path=args.policy)
+    host = args.host or policy.server.host
+    port = args.port or policy.server.port
+    uvicorn.run(app, host=host, port=port, log_level=args.log_level)
+    return 0
+
+
+def engine(args: argparse.Namespace) -> int:
+    from engine.config import EngineConfig
+    from engine.model_registry import ModelNotFoundError
+
+    config = EngineConfig(model=args.model, kv_cache_bytes=args.kv_cache_mb * _MB)
+    try:
+        from engine.server import run_engine_server
+
+        run_engine_server(config, args.host, args.port, args.served_name)
+    except ModelNotFoundError as exc:
+        print(f"tiergate: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tiergate", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("serve", help="run the gateway with a policy file")
+    p.add_argument("--policy", required=True, help="policy YAML, e.g. router_policies/default.yaml")
+    p.add_argument("--host", help="overrides server.host of the policy")
+    p.add_argument("--port", type=int, help="overrides server.port of the policy")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.set_defaults(func=serve)
+
+    p = sub.add_parser("check-policy", help="validate a policy file; exit 1 on errors")
+    p.add_argument("file")
+    p.set_defaults(func=check_policy)
+
+    p = sub.add_parser("engine", help="serve one local model over an OpenAI-compatible API")
+    p.add_argument("--model", required=True, help="bundled name, GGUF path or HF folder")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8100)
+    p.add_argument("--kv-cache-mb", type=int, default=256, help="KV cache budget in MiB")
+    p.add_argument("--served-name", help="model name in the API (default: the model's)")
+    p.set_defaults(func=engine)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

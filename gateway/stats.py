@@ -1,0 +1,116 @@
+"""Gateway counters in one prometheus registry: the single source for /metrics and /admin/stats."""
+
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.metrics_core import Metric
+
+from engine.protocol import Usage
+from gateway.policy import Price
+
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_PER_MILLION = 1_000_000
+
+
+def cost_usd(usage: Usage, price: Price) -> float:
+    return (
+        usage.prompt_tokens * price.input + usage.completion_tokens * price.output
+    ) / _PER_MILLION
+
+
+class Stats:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self._requests = Counter(
+            "tiergate_requests",
+            "Requests answered, by route, tier, model and HTTP status",
+            ["route", "tier", "model", "status"],
+            registry=r,
+        )
+        self._prompt_tokens = Counter(
+            "tiergate_prompt_tokens", "Prompt tokens", ["tier", "model"], registry=r
+        )
+        self._completion_tokens = Counter(
+            "tiergate_completion_tokens", "Completion tokens", ["tier", "model"], registry=r
+        )
+        self._cost = Counter(
+            "tiergate_cost_usd", "Cost from the tier prices", ["tier", "model"], registry=r
+        )
+        self._latency = Histogram(
+            "tiergate_request_duration_seconds",
+            "Time from request to last byte",
+            ["tier"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self._ttft = Histogram(
+            "tiergate_time_to_first_token_seconds",
+            "Time from request to the first piece of the answer",
+            ["tier"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self._failures = Counter(
+            "tiergate_deployment_failures",
+            "Failed attempts at a deployment (timeouts, errors), before any fallback",
+            ["tier", "model", "status"],
+            registry=r,
+        )
+        self._reloads = Counter(
+            "tiergate_policy_reloads", "Policy reloads by result", ["result"], registry=r
+        )
+
+    def request_done(self, route: str, tier: str, model: str, status: int) -> None:
+        self._requests.labels(route or "-", tier or "-", model or "-", str(status)).inc()
+
+    def usage(self, tier: str, model: str, usage: Usage, price: Price) -> None:
+        self._prompt_tokens.labels(tier, model).inc(usage.prompt_tokens)
+        self._completion_tokens.labels(tier, model).inc(usage.completion_tokens)
+        self._cost.labels(tier, model).inc(cost_usd(usage, price))
+
+    def latency(self, tier: str, seconds: float) -> None:
+        self._latency.labels(tier).observe(seconds)
+
+    def first_token(self, tier: str, seconds: float) -> None:
+        self._ttft.labels(tier).observe(seconds)
+
+    def deployment_failed(self, tier: str, model: str, status: int) -> None:
+        self._failures.labels(tier, model, str(status)).inc()
+
+    def policy_reload(self, ok: bool) -> None:
+        self._reloads.labels("ok" if ok else "error").inc()
+
+    def exposition(self, *extra: CollectorRegistry) -> bytes:
+        """Prometheus text of this registry and of others (e.g. each local engine's)."""
+        return generate_latest(_Merged([self.registry, *extra]))
+
+    def snapshot(self) -> dict[str, Any]:
+        """Counter totals by name and label set, for JSON views such as /admin/stats."""
+        out: dict[str, Any] = defaultdict(dict)
+        for metric in self.registry.collect():
+            for sample in metric.samples:
+                if sample.name.endswith("_total"):
+                    key = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+                    out[metric.name][key or "-"] = sample.value
+        return dict(out)
+
+
+class _Merged:
+    """Several registries as one: engines share metric names (told apart by a model_name
+    label), and Prometheus refuses a metric family that appears twice in one scrape."""
+
+    def __init__(self, registries: list[CollectorRegistry]) -> None:
+        self._registries = registries
+
+    def collect(self) -> Iterator[Metric]:
+        families: dict[str, Metric] = {}
+        for registry in self._registries:
+            for family in registry.collect():
+                if family.name in families:
+                    families[family.name].samples.extend(family.samples)
+                else:
+                    families[family.name] = family
+        yield from families.values()
