@@ -1,0 +1,86 @@
+"""ModelRunner: owns the model, tokenizer and KV pools; runs one step over SeqChunks."""
+
+import torch
+
+from engine.attention import build_context
+from engine.batch import SeqChunk
+from engine.config import EngineConfig
+from engine.model_registry import resolve_model
+from engine.sampler import sample
+from engine.tokenizer import load_tokenizer
+from engine.weights import ModelConfig, load_model
+
+_DTYPE = torch.float32
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig) -> None:
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        resolved = resolve_model(config.model)
+        self.config = config
+        self.model_name = resolved.name
+        self.model_config, self.model = load_model(resolved)
+        self.tokenizer = load_tokenizer(resolved)
+        self.page_size = config.page_size
+        self.max_model_len = min(
+            config.max_model_len or self.model_config.max_position,
+            self.model_config.max_position,  # rope table and training length end here
+        )
+        self.num_pages = config.kv_cache_bytes // self.bytes_per_page(
+            self.model_config, self.page_size
+        )
+        if self.num_pages < 1:
+            raise ValueError("kv_cache_bytes is smaller than one KV page")
+        self.kv_caches = self._allocate_kv()
+
+    @staticmethod
+    def bytes_per_page(model_config: ModelConfig, page_size: int) -> int:
+        """K and V of all layers for page_size tokens."""
+        per_token = 2 * model_config.num_layers * model_config.num_kv_heads * model_config.head_dim
+        return per_token * page_size * _DTYPE.itemsize
+
+    def _allocate_kv(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        c = self.model_config
+        shape = (self.num_pages, self.page_size, c.num_kv_heads, c.head_dim)
+        # zeros, not empty: padded decode slots are masked, but NaN garbage * 0 would leak
+        return [
+            (torch.zeros(shape, dtype=_DTYPE), torch.zeros(shape, dtype=_DTYPE))
+            for _ in range(c.num_layers)
+        ]
+
+    @torch.inference_mode()
+    def execute(self, chunks: list[SeqChunk]) -> list[int | None]:
+        """One forward over all chunks packed together; a token for each sample=True chunk."""
+        if not chunks:
+            return []
+        if any(not c.token_ids for c in chunks):
+            raise ValueError("a SeqChunk must carry at least one token")
+        # prefills first, decodes last: attention batches the decode tail in one call
+        order = sorted(range(len(chunks)), key=lambda i: len(chunks[i].token_ids) == 1)
+        ordered = [chunks[i] for i in order]
+        input_ids, positions, last = self._pack(ordered)
+        ctx = build_context(ordered, self.page_size)
+        hidden = self.model(input_ids, positions, ctx, self.kv_caches)
+        want = [j for j, c in enumerate(ordered) if c.sample]
+        results: list[int | None] = [None] * len(chunks)
+        if want:
+            logits = self.model.compute_logits(hidden[[last[j] for j in want]])
+            params = [ordered[j].params for j in want]
+            gens = [ordered[j].generator for j in want]
+            for j, token in zip(want, sample(logits, params, gens), strict=True):
+                results[order[j]] = token
+        return results
+
+    def _pack(self, chunks: list[SeqChunk]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        ids: list[int] = []
+        pos: list[int] = []
+        last: list[int] = []  # index of each chunk's last token in the packed batch
+        for c in chunks:
+            n = len(c.token_ids)
+            if c.start_pos + n > self.max_model_len:
+                raise ValueError(f"sequence {c.seq_id} exceeds max_model_len")
+            ids.extend(c.token_ids)
+            pos.extend(range(c.start_pos, c.start_pos + n))
+            last.append(len(ids) - 1)
+        return torch.tensor(ids), torch.tensor(pos), last
