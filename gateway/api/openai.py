@@ -15,6 +15,7 @@ import anyio
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
+from starlette.types import Receive, Scope, Send
 
 from engine.protocol import (
     ChatCompletionRequest,
@@ -144,7 +145,7 @@ async def _complete(
     shape = shape_of(served.model)
     if body.stream:
         stream = _stream(call, shape, body.include_usage)
-        return StreamingResponse(stream, media_type="text/event-stream")
+        return ClosingStreamingResponse(stream, media_type="text/event-stream")
     return await _whole(call, shape)
 
 
@@ -191,6 +192,22 @@ async def _stream(call: Call, shape: Shape, include_usage: bool) -> AsyncIterato
         with anyio.CancelScope(shield=True):
             await call.served.pieces.aclose()
         call.done(status, call.usage_or_estimate(last.usage, "".join(texts)))
+
+
+class ClosingStreamingResponse(StreamingResponse):
+    """Closes its body iterator however the response ends.
+
+    On a disconnect Starlette cancels the sending task; if that happens while the body
+    waits at a `yield`, the generator would be left to the garbage collector and the
+    engine would keep generating. Closing it here aborts the upstream request at once.
+    """
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.body_iterator.aclose()
 
 
 @router.post("/v1/chat/completions")

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from engine.config import EngineConfig
-from engine.errors import EngineDeadError, PromptTooLongError, QueueFullError
+from engine.errors import EngineDeadError, EngineError, PromptTooLongError, QueueFullError
 from engine.protocol import Usage, to_sampling_params
 from gateway.backends.base import BackendError, GenerationRequest, Piece
 from gateway.policy import EngineSettings
@@ -88,11 +88,12 @@ class LocalEngines:
         engines = [e for _, e in self._engines.values()] + self._retired
         self._engines, self._retired = {}, []
         for engine in engines:
-            await _maybe_await(engine.shutdown())
+            # shutdown() joins the step thread: keep the event loop free meanwhile.
+            await _maybe_await(await asyncio.to_thread(engine.shutdown))
 
 
 def _engine_error(exc: Exception, name: str) -> BackendError:
-    if isinstance(exc, PromptTooLongError):
+    if isinstance(exc, PromptTooLongError | ValueError):  # the request's fault: no fallback
         return BackendError(400, str(exc), retry=False, fallback=False)
     if isinstance(exc, QueueFullError):
         return BackendError(429, f"{name}: queue full", retry=True, fallback=True, retry_after=1)
@@ -135,7 +136,7 @@ class LocalBackend:
                     continue
                 usage = Usage.of(out.prompt_tokens, out.completion_tokens, out.cached_tokens)
                 yield Piece(out.text, out.finish_reason, usage)
-        except (PromptTooLongError, QueueFullError, EngineDeadError) as exc:
+        except (EngineError, ValueError) as exc:
             raise _engine_error(exc, self.name) from exc
         finally:
             await outputs.aclose()  # closing the engine's generator aborts the request

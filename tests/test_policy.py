@@ -1,0 +1,203 @@
+"""Policy schema, loader messages, the example files, and rule routing (no server, no model)."""
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from gateway.cli import main
+from gateway.policy import PolicyError, parse_policy
+from gateway.routing.router import Router, choose_tier, extract_features
+
+ROOT = Path(__file__).resolve().parent.parent
+POLICY_FILES = sorted((ROOT / "router_policies").rglob("*.yaml"))
+
+BASE = """
+tiers:
+  small:
+    deployments: [{model: smollm2-135m}]
+  large:
+    deployments: [{model: hosted_vllm/big, api_base: "http://127.0.0.1:1/v1"}]
+    fallback: small
+"""
+
+
+def issues_of(text: str, env: dict[str, str] | None = None) -> list[str]:
+    with pytest.raises(PolicyError) as caught:
+        parse_policy(textwrap.dedent(text), env=env or {})
+    return [str(i) for i in caught.value.issues]
+
+
+def test_valid_policy_loads() -> None:
+    policy = parse_policy(BASE + "routes: {auto: {default: small}}", env={})
+    assert policy.is_local(policy.tiers["small"].deployments[0])
+    assert not policy.is_local(policy.tiers["large"].deployments[0])
+    assert list(policy.local_engines()) == ["smollm2-135m"]
+
+
+def test_bad_yaml_reports_line_and_column() -> None:
+    assert issues_of("tiers:\n  small: {deployments: [}\n") == [
+        "invalid YAML at line 2, column 25: expected the node content, but found '}'"
+    ]
+
+
+def test_duplicate_key_is_refused() -> None:
+    text = "tiers:\n  a: {deployments: [{model: smollm2-135m}]}\n  a: {}\n"
+    assert issues_of(text) == ["invalid YAML at line 3, column 3: duplicate key 'a'"]
+
+
+def test_not_a_mapping() -> None:
+    assert issues_of("- one\n- two\n") == ["the policy must be a YAML mapping"]
+
+
+def test_unknown_fallback_tier() -> None:
+    text = BASE.replace("fallback: small", "fallback: huge")
+    assert issues_of(text) == ["tiers.large.fallback: unknown tier 'huge'"]
+
+
+def test_fallback_cycle() -> None:
+    self_loop = BASE + "  tiny:\n    deployments: [{model: smollm2-135m}]\n    fallback: tiny\n"
+    assert issues_of(self_loop) == ["tiers.tiny.fallback: fallback cycle: tiny -> tiny"]
+    two = BASE.replace("[{model: smollm2-135m}]", "[{model: smollm2-135m}]\n    fallback: large")
+    assert issues_of(two) == ["tiers.small.fallback: fallback cycle: small -> large -> small"]
+
+
+def test_threshold_out_of_range() -> None:
+    text = (
+        BASE + "routes:\n  auto:\n    default: small\n    rules: [{tier: large, min_score: 1.5}]\n"
+    )
+    assert issues_of(text) == ["routes.auto.rules[0].min_score: must be between 0 and 1"]
+
+
+def test_unknown_tiers_in_routes() -> None:
+    text = BASE + "routes:\n  auto:\n    default: medium\n    rules: [{tier: xl}]\n"
+    assert issues_of(text) == [
+        "routes.auto.default: unknown tier 'medium'",
+        "routes.auto.rules[0].tier: unknown tier 'xl'",
+    ]
+
+
+def test_schema_errors_are_all_reported_with_paths() -> None:
+    text = """
+    server: {port: 70000}
+    tiers:
+      small:
+        deployments: []
+        timout_s: 3
+        retries: -1
+    """
+    assert issues_of(text) == [
+        "server.port: must be between 1 and 65535",
+        "tiers.small.deployments: must not be empty",
+        "tiers.small.retries: must be 0 or greater",
+        "tiers.small.timout_s: unknown key",
+    ]
+
+
+def test_missing_tiers() -> None:
+    assert issues_of("server: {port: 8080}\n") == ["tiers: required"]
+
+
+def test_deployment_that_is_neither_local_nor_litellm() -> None:
+    text = "tiers:\n  a: {deployments: [{model: gpt4}]}\n"
+    (issue,) = issues_of(text)
+    assert issue.startswith("tiers.a.deployments[0].model: 'gpt4' is neither a local engine (")
+    assert issue.endswith("nor a litellm model string 'provider/model'")
+
+
+def test_env_expansion() -> None:
+    text = BASE + "auth:\n  keys: [{key: '${KEY}', tenant: t}]\n  admin_key: '${ADMIN:-adm}'\n"
+    policy = parse_policy(text, env={"KEY": "sk-from-env"})
+    assert policy.auth.keys[0].key == "sk-from-env"
+    assert policy.auth.admin_key == "adm"
+    assert issues_of(text) == ["auth.keys[0].key: environment variable KEY is not set"]
+
+
+@pytest.mark.parametrize("path", POLICY_FILES, ids=lambda p: p.name)
+def test_shipped_policies_pass_check_policy(
+    path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    for name in ("TIERGATE_API_KEY", "TIERGATE_ADMIN_KEY"):
+        monkeypatch.setenv(name, "sk-test-value")
+    assert main(["check-policy", str(path)]) == 0
+    assert ": ok (" in capsys.readouterr().out
+
+
+def test_check_policy_prints_each_error(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(BASE.replace("fallback: small", "fallback: huge") + "server: {port: 0}\n")
+    assert main(["check-policy", str(bad)]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        f"{bad}: server.port: must be between 1 and 65535",
+        f"1 error(s) in {bad}",
+    ]  # schema errors first; cross-references are checked once the schema holds
+    bad.write_text(BASE.replace("fallback: small", "fallback: huge"))
+    assert main(["check-policy", str(bad)]) == 1
+    assert (
+        capsys.readouterr().err.splitlines()[0]
+        == f"{bad}: tiers.large.fallback: unknown tier 'huge'"
+    )
+
+
+def test_default_policy_uses_bundled_local_models() -> None:
+    text = (ROOT / "router_policies" / "default.yaml").read_text()
+    policy = parse_policy(text, env={})
+    assert policy.auth.keys[0].key == "sk-tiergate-local"
+    assert set(policy.local_engines()) == {"smollm2-135m", "qwen2.5-coder-0.5b"}
+    assert policy.tiers["large"].fallback == "small"
+    assert not policy.cache.enabled
+
+
+RULES = (
+    BASE
+    + """
+routes:
+  auto:
+    rules:
+      - {tier: large, min_score: 0.6}
+      - {tier: large, contains_code: true}
+      - {tier: large, min_prompt_tokens: 100}
+      - {tier: large, min_messages: 4}
+    default: small
+"""
+)
+
+
+def chat(*texts: str) -> list[dict]:
+    return [{"role": "user", "content": t} for t in texts]
+
+
+def test_rules_pick_tiers_by_prompt_features() -> None:
+    route = parse_policy(RULES, env={}).routes["auto"]
+    assert choose_tier(route, extract_features(chat("hi there"), None), None) == "small"
+    code = chat("fix this:\n```python\nprint(1)\n```")
+    assert choose_tier(route, extract_features(code, None), None) == "large"
+    assert choose_tier(route, extract_features(chat("x" * 400), None), None) == "large"
+    assert choose_tier(route, extract_features(chat("a", "b", "c", "d"), None), None) == "large"
+    assert choose_tier(route, extract_features(None, "hello"), None) == "small"
+
+
+def test_score_rules_match_only_with_a_score() -> None:
+    route = parse_policy(RULES, env={}).routes["auto"]
+    easy = extract_features(chat("what is 2+2?"), None)
+    assert choose_tier(route, easy, None) == "small"
+    assert choose_tier(route, easy, 0.9) == "large"
+    assert choose_tier(route, easy, 0.3) == "small"
+
+
+async def test_router_names_routes_tiers_and_deployments() -> None:
+    class Hard:
+        async def score(self, features: object) -> float:
+            return 0.95
+
+    policy = parse_policy(RULES, env={})
+    features = extract_features(chat("hello"), None)
+    router = Router(policy)
+    assert (await router.decide("auto", features)).tier == "small"
+    assert (await Router(policy, Hard()).decide("auto", features)).tier == "large"
+    assert (await router.decide("large", features)).tier == "large"
+    pinned = await router.decide("hosted_vllm/big", features)
+    assert (pinned.tier, pinned.deployment) == ("large", "hosted_vllm/big")
+    assert await router.decide("nope", features) is None
+    assert router.model_names() == ["auto", "small", "large", "smollm2-135m", "hosted_vllm/big"]
