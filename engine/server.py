@@ -7,9 +7,10 @@ error body; nothing answers 422.
 
 import json
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
+import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -19,6 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
 from engine.config import EngineConfig
+from engine.engine import AsyncEngine
 from engine.errors import EngineDeadError, EngineError, PromptTooLongError, QueueFullError
 from engine.outputs import RequestOutput
 from engine.protocol import (
@@ -42,9 +44,6 @@ from engine.protocol import (
     to_sampling_params,
     validation_error_message,
 )
-
-if TYPE_CHECKING:
-    from engine.engine import AsyncEngine
 
 RETRY_AFTER_SECONDS = 1
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away first"
@@ -120,7 +119,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
 
 async def start_outputs(
-    engine: "AsyncEngine",
+    engine: AsyncEngine,
     prompt: str | list[int] | list[str],  # a one-string list is unwrapped by validation
     request_id: str,
     body: ChatCompletionRequest | CompletionRequest,
@@ -130,12 +129,16 @@ async def start_outputs(
     The engine raises admission errors (too long, queue full, dead) before its first
     yield; pulling that output here turns them into HTTP statuses before any byte is sent.
     """
-    params = to_sampling_params(body)
+    # Without max_tokens the answer may run to the end of the context, as in vLLM and
+    # OpenAI (the engine caps it at the room the prompt leaves).
+    params = to_sampling_params(body, default_max_tokens=engine.max_model_len)
     outputs = engine.generate(prompt, params, request_id, cache_salt=body.cache_salt)
     try:
         return await anext(outputs), outputs
     except EngineError as exc:
         raise engine_error(exc) from exc
+    except ValueError as exc:  # the engine refused the prompt itself (empty, bad token ids)
+        raise OpenAIError(400, str(exc), param="prompt") from exc
     except StopAsyncIteration:
         raise OpenAIError(500, "The engine ended the request without output.") from None
 
@@ -241,7 +244,7 @@ def usage_of(out: RequestOutput) -> Usage:
 # ------------------------------------------------------------------------ chat completions
 
 
-def render_chat(engine: "AsyncEngine", body: ChatCompletionRequest) -> str:
+def render_chat(engine: AsyncEngine, body: ChatCompletionRequest) -> str:
     messages = [message.template_dict() for message in body.messages]
     tools = [tool.model_dump(exclude_none=True) for tool in body.tools] if body.tools else None
     try:
@@ -256,7 +259,7 @@ def render_chat(engine: "AsyncEngine", body: ChatCompletionRequest) -> str:
 
 
 async def chat_completion(
-    engine: "AsyncEngine", model: str, body: ChatCompletionRequest, request: Request
+    engine: AsyncEngine, model: str, body: ChatCompletionRequest, request: Request
 ) -> Response:
     request_id = chat_completion_id()
     first, outputs = await start_outputs(engine, render_chat(engine, body), request_id, body)
@@ -292,7 +295,7 @@ def chat_events(
 
 
 async def text_completion(
-    engine: "AsyncEngine", model: str, body: CompletionRequest, request: Request
+    engine: AsyncEngine, model: str, body: CompletionRequest, request: Request
 ) -> Response:
     request_id = completion_id()
     first, outputs = await start_outputs(engine, body.prompt, request_id, body)
@@ -330,7 +333,7 @@ def check_model(requested: str, served_name: str) -> None:
         raise OpenAIError(404, message, param="model", code="model_not_found")
 
 
-def create_engine_app(engine: "AsyncEngine", served_name: str) -> FastAPI:
+def create_engine_app(engine: AsyncEngine, served_name: str) -> FastAPI:
     """The OpenAI-compatible API over one running engine (started and stopped by the caller)."""
     app = FastAPI(title="tiergate engine", docs_url=None, redoc_url=None)
     install_error_handlers(app)
@@ -352,7 +355,7 @@ def create_engine_app(engine: "AsyncEngine", served_name: str) -> FastAPI:
 
     @app.get("/health")
     async def health() -> Response:
-        if not engine_alive(engine):
+        if not engine.is_running:
             return OpenAIError(503, "The engine is not running.", code="engine_dead").response()
         return JSONResponse({"status": "ok"})
 
@@ -363,18 +366,10 @@ def create_engine_app(engine: "AsyncEngine", served_name: str) -> FastAPI:
     return app
 
 
-def engine_alive(engine: "AsyncEngine") -> bool:
-    return bool(getattr(engine, "is_running", True))
-
-
 def run_engine_server(
     config: EngineConfig, host: str, port: int, served_name: str | None = None
 ) -> None:
     """Load the model, start the engine and serve it until interrupted (`tiergate engine`)."""
-    import uvicorn
-
-    from engine.engine import AsyncEngine
-
     engine = AsyncEngine(config)
     app = create_engine_app(engine, served_name or config.model)
     engine.start()

@@ -1,0 +1,223 @@
+"""The engine's OpenAI-compatible server: real SmolLM2 engine, real uvicorn, real clients."""
+
+import asyncio
+import os
+import time
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from engine.config import EngineConfig
+from engine.engine import AsyncEngine
+from engine.server import create_engine_app
+from tests.servers import run_uvicorn
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # before litellm is imported
+
+NAME = "smollm2-135m"
+USER = [{"role": "user", "content": "Name one colour."}]
+# Small on purpose: 16 MiB of KV is a 352-token context, so "too long" is cheap to build;
+# at most two running plus two waiting requests, so eight at once overflow the queue.
+CONFIG = EngineConfig(
+    model=NAME, kv_cache_bytes=16 * 1024 * 1024, max_num_seqs=2, max_waiting=2, num_threads=1
+)
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[AsyncEngine]:
+    engine = AsyncEngine(CONFIG)
+    engine.start()
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def base_url(engine: AsyncEngine) -> Iterator[str]:
+    with run_uvicorn(create_engine_app(engine, NAME)) as url:
+        yield url
+
+
+@pytest.fixture
+def client(base_url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture
+def async_client(base_url: str) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
+
+
+def wait_idle(engine: AsyncEngine, timeout: float = 10.0) -> None:
+    """Until no request runs or waits and every KV page is free (or reusable) again."""
+    llm = engine.engine
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        snap = engine.metrics.snapshot()
+        if not llm.has_unfinished() and llm.free_pages() == llm.num_pages and not snap.running:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"engine not idle: {engine.metrics.snapshot()}")
+
+
+def test_models_and_health(client: openai.OpenAI, base_url: str) -> None:
+    assert [m.id for m in client.models.list()] == [NAME]
+    assert httpx.get(f"{base_url}/health").json() == {"status": "ok"}
+
+
+def test_chat_stream_equals_non_stream(client: openai.OpenAI) -> None:
+    args = {"model": NAME, "messages": USER, "max_tokens": 6, "temperature": 0}
+    whole = client.chat.completions.create(**args)
+    assert whole.id.startswith("chatcmpl-")
+    assert whole.choices[0].message.role == "assistant"
+    assert whole.choices[0].finish_reason in ("stop", "length")
+    usage = whole.usage
+    assert usage.prompt_tokens > 10
+    assert 0 < usage.completion_tokens <= 6
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+
+    stream = client.chat.completions.create(
+        **args, stream=True, stream_options={"include_usage": True}
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert chunks[-1].choices == []
+    assert chunks[-1].usage.completion_tokens == usage.completion_tokens
+    # The same prompt again is served from the prefix cache.
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens > 0
+
+
+def test_completions_sync(client: openai.OpenAI) -> None:
+    out = client.completions.create(model=NAME, prompt="The sky is", max_tokens=4, temperature=0)
+    assert out.id.startswith("cmpl-")
+    assert out.choices[0].text
+    assert out.usage.completion_tokens <= 4
+    ids = client.completions.create(model=NAME, prompt=[504, 6123, 314], max_tokens=2)
+    assert ids.usage.prompt_tokens == 3
+
+
+async def test_async_clients_stream_and_not(async_client: openai.AsyncOpenAI) -> None:
+    async def chat() -> str:
+        out = await async_client.chat.completions.create(model=NAME, messages=USER, max_tokens=4)
+        return out.choices[0].message.content or ""
+
+    async def text_stream() -> tuple[str, int]:
+        stream = await async_client.completions.create(
+            model=NAME,
+            prompt="Once upon a time",
+            max_tokens=4,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        parts, completion_tokens = [], 0
+        async for chunk in stream:
+            parts += [c.text for c in chunk.choices]
+            if chunk.usage:
+                completion_tokens = chunk.usage.completion_tokens
+        return "".join(parts), completion_tokens
+
+    answer, (story, tokens) = await asyncio.gather(chat(), text_stream())
+    assert answer
+    assert story
+    assert 0 < tokens <= 4
+
+
+def test_litellm_sdk(base_url: str) -> None:
+    import litellm
+
+    args = {
+        "model": f"hosted_vllm/{NAME}",
+        "api_base": f"{base_url}/v1",
+        "messages": USER,
+        "max_tokens": 4,
+    }
+    out = litellm.completion(**args)
+    assert out.choices[0].message.content
+    assert out.usage.completion_tokens <= 4
+    chunks = list(litellm.completion(**args, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks)
+
+
+def test_prompt_too_long_is_400(client: openai.OpenAI, engine: AsyncEngine) -> None:
+    long = " ".join(["word"] * (engine.max_model_len + 10))
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(
+            model=NAME, messages=[{"role": "user", "content": long}], max_tokens=2
+        )
+    assert info.value.status_code == 400
+    assert info.value.code == "context_length_exceeded"
+
+
+def test_bad_bodies_are_openai_400s(client: openai.OpenAI, base_url: str) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=NAME, messages=USER, temperature=5)
+    assert info.value.param == "temperature"
+    assert "temperature" in info.value.message
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=NAME, messages=USER, n=2)
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.chat.completions.create(model="no-such-model", messages=USER)
+    assert missing.value.code == "model_not_found"
+
+    garbage = httpx.post(
+        f"{base_url}/v1/completions",
+        content=b"{not json",
+        headers={"content-type": "application/json"},
+    )
+    assert garbage.status_code == 400
+    assert garbage.json()["error"]["type"] == "invalid_request_error"
+    no_prompt = httpx.post(f"{base_url}/v1/completions", json={"model": NAME})
+    assert no_prompt.status_code == 400
+    assert no_prompt.json()["error"]["message"] == "Missing required parameter: 'prompt'."
+
+
+async def test_queue_full_is_429_with_retry_after(base_url: str, engine: AsyncEngine) -> None:
+    # Each admitted request decodes for a dozen steps; meanwhile at most four fit
+    # (two running, two waiting), so of eight sent at once some must be refused.
+    body = {"model": NAME, "prompt": "Count:", "max_tokens": 12, "ignore_eos": True}
+    async with httpx.AsyncClient(base_url=base_url, timeout=60) as http:
+        replies = await asyncio.gather(*(http.post("/v1/completions", json=body) for _ in range(8)))
+    statuses = sorted(r.status_code for r in replies)
+    assert statuses.count(200) >= 1
+    assert 429 in statuses
+    refused = next(r for r in replies if r.status_code == 429)
+    assert refused.headers["retry-after"] == "1"
+    assert refused.json()["error"]["type"] == "rate_limit_error"
+    wait_idle(engine)
+
+
+def test_metrics_names(base_url: str) -> None:
+    text = httpx.get(f"{base_url}/metrics").text
+    for name in (
+        "tiergate_engine_kv_cache_usage_perc",
+        "tiergate_engine_prefix_cache_queries",
+        "tiergate_engine_prefix_cache_hits",
+        "tiergate_engine_num_requests_running",
+        "tiergate_engine_time_to_first_token_seconds",
+    ):
+        assert name in text
+
+
+def test_stream_disconnect_aborts(base_url: str, engine: AsyncEngine) -> None:
+    wait_idle(engine)
+    before = engine.metrics.snapshot().generated_tokens
+    body = {"model": NAME, "messages": USER, "max_tokens": 300, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", f"{base_url}/v1/chat/completions", json=body) as reply:
+        lines = reply.iter_lines()
+        assert next(lines).startswith("data: ")
+        assert engine.engine.has_unfinished()
+    wait_idle(engine)
+    assert engine.metrics.snapshot().generated_tokens - before < 300
+
+
+def test_non_stream_disconnect_aborts(base_url: str, engine: AsyncEngine) -> None:
+    wait_idle(engine)
+    before = engine.metrics.snapshot().generated_tokens
+    body = {"model": NAME, "prompt": "Hello", "max_tokens": 300, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{base_url}/v1/completions", json=body, timeout=0.5)
+    wait_idle(engine)
+    assert engine.metrics.snapshot().generated_tokens - before < 300
