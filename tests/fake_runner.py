@@ -5,6 +5,7 @@ the page table, so a wrong page table, an overwritten shared page or a lost toke
 the output. The "model" picks the next token from a hash of everything it read.
 """
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -49,6 +50,7 @@ class FakeRunner:
     model_name: str = "fake"
     scripts: dict[tuple[int, ...], list[int]] = field(default_factory=dict)  # prompt -> outputs
     fail_after: int | None = None  # raise after this many execute() calls
+    delay: float = 0.0  # seconds per execute(), to keep requests in flight in async tests
 
     def __post_init__(self) -> None:
         self.tokenizer = FakeTokenizer()
@@ -61,6 +63,7 @@ class FakeRunner:
         if self.fail_after is not None and len(self.calls) >= self.fail_after:
             raise RuntimeError("fake runner failure")
         self.calls.append(chunks)
+        time.sleep(self.delay)
         for c in chunks:  # write every chunk first, like one batched forward
             assert len(c.page_table) * self.page_size >= c.start_pos + len(c.token_ids)
             assert (
