@@ -108,6 +108,18 @@ def test_stop_string_across_tokens(runner: ModelRunner) -> None:
     assert stop not in _text(got)
 
 
+def test_streamed_text_equals_full_decode(runner: ModelRunner) -> None:
+    engine = LLMEngine(_config(), runner)
+    prompts = ["Say hello in Chinese, Japanese and Greek:", "Emoji for joy and fire:"]
+    params = SamplingParams(temperature=0.7, seed=5, max_tokens=16)
+    for i, p in enumerate(prompts):
+        engine.add_request(f"u{i}", p, params)
+    for outs in _run(engine).values():
+        ids = [t for o in outs for t in o.token_ids]
+        assert _text(outs) == engine.tokenizer.decode(ids)
+        assert outs[-1].completion_tokens == len(ids)
+
+
 def test_seed_reproducible(runner: ModelRunner) -> None:
     engine = LLMEngine(_config(), runner)
     params = SamplingParams(temperature=1.0, seed=1234, max_tokens=10)

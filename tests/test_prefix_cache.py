@@ -30,7 +30,7 @@ def test_second_request_reuses_every_full_page() -> None:
     kv = KVManager(num_pages=16, page_size=4, enable_prefix_caching=True)
     first = _seq(list(range(10)))  # pages: [0..3] [4..7] full, [8, 9] partial
     assert _run_prefill(kv, first) == []
-    second = _seq(list(range(10)) + [42], seq_id=1)
+    second = _seq([*range(10), 42], seq_id=1)
     hits = _run_prefill(kv, second)
     assert hits == first.page_table[:2]
     assert [kv.pool.ref_counts[p] for p in hits] == [2, 2]
