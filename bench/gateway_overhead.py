@@ -1,0 +1,354 @@
+"""What a gateway adds in front of a backend: ours vs LiteLLM's proxy, over one stub backend.
+
+Three targets get the same chat requests in the same run: the stub backend directly, our
+gateway (cache off, one tier pointing at the stub through litellm `openai/<name>`), and
+LiteLLM's proxy (`litellm --config`, one worker, master key) over the same stub.
+Figures: added latency p50/p99 at concurrency 1 (stream and not), requests/s at
+concurrency 16, and CPU seconds per request of each gateway's server process tree.
+Goals: our added p50 and CPU/request <= 1/3 of LiteLLM's, our requests/s >= 3x.
+All traffic stays on 127.0.0.1; every loop is bounded by a count or a deadline.
+"""
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import common
+
+HERE = Path(__file__).resolve().parent
+KEY = "sk-bench-0123456789"  # the same bearer key for both gateways
+GOALS = {"added_p50_share": 1 / 3, "cpu_per_request_share": 1 / 3, "rps_ratio": 3.0}
+MESSAGES = [{"role": "user", "content": "Say hello in one short sentence."}]
+
+
+@dataclass
+class Target:
+    name: str
+    url: str  # base URL ending in /v1
+    model: str
+    pid: int | None  # the server process whose CPU time is counted (None: not a gateway)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---------------------------------------------------------------- processes
+
+
+@contextlib.contextmanager
+def server(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> Iterator[int]:
+    """Start a server in its own session; stop that session (only it) on exit."""
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
+    try:
+        yield proc.pid
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+async def wait_ready(url: str, deadline_s: float, headers: dict[str, str] | None = None) -> float:
+    """Poll url until it answers 200; returns seconds waited. Raises after the deadline."""
+    start = time.perf_counter()
+    async with aiohttp.ClientSession() as session:
+        while time.perf_counter() - start < deadline_s:
+            with contextlib.suppress(aiohttp.ClientError, OSError, asyncio.TimeoutError):
+                timeout = aiohttp.ClientTimeout(total=5)
+                async with session.get(url, headers=headers, timeout=timeout) as resp:
+                    if resp.status == 200:
+                        return time.perf_counter() - start
+            await asyncio.sleep(0.25)
+    raise TimeoutError(f"{url} not ready after {deadline_s} s")
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """user+system CPU of pid and its descendants, from /proc (clock ticks)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    children: dict[int, list[int]] = {}
+    stats: dict[int, list[str]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            raw = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = raw[raw.rindex(")") + 2 :].split()  # after "(comm)": state is field 3
+        stats[int(entry)] = fields
+        children.setdefault(int(fields[1]), []).append(int(entry))
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        if p in stats:
+            total += (int(stats[p][11]) + int(stats[p][12])) / tick  # utime, stime
+        todo.extend(children.get(p, []))
+    return total
+
+
+# ---------------------------------------------------------------- configs
+
+
+def tiergate_policy(stub_port: int, port: int) -> str:
+    return f"""
+server: {{host: 127.0.0.1, port: {port}, reload_interval_s: 0}}
+auth:
+  keys:
+    - {{key: {KEY}, tenant: bench}}
+cache: {{enabled: false}}
+tiers:
+  stub:
+    deployments:
+      - model: openai/stub-model
+        api_base: http://127.0.0.1:{stub_port}/v1
+        api_key_env: STUB_API_KEY
+    retries: 0
+routes:
+  auto:
+    default: stub
+"""
+
+
+def litellm_config(stub_port: int) -> str:
+    return f"""
+model_list:
+  - model_name: stub
+    litellm_params:
+      model: openai/stub-model
+      api_base: http://127.0.0.1:{stub_port}/v1
+      api_key: sk-stub
+general_settings:
+  master_key: {KEY}
+"""
+
+
+# ---------------------------------------------------------------- load
+
+
+def body(model: str, stream: bool) -> dict[str, Any]:
+    req: dict[str, Any] = {"model": model, "messages": MESSAGES, "max_tokens": 32}
+    if stream:
+        req["stream"] = True
+    return req
+
+
+async def one_request(session: aiohttp.ClientSession, target: Target, stream: bool) -> float:
+    """Seconds to the full answer (last byte of the stream); raises on a non-200."""
+    start = time.perf_counter()
+    async with session.post(f"{target.url}/chat/completions", json=body(target.model, stream)) as r:
+        data = await r.read()
+        if r.status != 200:
+            raise RuntimeError(f"{target.name}: HTTP {r.status}: {data[:300]!r}")
+        if stream and b"[DONE]" not in data:
+            raise RuntimeError(f"{target.name}: stream ended without [DONE]")
+    return time.perf_counter() - start
+
+
+def new_session(concurrency: int) -> aiohttp.ClientSession:
+    connector = aiohttp.TCPConnector(limit=concurrency, force_close=False)
+    headers = {"Authorization": f"Bearer {KEY}"}
+    timeout = aiohttp.ClientTimeout(total=60)
+    return aiohttp.ClientSession(connector=connector, headers=headers, timeout=timeout)
+
+
+async def latencies_interleaved(
+    targets: list[Target], count: int, stream: bool
+) -> dict[str, list[float]]:
+    """Concurrency 1, targets taken in turn: drift on the shared machine hits all alike."""
+    out: dict[str, list[float]] = {t.name: [] for t in targets}
+    async with new_session(1) as session:
+        for t in targets:  # warm the connection and the gateway's first-call paths
+            for _ in range(5):
+                await one_request(session, t, stream)
+        for _ in range(count):
+            for t in targets:
+                out[t.name].append(await one_request(session, t, stream))
+    return out
+
+
+async def throughput(target: Target, count: int, concurrency: int) -> dict[str, float]:
+    """Requests/s with `concurrency` clients in flight, and the server's CPU per request."""
+    queue = iter(range(count))
+
+    async def worker(session: aiohttp.ClientSession) -> None:
+        for _ in queue:
+            await one_request(session, target, stream=False)
+
+    async with new_session(concurrency) as session:
+        await asyncio.gather(*(one_request(session, target, False) for _ in range(concurrency)))
+        cpu0 = tree_cpu_seconds(target.pid) if target.pid else 0.0
+        start = time.perf_counter()
+        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
+        seconds = time.perf_counter() - start
+        cpu = tree_cpu_seconds(target.pid) - cpu0 if target.pid else 0.0
+    return {
+        "requests": count,
+        "seconds": round(seconds, 3),
+        "requests_per_s": round(count / seconds, 1),
+        "cpu_ms_per_request": round(cpu / count * 1000, 3) if target.pid else None,
+    }
+
+
+# ---------------------------------------------------------------- report
+
+
+def latency_summary(samples: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+    direct = samples["direct"]
+    d50, d99 = common.percentile(direct, 50), common.percentile(direct, 99)
+    out = {}
+    for name, values in samples.items():
+        p50, p99 = common.percentile(values, 50), common.percentile(values, 99)
+        out[name] = {
+            "p50_ms": round(p50 * 1000, 3),
+            "p99_ms": round(p99 * 1000, 3),
+            "added_p50_ms": round((p50 - d50) * 1000, 3),
+            "added_p99_ms": round((p99 - d99) * 1000, 3),
+        }
+    return out
+
+
+def share(ours: float | None, theirs: float | None) -> float | None:
+    if ours is None or not theirs:
+        return None
+    return round(max(ours, 0.0) / theirs, 3)
+
+
+def goals(lat: dict[str, Any], tput: dict[str, Any]) -> dict[str, Any]:
+    ours, lite = lat["tiergate"], lat.get("litellm")
+    if lite is None:
+        return {"skipped": "LiteLLM proxy not measured"}
+    cpu_o, cpu_l = tput["tiergate"]["cpu_ms_per_request"], tput["litellm"]["cpu_ms_per_request"]
+    rps = tput["tiergate"]["requests_per_s"] / tput["litellm"]["requests_per_s"]
+    return {
+        "added_p50_share": common.goal(
+            share(ours["added_p50_ms"], lite["added_p50_ms"]), GOALS["added_p50_share"], False
+        ),
+        "cpu_per_request_share": common.goal(
+            share(cpu_o, cpu_l), GOALS["cpu_per_request_share"], False
+        ),
+        "rps_ratio": common.goal(round(rps, 3), GOALS["rps_ratio"]),
+    }
+
+
+# ---------------------------------------------------------------- main
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="fewer requests")
+    p.add_argument("--skip-litellm", action="store_true", help="no LiteLLM proxy baseline")
+    p.add_argument("--no-install", action="store_true", help="skip LiteLLM if not installed")
+    return p.parse_args()
+
+
+def tiergate_cmd(policy: Path, port: int) -> list[str]:
+    script = Path(sys.executable).with_name("tiergate")
+    head = [str(script)] if script.exists() else [sys.executable, "-m", "gateway.cli"]
+    return [*head, "serve", "--policy", str(policy), "--port", str(port)]
+
+
+def litellm_cmd(venv: common.Venv, config: Path, port: int) -> list[str]:
+    exe = str(Path(str(venv.python)).with_name("litellm"))
+    listen = ["--host", "127.0.0.1", "--port", str(port)]
+    return [exe, "--config", str(config), *listen, "--num_workers", "1"]
+
+
+async def measure(targets: list[Target], n_latency: int, n_tput: int) -> dict[str, Any]:
+    lat = {s: await latencies_interleaved(targets, n_latency, s) for s in (False, True)}
+    tput = {t.name: await throughput(t, n_tput, 16) for t in targets}
+    return {
+        "latency_c1": latency_summary(lat[False]),
+        "latency_c1_stream": latency_summary(lat[True]),
+        "throughput_c16": tput,
+    }
+
+
+def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    n_latency, n_tput = (60, 240) if args.quick else (300, 1200)
+    venv = lite_venv(args)
+    stub_port, tg_port, lite_port = free_port(), free_port(), free_port()
+    policy, config = work / "policy.yaml", work / "litellm.yaml"
+    policy.write_text(tiergate_policy(stub_port, tg_port))
+    config.write_text(litellm_config(stub_port))
+    env = {"STUB_API_KEY": "sk-stub", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    stub_cmd = [sys.executable, str(HERE / "stub_backend.py"), "--port", str(stub_port)]
+    startup: dict[str, float] = {}
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(server(stub_cmd, work / "stub.log"))
+        tg_pid = stack.enter_context(server(tiergate_cmd(policy, tg_port), work / "tg.log", env))
+        targets = [
+            Target("direct", f"http://127.0.0.1:{stub_port}/v1", "stub-model", None),
+            Target("tiergate", f"http://127.0.0.1:{tg_port}/v1", "auto", tg_pid),
+        ]
+        lite_cmd = litellm_cmd(venv, config, lite_port) if venv.python else None
+        if lite_cmd:
+            lite_pid = stack.enter_context(server(lite_cmd, work / "litellm.log", env))
+            targets.append(Target("litellm", f"http://127.0.0.1:{lite_port}/v1", "stub", lite_pid))
+        auth = {"Authorization": f"Bearer {KEY}"}
+        for t in targets:
+            url = f"{t.url}/models"
+            startup[t.name] = round(asyncio.run(wait_ready(url, 180, auth)), 1)
+        figures = asyncio.run(measure(targets, n_latency, n_tput))
+    return {
+        "requests": {"latency_c1_each": n_latency, "throughput_c16": n_tput},
+        "startup_s": startup,
+        "litellm_proxy": venv.versions or {"skipped": venv.skipped},
+        **figures,
+        "goals": goals(figures["latency_c1"], figures["throughput_c16"]),
+    }
+
+
+def lite_venv(args: argparse.Namespace) -> common.Venv:
+    if args.skip_litellm:
+        return common.skipped_venv("litellm-proxy", "skipped by flag")
+    marker = common.VENVS_DIR / "litellm-proxy" / ".tiergate-installed.json"
+    if args.no_install and not marker.is_file():
+        return common.skipped_venv("litellm-proxy", "not installed and --no-install given")
+    return common.ensure_venv("litellm-proxy")
+
+
+def main() -> None:
+    args = parse_args()
+    with tempfile.TemporaryDirectory(prefix="gw-bench-") as tmp:
+        try:
+            result = run(args, Path(tmp))
+        except Exception:
+            for log in sorted(Path(tmp).glob("*.log")):  # the servers' own words, for the reader
+                print(f"--- {log.name}\n{log.read_text()[-3000:]}", file=sys.stderr)
+            raise
+    for kind in ("latency_c1", "latency_c1_stream"):
+        for name, row in result[kind].items():
+            print(f"{kind:18} {name:9} {row}")
+    for name, row in result["throughput_c16"].items():
+        print(f"throughput_c16     {name:9} {row}")
+    print(f"goals: {result['goals']}")
+    common.write_result("gateway_overhead", result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,290 @@
+"""Output tokens/s of our engine on 32 concurrent ShareGPT-like chat requests, vs baselines.
+
+Baselines, measured in the same run on the same weights and the same token ids:
+  (a) transformers generate, static padded batches of 32 (goal: ours >= 2x);
+  (b) llama-cpp-python on the same GGUF, one request after another (goal: >= 3x);
+  (c) vLLM's CPU build on an HF folder converted from the GGUF, float32 (goal: >= 1.2x).
+Plus decode at batch 64 as a share of this machine's fp32 matmul peak (goal: >= 50%), with
+transformers' own batch-64 decode step as its same-run reference.
+
+Every engine generates exactly each request's token count (EOS barred), so tokens/s compare
+the same work. Start-up and weight loading are excluded from every timing (and recorded).
+"""
+
+import argparse
+import gc
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import common
+import engine_driver as ed
+from hf_folder import ensure_hf_folder
+
+GOALS = {"vs_transformers": 2.0, "vs_llamacpp": 3.0, "vs_vllm": 1.2, "decode64_peak_share": 0.5}
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="outputs <= 64 tokens, shorter prompts")
+    p.add_argument("--requests", type=int, default=32)
+    p.add_argument("--skip-transformers", action="store_true")
+    p.add_argument("--skip-llamacpp", action="store_true")
+    p.add_argument("--skip-vllm", action="store_true")
+    p.add_argument("--no-install", action="store_true", help="skip baselines not installed yet")
+    return p.parse_args()
+
+
+def workload(quick: bool, count: int) -> list[common.ChatItem]:
+    tokenizer = common.load_tokenizer()
+    max_out, max_prompt = (64, 256) if quick else (256, 512)
+    return common.sharegpt_workload(
+        tokenizer, count, max_prompt_tokens=max_prompt, max_output=max_out, seed=1
+    )
+
+
+def useful_tokens(items: list[common.ChatItem]) -> int:
+    return sum(i.output_tokens for i in items)
+
+
+# ---------------------------------------------------------------- ours
+
+
+def run_ours(items: list[common.ChatItem]) -> dict[str, Any]:
+    dims = ed.model_dims()
+    # Room for every request at its full length: this measures batching, not preemption.
+    slots = sum(len(i.prompt_ids) + i.output_tokens for i in items) * 5 // 4
+    engine = ed.make_engine(kv_cache_bytes=max(slots, 4096) * dims.kv_bytes_per_token)
+    ed.warm_up(engine, items[0].prompt_ids)
+    stats = ed.run_chat_items(engine, items)
+    del engine
+    gc.collect()
+    return {
+        "output_tokens": stats.output_tokens,
+        "seconds": round(stats.seconds, 2),
+        "tokens_per_s": round(stats.output_tokens_per_s, 1),
+        "steps": stats.steps,
+    }
+
+
+def decode64_ours(items: list[common.ChatItem], timed_steps: int) -> dict[str, Any]:
+    prompts = batch64_prompts(items)
+    dims = ed.model_dims()
+    engine = ed.make_engine(kv_cache_bytes=64 * 256 * dims.kv_bytes_per_token, max_num_seqs=64)
+    ed.warm_up(engine, prompts[0])
+    result = ed.decode_rate(engine, prompts, timed_steps)
+    del engine
+    gc.collect()
+    return result
+
+
+def batch64_prompts(items: list[common.ChatItem], length: int = 64) -> list[list[int]]:
+    """64 prompts of one length (no padding for transformers), cycled from the workload."""
+    pool = [i.prompt_ids for i in items]
+    prompts = []
+    for k in range(64):
+        ids = pool[k % len(pool)]
+        ids = (ids * (length // len(ids) + 1))[:length]
+        prompts.append([*ids[: length - 1], (k * 7919) % 30000 + 1000])  # distinct last token
+    return prompts
+
+
+# ---------------------------------------------------------------- transformers
+
+
+def load_transformers() -> Any:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(ensure_hf_folder(), dtype="float32").eval()
+
+
+def run_transformers(items: list[common.ChatItem], batch: int = 32) -> dict[str, Any]:
+    """Static batches: left-padded, each runs until its longest request is done."""
+    model = load_transformers()
+    pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+    _generate(model, [items[0].prompt_ids], 4, pad)  # warm-up
+    start = time.perf_counter()
+    for k in range(0, len(items), batch):
+        group = items[k : k + batch]
+        _generate(model, [i.prompt_ids for i in group], max(i.output_tokens for i in group), pad)
+    seconds = time.perf_counter() - start
+    del model
+    gc.collect()
+    tokens = useful_tokens(items)  # tokens past a request's own length are waste, not output
+    return {"output_tokens": tokens, "seconds": round(seconds, 2), "tokens_per_s": tokens / seconds}
+
+
+def _generate(model: Any, prompts: list[list[int]], new_tokens: int, pad: int) -> None:
+    import torch
+
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    with torch.inference_mode():
+        model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,  # EOS barred, like every other engine here
+            do_sample=False,
+            pad_token_id=pad,
+        )
+
+
+def decode64_transformers(items: list[common.ChatItem], timed_steps: int) -> dict[str, Any]:
+    """transformers' batched decode step at batch 64 (KV cache on): the same-run reference."""
+    import torch
+
+    model = load_transformers()
+    prompts = batch64_prompts(items)
+    ids = torch.tensor(prompts)
+    with torch.inference_mode():
+        out = model(input_ids=ids, use_cache=True)
+        past, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
+        for _ in range(2):  # settle, as for ours
+            out = model(input_ids=nxt, past_key_values=past, use_cache=True)
+            past, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
+        start = time.perf_counter()
+        for _ in range(timed_steps):
+            out = model(input_ids=nxt, past_key_values=past, use_cache=True)
+            past, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
+        seconds = time.perf_counter() - start
+    del model, past, out
+    gc.collect()
+    tokens = 64 * timed_steps
+    return {
+        "batch": 64,
+        "tokens": tokens,
+        "seconds": seconds,
+        "tokens_per_s": tokens / seconds,
+        "mean_context": len(prompts[0]) + 3 + timed_steps / 2,
+    }
+
+
+# ---------------------------------------------------------------- venv baselines
+
+
+def run_in_venv(venv: common.Venv, script: str, job: dict[str, Any], timeout: int) -> dict:
+    """Run a baseline worker in its own venv; it prints 'RESULT {json}' as its last word."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(job, f)
+    cmd = [str(venv.python), str(Path(__file__).parent / script), f.name]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"skipped": f"{script} ran past {timeout} s"}
+    finally:
+        Path(f.name).unlink(missing_ok=True)
+    for line in reversed(done.stdout.splitlines()):
+        if line.startswith("RESULT "):
+            result = json.loads(line[len("RESULT ") :])
+            result["tokens_per_s"] = result["output_tokens"] / result["seconds"]
+            return result
+    tail = (done.stderr or done.stdout)[-1500:]
+    return {"skipped": f"{script} failed (rc {done.returncode}): {tail}"}
+
+
+def venv_or_skip(name: str, skip: bool, no_install: bool) -> common.Venv:
+    if skip:
+        return common.skipped_venv(name, "skipped by flag")
+    marker = common.VENVS_DIR / name / ".tiergate-installed.json"
+    if no_install and not marker.is_file():
+        return common.skipped_venv(name, "not installed and --no-install given")
+    return common.ensure_venv(name)
+
+
+def job_items(items: list[common.ChatItem]) -> list[dict[str, Any]]:
+    return [{"prompt_ids": i.prompt_ids, "output_tokens": i.output_tokens} for i in items]
+
+
+def run_llamacpp(items: list[common.ChatItem], venv: common.Venv) -> dict[str, Any]:
+    if venv.python is None:
+        return {"skipped": venv.skipped}
+    from engine.model_registry import resolve_model
+
+    job = {"gguf": str(resolve_model(common.MODEL).path), "items": job_items(items), "threads": 2}
+    return run_in_venv(venv, "baseline_llamacpp.py", job, timeout=1800)
+
+
+def run_vllm(items: list[common.ChatItem], venv: common.Venv) -> dict[str, Any]:
+    if venv.python is None:
+        return {"skipped": venv.skipped}
+    job = {"hf_folder": str(ensure_hf_folder()), "items": job_items(items), "kv_gib": 2}
+    job["threads"] = 2
+    return run_in_venv(venv, "baseline_vllm.py", job, timeout=1800)
+
+
+# ---------------------------------------------------------------- report
+
+
+def peak_share(decode: dict[str, Any], peak_gflops: float) -> float:
+    flops = ed.model_dims().flops_per_token(decode["mean_context"])
+    return decode["tokens_per_s"] * flops / 1e9 / peak_gflops
+
+
+def compare(ours: dict[str, Any], base: dict[str, Any], target: float) -> dict[str, Any]:
+    if "tokens_per_s" not in ours or "tokens_per_s" not in base:
+        return {"skipped": base.get("skipped") or ours.get("skipped"), "target": target}
+    return common.goal(common.ratio(ours["tokens_per_s"], base["tokens_per_s"]), target)
+
+
+def main() -> None:
+    args = parse_args()
+    items = workload(args.quick, args.requests)
+    timed_steps = 8 if args.quick else 24
+    # Installs first (they can take long): the timed runs then have the CPU to themselves.
+    venvs = {
+        "llamacpp": venv_or_skip("llamacpp", args.skip_llamacpp, args.no_install),
+        "vllm": venv_or_skip("vllm", args.skip_vllm, args.no_install),
+    }
+    peak_before = common.matmul_peak_gflops()
+    reason = ed.engine_available()
+    ours = {"skipped": reason} if reason else run_ours(items)
+    print(f"ours: {ours}", flush=True)
+    hf = {"skipped": "skipped by flag"} if args.skip_transformers else run_transformers(items)
+    print(f"transformers static batch 32: {hf}", flush=True)
+    llamacpp = run_llamacpp(items, venvs["llamacpp"])
+    print(f"llama-cpp-python sequential: {llamacpp}", flush=True)
+    vllm = run_vllm(items, venvs["vllm"])
+    print(f"vLLM CPU: {vllm}", flush=True)
+    d_ours = {"skipped": reason} if reason else decode64_ours(items, timed_steps)
+    d_hf = decode64_transformers(items, timed_steps)
+    peak = max(peak_before, common.matmul_peak_gflops())  # best of two: the machine is shared
+    share_ours = None if reason else round(peak_share(d_ours, peak), 3)
+    share_hf = round(peak_share(d_hf, peak), 3)
+    result = {
+        "workload": {
+            "requests": len(items),
+            "prompt_tokens": [len(i.prompt_ids) for i in items],
+            "output_tokens": [i.output_tokens for i in items],
+            "quick": args.quick,
+        },
+        "ours": ours,
+        "baselines": {"transformers_static32": hf, "llamacpp_sequential": llamacpp, "vllm": vllm},
+        "goals": {
+            "vs_transformers": compare(ours, hf, GOALS["vs_transformers"]),
+            "vs_llamacpp": compare(ours, llamacpp, GOALS["vs_llamacpp"]),
+            "vs_vllm": compare(ours, vllm, GOALS["vs_vllm"]),
+            "decode64_peak_share": common.goal(share_ours, GOALS["decode64_peak_share"]),
+        },
+        "decode64": {
+            "matmul_peak_gflops": round(peak, 1),
+            "ours": d_ours,
+            "transformers": d_hf,
+            "ours_peak_share": share_ours,
+            "transformers_peak_share": share_hf,
+        },
+        "venvs": venvs,
+    }
+    for key, g in result["goals"].items():
+        print(f"{key}: {g}")
+    print(f"decode@64 peak share: ours {share_ours}, transformers {share_hf}, peak {peak:.0f}")
+    common.write_result("throughput", result)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
