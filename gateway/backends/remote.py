@@ -130,6 +130,8 @@ class RemoteBackend:
             return await litellm.acompletion(messages=messages, **kwargs)
         if self._provider in _NATIVE_TEXT_PROVIDERS and self._deployment.api_base:
             kwargs["model"] = "text-completion-openai/" + self.name.split("/", 1)[1]
+            # Self-hosted servers take any key, but litellm's OpenAI client insists on one.
+            kwargs.setdefault("api_key", "none")
         return await litellm.atext_completion(prompt=request.body.prompt, **kwargs)
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Piece]:
@@ -150,7 +152,15 @@ class RemoteBackend:
         except Exception as exc:
             raise to_backend_error(exc, self.name) from exc
         finally:
-            await response.aclose()  # the client went away or we are done: free the upstream
+            await _close_stream(response)  # the client went away or we are done: free upstream
+
+
+async def _close_stream(stream: Any) -> None:
+    # litellm's text-completion wrapper has no aclose; the chat stream it wraps does.
+    while stream is not None and not hasattr(stream, "aclose"):
+        stream = getattr(stream, "completion_stream", None)
+    if stream is not None:
+        await stream.aclose()
 
 
 def _usage(raw: Any) -> Usage | None:
