@@ -69,9 +69,13 @@ class Scheduler:
         return True
 
     def _admit(self, out: Scheduled, budget: int) -> None:
+        deferred: list[Sequence] = []
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             hits = self.kv.match_prefix(seq)
+            if self._prefix_in_flight(seq, len(hits)):
+                deferred.append(self.waiting.popleft())
+                continue
             num_cached = len(hits) * self.kv.page_size
             n = min(seq.num_tokens - num_cached, budget)
             if not self.kv.can_admit(seq, hits, n):
@@ -82,6 +86,24 @@ class Scheduler:
             self.running.append(seq)
             out.append((seq, self._chunk(seq, n)))
             budget -= n
+        self.waiting.extendleft(reversed(deferred))
+
+    def _prefix_in_flight(self, seq: Sequence, num_hit_pages: int) -> bool:
+        """Is a running request computing the next page of seq's prefix right now?
+
+        Then seq waits a step or two and reuses those pages instead of computing them again
+        (64 requests with one long system prompt arrive together: only one computes it).
+        """
+        if self.kv.cache is None or num_hit_pages >= (seq.num_tokens - 1) // self.kv.page_size:
+            return False
+        key = seq.page_keys[num_hit_pages]
+        end = (num_hit_pages + 1) * self.kv.page_size
+        return any(
+            r.num_computed_tokens < end
+            and len(r.page_keys) > num_hit_pages
+            and r.page_keys[num_hit_pages] == key
+            for r in self.running
+        )
 
     def _on_admitted(self, seq: Sequence, num_cached: int) -> None:
         seq.status = SeqStatus.RUNNING

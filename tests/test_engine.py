@@ -131,8 +131,8 @@ def test_seed_reproducible(runner: ModelRunner) -> None:
 
 
 def test_preemption_with_tiny_kv_budget(runner: ModelRunner, small_runner: ModelRunner) -> None:
-    prompts = [f"{SYSTEM[: 60 + 25 * i]} Item {i}:" for i in range(4)]
-    params = SamplingParams(temperature=0, max_tokens=24)
+    prompts = [f"Item {i}. {SYSTEM[: 60 + 25 * i]}" for i in range(4)]  # distinct first pages
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
     expected = LLMEngine(_config(), runner).generate(prompts, params)
     tight = LLMEngine(_config(kv_cache_bytes=small_runner.config.kv_cache_bytes), small_runner)
     assert tight.num_pages == 12
@@ -145,7 +145,7 @@ def test_no_leak_after_finish_abort_preempt(small_runner: ModelRunner) -> None:
     engine = LLMEngine(_config(), small_runner)
     rng = random.Random(1)
     for i in range(6):
-        prompt = SYSTEM[: rng.randint(100, 300)]
+        prompt = f"{i}. {SYSTEM[: rng.randint(100, 300)]}"
         params = SamplingParams(temperature=0.8, max_tokens=rng.randint(10, 30), ignore_eos=True)
         engine.add_request(f"r{i}", prompt, params)
     finished = []

@@ -57,7 +57,7 @@ def test_continuous_batching_join_and_leave() -> None:
 def test_max_num_seqs_limits_running() -> None:
     engine = _engine(max_num_seqs=2)
     for i in range(5):
-        engine.add_request(f"r{i}", f"prompt {i}", GREEDY)
+        engine.add_request(f"r{i}", f"{i} prompt", GREEDY)
     engine.step()
     assert len(engine.scheduler.running) == 2 and len(engine.scheduler.waiting) == 3
     _drain(engine)
@@ -188,3 +188,16 @@ def test_seeded_sampling_reproducible_even_when_preempted() -> None:
     assert a == b
     other = SamplingParams(temperature=1.0, seed=8, max_tokens=20)
     assert _engine().generate(prompts[:1], other) != a[:1]
+
+
+def test_same_prefix_arriving_together_is_computed_once() -> None:
+    engine = _engine(num_pages=128, page_size=4, max_num_batched_tokens=16)
+    prompt = "a long shared system prompt, then: "  # 35 tokens, then "q1" / "q2" / "q3"
+    params = SamplingParams(temperature=0, max_tokens=4)
+    prompts = [prompt + "q1", prompt + "q2", prompt + "q3"]
+    expected = _engine(enable_prefix_caching=False).generate(prompts, params)
+    assert engine.generate(prompts, params) == expected
+    # r0 computes all 37 prompt tokens + 3 decodes; r1 and r2 wait for its pages, then
+    # reuse 9 full pages (36 tokens) and compute 1 prompt token + 3 decodes each
+    assert engine.runner.computed_tokens == 40 + 4 + 4
+    assert engine.metrics.snapshot().prefix_cache_hits == 2 * 36
