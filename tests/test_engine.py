@@ -201,14 +201,15 @@ async def _wait_all_free(engine: AsyncEngine) -> None:
 
 async def test_async_concurrent_streams(async_engine: AsyncEngine, runner: ModelRunner) -> None:
     prompts = ["The capital of France is", "def add(a, b):", "Roses are red,"]
-    expected = LLMEngine(_config(), runner).generate(prompts, GREEDY)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    expected = LLMEngine(_config(), runner).generate(prompts, params)
     got = await asyncio.gather(
-        *[_collect(async_engine, p, GREEDY, f"s{i}") for i, p in enumerate(prompts)]
+        *[_collect(async_engine, p, params, f"s{i}") for i, p in enumerate(prompts)]
     )
     assert got == expected
     await _wait_all_free(async_engine)
     snap = async_engine.metrics.snapshot()
-    assert snap.generated_tokens == 3 * GREEDY.max_tokens
+    assert snap.generated_tokens == 3 * params.max_tokens and snap.running == 0
 
 
 async def test_async_early_close_and_cancel_free_pages(async_engine: AsyncEngine) -> None:
