@@ -26,6 +26,8 @@ def _applier(state: GatewayState):
     """The hot-reload step after validation: start new engines, then swap the runtime."""
 
     async def apply(policy: Policy) -> None:
+        if policy.server != state.runtime.policy.server:
+            logger.warning("server settings changed: they take effect at the next restart")
         try:
             await state.engines.ensure(policy.local_engines())
         except Exception as exc:  # e.g. a model that is not installed

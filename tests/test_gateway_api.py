@@ -264,3 +264,14 @@ def test_disconnect_aborts_the_engine_request(app: FastAPI, url: str) -> None:
         assert engine.metrics.snapshot().running == 1
     after = wait_idle(engine)
     assert after.generated_tokens - before < 400  # stopped long before its 800 tokens
+
+
+def test_disconnect_aborts_a_whole_answer_too(app: FastAPI, url: str) -> None:
+    engine = app.state.gateway.engines.get("smollm2-135m")
+    before = wait_idle(engine).generated_tokens
+    body = {"model": "small", "messages": HELLO, "max_tokens": 800, "ignore_eos": True}
+    headers = {"Authorization": f"Bearer {KEY}"}
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up and hangs up
+        httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=1.0)
+    after = wait_idle(engine)
+    assert after.generated_tokens - before < 400

@@ -30,7 +30,7 @@ from gateway.api.shapes import ChatShape, Shape, TextShape, sse
 from gateway.backends.base import BackendError, GenerationRequest, OpenAIRequest, Piece
 from gateway.backends.fallback import Served
 from gateway.errors import ApiError
-from gateway.routing.router import PromptFeatures, extract_features
+from gateway.routing.router import Decision, PromptFeatures, extract_features
 from gateway.state import GatewayState, Runtime
 from gateway.stats import Stats
 
@@ -116,14 +116,10 @@ class Call:
         self.stats.request_done(self.route, served.tier, served.model, status)
 
 
-async def _complete(
-    request: Request, state: GatewayState, model: type[OpenAIRequest], shape_of: type
-) -> Response:
-    started = time.perf_counter()
-    runtime = state.runtime  # one policy for the whole request, even across a reload
-    tenant = authenticate(request, runtime)
-    body = await parse_body(request, model)
-    features = _features(body)
+async def _open(
+    request: Request, runtime: Runtime, body: OpenAIRequest, tenant: str, features: PromptFeatures
+) -> tuple[Served, Decision]:
+    """Route the request and find a deployment that starts answering it."""
     decision = await runtime.router.decide(body.model, features)
     if decision is None:
         raise ApiError(
@@ -137,30 +133,73 @@ async def _complete(
     try:
         served = await runtime.chain.open(generation, decision.tier, decision.deployment)
     except BackendError as exc:
-        state.stats.request_done(decision.route or "-", decision.tier, "-", exc.status)
         raise backend_error(exc) from None
     request.state.tier, request.state.model = served.tier, served.model
+    return served, decision
+
+
+async def _complete(
+    request: Request, state: GatewayState, model: type[OpenAIRequest], shape_of: type
+) -> Response:
+    started = time.perf_counter()
+    runtime = state.runtime  # one policy for the whole request, even across a reload
+    try:
+        tenant = authenticate(request, runtime)
+        body = await parse_body(request, model)
+        features = _features(body)
+        served, decision = await _open(request, runtime, body, tenant, features)
+    except ApiError as exc:  # refused before any answer: counted under the tier, if any
+        state.stats.request_done("-", getattr(request.state, "tier", "-"), "-", exc.status)
+        raise
     state.stats.first_token(served.tier, time.perf_counter() - started)
     call = Call(state.stats, served, decision.route or "-", features, started)
     shape = shape_of(served.model)
     if body.stream:
         stream = _stream(call, shape, body.include_usage)
         return ClosingStreamingResponse(stream, media_type="text/event-stream")
-    return await _whole(call, shape)
+    return await _whole(call, shape, request)
 
 
-async def _whole(call: Call, shape: Shape) -> JSONResponse:
+async def _collect(call: Call, request: Request) -> tuple[list[str], Piece] | None:
+    """All pieces of a non-streamed answer; None (upstream aborted) if the client leaves."""
     texts: list[str] = []
-    last = Piece()
+    last, finished, error = Piece(), False, None
+
+    async def watch_disconnect() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        group.cancel_scope.cancel()
+
     try:
-        async for piece in call.served.pieces:
-            texts.append(piece.text)
-            last = Piece("", piece.finish_reason or last.finish_reason, piece.usage or last.usage)
+        async with anyio.create_task_group() as group:
+            group.start_soon(watch_disconnect)
+            try:
+                async for piece in call.served.pieces:
+                    texts.append(piece.text)
+                    usage = piece.usage or last.usage
+                    last = Piece("", piece.finish_reason or last.finish_reason, usage)
+                finished = True
+            except BackendError as exc:  # raised out here, not as a task group's ExceptionGroup
+                error = exc
+            group.cancel_scope.cancel()
+    finally:
+        with anyio.CancelScope(shield=True):
+            await call.served.pieces.aclose()
+    if error is not None:
+        raise error
+    return (texts, last) if finished else None
+
+
+async def _whole(call: Call, shape: Shape, request: Request) -> Response:
+    try:
+        collected = await _collect(call, request)
     except BackendError as exc:
         call.done(exc.status)
         raise backend_error(exc) from None
-    finally:
-        await call.served.pieces.aclose()
+    if collected is None:
+        call.done(_CLIENT_CLOSED)
+        return Response(status_code=_CLIENT_CLOSED)  # nobody is left to read it
+    texts, last = collected
     text = "".join(texts)
     usage = call.usage_or_estimate(last.usage, text)
     call.done(200, usage)
