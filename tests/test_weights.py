@@ -1,0 +1,66 @@
+"""Weight loading: GGUF config, Q/K un-permutation, the fp32 cache (cold, warm, corrupt)."""
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from engine import weights
+from engine.model_registry import resolve_model
+from engine.weights import ModelConfig, _load_cached, _unpermute, cache_path, load_model
+
+
+def _llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """What llama.cpp's convert_hf_to_gguf.py does to llama Q/K weights."""
+    return (
+        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
+
+
+def test_unpermute_inverts_llama_cpp_permute() -> None:
+    w = np.random.default_rng(0).standard_normal((3 * 64, 40)).astype(np.float32)
+    np.testing.assert_array_equal(_unpermute(_llama_cpp_permute(w, 3), 3), w)
+
+
+def test_cold_then_warm_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TIERGATE_CACHE_DIR", str(tmp_path))
+    resolved = resolve_model("smollm2-135m")
+    t0 = time.perf_counter()
+    config, cold = load_model(resolved)
+    cold_s = time.perf_counter() - t0
+    assert config == ModelConfig(
+        arch="llama", vocab_size=49152, hidden_size=576, num_layers=30, num_heads=9,
+        num_kv_heads=3, head_dim=64, intermediate_size=1536, rope_theta=100000.0,
+        rms_eps=config.rms_eps, max_position=8192, tie_embeddings=True, attention_bias=False,
+    )  # fmt: skip
+    cached = cache_path(Path(resolved.path), "weights", ".safetensors")
+    assert cached.is_file() and cached.parent == tmp_path / "weights"
+    assert not [p for p in cached.parent.iterdir() if p.name.startswith(".")]  # no tmp left
+    t0 = time.perf_counter()
+    config2, warm = load_model(resolved)
+    warm_s = time.perf_counter() - t0
+    print(f"smollm2 load: cold {cold_s:.1f}s, warm {warm_s:.2f}s")
+    assert config2 == config
+    assert warm_s < 3 and warm_s < cold_s / 3
+    for (name, a), (_, b) in zip(cold.state_dict().items(), warm.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_corrupt_cache_is_dropped(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"not a safetensors file")
+    assert _load_cached(bad) is None
+    assert not bad.exists()
+
+
+def test_cache_key_follows_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(weights, "cache_dir", lambda: tmp_path)
+    src = tmp_path / "m.gguf"
+    src.write_bytes(b"x")
+    first = cache_path(src, "weights", ".safetensors")
+    src.write_bytes(b"xy")  # size (and mtime) change -> a different cache file
+    assert cache_path(src, "weights", ".safetensors") != first
