@@ -1,8 +1,8 @@
 """Continuous batching under a per-step token budget, chunked prefill, preemption by recompute.
 
-Each step the running sequences go first, oldest first (a decode token, or the next chunk of
-a long prompt), then waiting ones are admitted in arrival order while the token budget,
-max_num_seqs and free pages allow. When a running sequence needs a page and none is left,
+Each step the running sequences go first (decodes, then the next chunk of long prompts),
+then waiting ones are admitted in arrival order while the token budget, max_num_seqs and
+free pages allow. When a running sequence needs a page and none is left,
 the newest running sequence is preempted: its pages are released (full ones stay in the
 prefix cache, so it usually gets them back) and it re-prefills prompt + generated tokens
 when readmitted at the head of the queue.
@@ -29,7 +29,10 @@ class Scheduler:
         self.metrics = metrics
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        self._preempted = False  # set by _preempt during schedule()
+        # per-step state of schedule()
+        self._out: dict[int, tuple[Sequence, SeqChunk]] = {}  # seq_id -> its chunk
+        self._budget = 0  # tokens left this step
+        self._preempted = False
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -40,52 +43,63 @@ class Scheduler:
         self.waiting.append(seq)
 
     def schedule(self) -> Scheduled:
-        """Pick this step's chunks; the caller runs them, then calls on_executed()."""
-        budget = self.max_batched_tokens
-        out: Scheduled = []
+        """Pick this step's chunks; the caller runs them, then calls on_executed().
+
+        Decodes go first (one token each, so a long prefill never stalls streaming requests),
+        then the next prefill chunks of running requests, then newly admitted requests.
+        """
+        self._out = {}
+        self._budget = self.max_batched_tokens
         self._preempted = False
-        i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            if n > 0:
-                if not self._reserve(seq, n):
-                    break  # seq preempted itself: it was the last running one
-                out.append((seq, self._chunk(seq, n)))
-                budget -= n
-            i += 1
+        remaining = {s.seq_id: s.num_tokens - s.num_computed_tokens for s in self.running}
+        decodes = [s for s in self.running if remaining[s.seq_id] == 1]
+        prefills = [s for s in self.running if remaining[s.seq_id] > 1]
+        for seq in decodes + prefills:
+            if self._budget <= 0:
+                break
+            if seq.status is not SeqStatus.RUNNING:
+                continue  # preempted to make room for an older request
+            n = min(remaining[seq.seq_id], self._budget)
+            if self._reserve(seq, n):
+                self._schedule(seq, n)
         if not self._preempted:  # pages are short: admitting more would only thrash
-            self._admit(out, budget)
-        return out
+            self._admit()
+        return list(self._out.values())
+
+    def _schedule(self, seq: Sequence, n: int) -> None:
+        self._out[seq.seq_id] = (seq, self._chunk(seq, n))
+        self._budget -= n
 
     def _reserve(self, seq: Sequence, n: int) -> bool:
-        """Make room for n more tokens of seq, preempting the newest sequences if needed."""
+        """Make room for n more tokens of seq, preempting the newest requests if needed."""
         while not self.kv.can_grow(seq, n):
             victim = self.running.pop()
+            dropped = self._out.pop(victim.seq_id, None)  # its pages are about to go
+            if dropped is not None:
+                self._budget += len(dropped[1].token_ids)
             self._preempt(victim)
             if victim is seq:
                 return False
         self.kv.grow(seq, n)
         return True
 
-    def _admit(self, out: Scheduled, budget: int) -> None:
+    def _admit(self) -> None:
         deferred: list[Sequence] = []
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+        while self.waiting and self._budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             hits = self.kv.match_prefix(seq)
             if self._prefix_in_flight(seq, len(hits)):
                 deferred.append(self.waiting.popleft())
                 continue
             num_cached = len(hits) * self.kv.page_size
-            n = min(seq.num_tokens - num_cached, budget)
+            n = min(seq.num_tokens - num_cached, self._budget)
             if not self.kv.can_admit(seq, hits, n):
                 break  # first come, first served: later requests wait too
             self.waiting.popleft()
             self.kv.admit(seq, hits, n)
             self._on_admitted(seq, num_cached)
             self.running.append(seq)
-            out.append((seq, self._chunk(seq, n)))
-            budget -= n
+            self._schedule(seq, n)
         self.waiting.extendleft(reversed(deferred))
 
     def _prefix_in_flight(self, seq: Sequence, num_hit_pages: int) -> bool:

@@ -54,6 +54,19 @@ def test_continuous_batching_join_and_leave() -> None:
     _drain(engine)
 
 
+def test_decodes_never_stall_behind_a_long_prefill() -> None:
+    engine = _engine(max_num_batched_tokens=8)
+    engine.add_request("short", "hi", SamplingParams(temperature=0, max_tokens=8))
+    engine.step()
+    engine.add_request("long", "y" * 60, GREEDY)  # 8 steps of prefill at 8 tokens a step
+    for _ in range(6):
+        outs = engine.step()
+        assert [o.request_id for o in outs] == ["short"]  # one token every step
+    calls = engine.runner.calls[-6:]
+    assert all(sum(len(c.token_ids) for c in call) == 8 for call in calls)
+    _drain(engine)
+
+
 def test_max_num_seqs_limits_running() -> None:
     engine = _engine(max_num_seqs=2)
     for i in range(5):
