@@ -116,6 +116,10 @@ class LLMEngine:
         """Pages free or holding only reusable cached content (== num_pages at rest)."""
         return self.kv.num_free()
 
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached page no request holds (benchmarks: a cold cache on demand)."""
+        self.kv.pool.reset_cache()
+
     # -- the step loop ----------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:

@@ -2,6 +2,7 @@
 
 import asyncio
 import random
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -210,6 +211,13 @@ async def test_async_concurrent_streams(async_engine: AsyncEngine, runner: Model
     await _wait_all_free(async_engine)
     snap = async_engine.metrics.snapshot()
     assert snap.generated_tokens == 3 * params.max_tokens and snap.running == 0
+
+
+async def test_async_idle_loop_sleeps(async_engine: AsyncEngine) -> None:
+    await _collect(async_engine, "Hi", SamplingParams(temperature=0, max_tokens=2), "warm")
+    before = time.process_time()
+    await asyncio.sleep(0.5)
+    assert time.process_time() - before < 0.1  # no busy-wait while idle
 
 
 async def test_async_early_close_and_cancel_free_pages(async_engine: AsyncEngine) -> None:

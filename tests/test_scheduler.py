@@ -179,6 +179,10 @@ def test_prefix_reuse_skips_computation_and_keeps_output() -> None:
     snap = engine.metrics.snapshot()
     assert snap.prefix_cache_hits == full_pages * 4
     _drain(engine)
+    engine.reset_prefix_cache()
+    engine.add_request("cold", prompt, GREEDY)
+    outs = [o for _ in range(20) for o in engine.step()]
+    assert outs[-1].cached_tokens == 0 and "".join(o.text for o in outs) == expected[0]
 
 
 def test_stop_token_eos_and_ignore_eos() -> None:
