@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import httpx
 from fastapi import FastAPI
 
 from gateway.api import admin, openai
@@ -16,10 +17,12 @@ from gateway.backends.local import EngineFactory, LocalEngines, default_engine_f
 from gateway.errors import install_error_handlers
 from gateway.policy import Policy, PolicyError, PolicyIssue, PolicyWatcher
 from gateway.routing.router import Scorer
-from gateway.state import GatewayState, build_runtime
+from gateway.state import GatewayState, build_runtime, prepare_backends
 from gateway.stats import Stats
 
 logger = logging.getLogger("tiergate")
+# Streams hold a connection each for their whole length: allow many at once.
+_HTTP_LIMITS = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
 
 
 def _applier(state: GatewayState):
@@ -29,12 +32,12 @@ def _applier(state: GatewayState):
         if policy.server != state.runtime.policy.server:
             logger.warning("server settings changed: they take effect at the next restart")
         try:
-            await state.engines.ensure(policy.local_engines())
+            await prepare_backends(policy, state.engines)
         except Exception as exc:  # e.g. a model that is not installed
             issue = PolicyIssue("engines", f"starting a local engine failed: {exc}")
             raise PolicyError(str(state.policy_path), [issue]) from exc
         state.runtime = build_runtime(
-            policy, state.engines, state.cooldowns, state.stats, state.scorer
+            policy, state.engines, state.cooldowns, state.stats, state.http, state.scorer
         )
 
     return apply
@@ -52,11 +55,12 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engines = LocalEngines(engine_factory)
-        await engines.ensure(policy.local_engines())
+        await prepare_backends(policy, engines)
         stats, cooldowns = Stats(), Cooldowns()
-        runtime = build_runtime(policy, engines, cooldowns, stats, scorer)
+        http = httpx.AsyncClient(limits=_HTTP_LIMITS)
+        runtime = build_runtime(policy, engines, cooldowns, stats, http, scorer)
         path = Path(policy_path) if policy_path is not None else None
-        state = GatewayState(runtime, stats, engines, cooldowns, scorer, path)
+        state = GatewayState(runtime, stats, engines, cooldowns, http, scorer, path)
         app.state.gateway = state
         watch_task = None
         if path is not None:
@@ -71,6 +75,7 @@ def create_app(
                 watch_task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await watch_task
+            await http.aclose()
             await engines.shutdown()
 
     app = FastAPI(title="tiergate", lifespan=lifespan, docs_url=None, redoc_url=None)

@@ -136,6 +136,9 @@ class Deployment(_Strict):
     api_base: str | None = None  # remote only: e.g. http://vllm:8000/v1
     api_key_env: str | None = None  # remote only: environment variable holding the key
     timeout_s: float | None = None  # overrides the tier's timeout for this deployment
+    # remote only. auto: OpenAI-speaking providers (hosted_vllm/, openai/) are called
+    # directly, the rest through litellm; litellm: always through litellm.
+    client: Literal["auto", "litellm"] = "auto"
 
     _check_timeout = field_validator("timeout_s")(_positive)
 

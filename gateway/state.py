@@ -1,14 +1,18 @@
 """What the request handlers read: the running policy's objects, swapped whole on reload."""
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gateway.backends.base import Backend
+from httpx import AsyncClient
+
+from gateway.backends.base import Backend, BackendError
 from gateway.backends.fallback import Cooldowns, FallbackChain, TierBackends
 from gateway.backends.local import LocalBackend, LocalEngines
-from gateway.backends.remote import RemoteBackend
-from gateway.policy import Policy, PolicyWatcher
+from gateway.backends.openai_compat import NATIVE_PROVIDERS, OpenAICompatBackend
+from gateway.backends.remote import RemoteBackend, load_litellm
+from gateway.policy import Deployment, Policy, PolicyWatcher
 from gateway.routing.router import Router, Scorer
 from gateway.stats import Stats
 
@@ -31,15 +35,35 @@ class GatewayState:
     stats: Stats
     engines: LocalEngines
     cooldowns: Cooldowns
+    http: AsyncClient  # one connection pool for every OpenAI-compatible remote
     scorer: Scorer | None = None
     policy_path: Path | None = None
     watcher: PolicyWatcher | None = None
 
 
-def _backend(policy: Policy, tier_timeout: float, dep, engines: LocalEngines) -> Backend:
+def _uses_litellm(policy: Policy, dep: Deployment) -> bool:
+    if policy.is_local(dep):
+        return False
+    return dep.client == "litellm" or dep.model.split("/", 1)[0] not in NATIVE_PROVIDERS
+
+
+async def prepare_backends(policy: Policy, engines: LocalEngines) -> None:
+    """Everything slow a policy needs before it serves: local engines, the litellm import."""
+    await engines.ensure(policy.local_engines())
+    deployments = [d for t in policy.tiers.values() for d in t.deployments]
+    if any(_uses_litellm(policy, d) for d in deployments):
+        await asyncio.to_thread(load_litellm)
+
+
+def _backend(
+    policy: Policy, tier_timeout: float, dep: Deployment, engines: LocalEngines, http: AsyncClient
+) -> Backend:
     if policy.is_local(dep):
         return LocalBackend(dep.model, engines.get(dep.model))
-    return RemoteBackend(dep, dep.timeout_s or tier_timeout)
+    timeout_s = dep.timeout_s or tier_timeout
+    if _uses_litellm(policy, dep):
+        return RemoteBackend(dep, timeout_s)
+    return OpenAICompatBackend(dep, timeout_s, http)
 
 
 def build_runtime(
@@ -47,6 +71,7 @@ def build_runtime(
     engines: LocalEngines,
     cooldowns: Cooldowns,
     stats: Stats,
+    http: AsyncClient,
     scorer: Scorer | None = None,
 ) -> Runtime:
     """Wire one policy's tiers to backends; the local engines must be started already."""
@@ -54,12 +79,12 @@ def build_runtime(
         name: TierBackends(
             name,
             tier,
-            [(d, _backend(policy, tier.timeout_s, d, engines)) for d in tier.deployments],
+            [(d, _backend(policy, tier.timeout_s, d, engines, http)) for d in tier.deployments],
         )
         for name, tier in policy.tiers.items()
     }
 
-    def on_failure(tier: str, model: str, error) -> None:
+    def on_failure(tier: str, model: str, error: BackendError) -> None:
         stats.deployment_failed(tier, model, error.status)
 
     chain = FallbackChain(tiers, cooldowns, on_failure)

@@ -86,6 +86,8 @@ tiers:
   remote:
     deployments: [{{model: hosted_vllm/{SERVED}, api_base: "{remote}"}}]
     price: {{input: 1.0, output: 2.0}}
+  via_litellm:
+    deployments: [{{model: hosted_vllm/{SERVED}, api_base: "{remote}", client: litellm}}]
   down:
     deployments: [{{model: hosted_vllm/gone, api_base: "{down}"}}]
     retries: 1
@@ -103,6 +105,15 @@ tiers:
     deployments: [{{model: hosted_vllm/slow2, api_base: "{stub}"}}]
     timeout_s: 0.5
     retries: 0
+  litellm_down:
+    deployments: [{{model: hosted_vllm/gone3, api_base: "{down}", client: litellm}}]
+    retries: 0
+    fallback: litellm_slow
+  litellm_slow:
+    deployments:
+      - {{model: hosted_vllm/slow3, api_base: "{stub}", client: litellm, timeout_s: 0.5}}
+    retries: 0
+    fallback: via_litellm
   flaky:
     deployments: [{{model: hosted_vllm/flaky, api_base: "{stub}"}}]
     retries: 2
@@ -128,25 +139,30 @@ def failures(app: FastAPI, model: str) -> float:
     return sum(v for k, v in counters.items() if f"model={model}," in k)
 
 
-def test_remote_engine_chat_and_completion(client: openai.OpenAI) -> None:
+REMOTE_TIERS = pytest.mark.parametrize("tier", ["remote", "via_litellm"])
+
+
+@REMOTE_TIERS
+def test_remote_engine_chat_and_completion(client: openai.OpenAI, tier: str) -> None:
     raw = client.chat.completions.with_raw_response.create(
-        model="remote", messages=HELLO, max_tokens=6, temperature=0
+        model=tier, messages=HELLO, max_tokens=6, temperature=0
     )
-    assert raw.headers["x-tiergate-tier"] == "remote"
+    assert raw.headers["x-tiergate-tier"] == tier
     assert raw.headers["x-tiergate-model"] == f"hosted_vllm/{SERVED}"
     answer = raw.parse()
     assert answer.choices[0].message.content
     assert answer.usage.prompt_tokens > 0 and 0 < answer.usage.completion_tokens <= 6
     text = client.completions.create(
-        model="remote", prompt="The capital of France is", max_tokens=6, temperature=0
+        model=tier, prompt="The capital of France is", max_tokens=6, temperature=0
     )
     assert text.choices[0].text and text.usage.completion_tokens <= 6
 
 
-def test_remote_streams_piece_by_piece(client: openai.OpenAI) -> None:
+@REMOTE_TIERS
+def test_remote_streams_piece_by_piece(client: openai.OpenAI, tier: str) -> None:
     chunks = list(
         client.chat.completions.create(
-            model="remote",
+            model=tier,
             messages=HELLO,
             max_tokens=8,
             temperature=0,
@@ -159,7 +175,7 @@ def test_remote_streams_piece_by_piece(client: openai.OpenAI) -> None:
     assert len(pieces) >= 4  # passed through as they came, not one buffered blob
     assert chunks[-1].usage.completion_tokens == 8
     text = client.completions.create(
-        model="remote", prompt="1, 2, 3,", max_tokens=5, temperature=0, stream=True
+        model=tier, prompt="1, 2, 3,", max_tokens=5, temperature=0, stream=True
     )
     assert len([c for c in text if c.choices and c.choices[0].text]) >= 2
 
@@ -203,6 +219,21 @@ def test_timeout_falls_back(stub: tuple[FastAPI, str], client: openai.OpenAI) ->
         stub[0].state.delay_s = 0.0
 
 
+def test_litellm_down_and_timeout_fall_back(
+    gateway: tuple[FastAPI, str], stub: tuple[FastAPI, str], client: openai.OpenAI
+) -> None:
+    stub[0].state.delay_s = 5.0
+    try:
+        raw = client.chat.completions.with_raw_response.create(
+            model="litellm_down", messages=HELLO, max_tokens=4
+        )
+        assert raw.headers["x-tiergate-tier"] == "via_litellm"
+    finally:
+        stub[0].state.delay_s = 0.0
+    assert failures(gateway[0], "hosted_vllm/gone3") == 1
+    assert failures(gateway[0], "hosted_vllm/slow3") == 1
+
+
 def test_retries_recover_from_transient_errors(
     stub: tuple[FastAPI, str], client: openai.OpenAI
 ) -> None:
@@ -217,11 +248,12 @@ def test_retries_recover_from_transient_errors(
     stub[0].state.fail = 0
 
 
+@REMOTE_TIERS
 def test_disconnect_aborts_the_remote_request(
-    engine: AsyncEngine, gateway: tuple[FastAPI, str]
+    engine: AsyncEngine, gateway: tuple[FastAPI, str], tier: str
 ) -> None:
     body = {
-        "model": "remote",
+        "model": tier,
         "messages": HELLO,
         "max_tokens": 800,
         "ignore_eos": True,

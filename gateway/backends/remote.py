@@ -1,21 +1,19 @@
-"""A remote deployment through litellm: any litellm model string, api_base, key from env."""
+"""A remote deployment through litellm: any litellm model string, api_base, key from env.
 
-import os
-
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network at import
+litellm takes seconds to import: the gateway imports it (in a thread) at start-up or reload
+only when a policy has litellm deployments, and a policy without them never pays for it.
+"""
 
 import asyncio
+import functools
+import os
 from collections.abc import AsyncIterator
+from types import ModuleType
 from typing import Any
-
-import litellm
-from litellm import exceptions as llm_errors
 
 from engine.protocol import Usage
 from gateway.backends.base import BackendError, GenerationRequest, Piece
 from gateway.policy import Deployment
-
-litellm.suppress_debug_info = True  # its "give feedback" banners would flood the gateway's log
 
 # Request fields litellm maps for every provider; anything else goes in extra_body.
 _OPENAI_PARAMS = {
@@ -47,6 +45,22 @@ _NOT_FORWARDED = {
 _NATIVE_TEXT_PROVIDERS = {"hosted_vllm", "openai", "text-completion-openai"}
 
 
+@functools.cache
+def load_litellm() -> ModuleType:
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network at import
+    import litellm
+
+    litellm.suppress_debug_info = True  # its "give feedback" banners would flood the log
+    return litellm
+
+
+async def _litellm_loaded() -> ModuleType:
+    """litellm, imported in a worker thread the first time so the event loop keeps serving."""
+    if load_litellm.cache_info().currsize:
+        return load_litellm()
+    return await asyncio.to_thread(load_litellm)
+
+
 def _split_params(body: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     fields = body.model_dump(exclude_unset=True, exclude_none=True, exclude=_NOT_FORWARDED)
     known = {k: v for k, v in fields.items() if k in _OPENAI_PARAMS}
@@ -61,6 +75,7 @@ def _status_of(exc: Exception) -> int | None:
 
 def to_backend_error(exc: Exception, model: str) -> BackendError:
     """Sort litellm's exceptions into: the caller's fault, retry here, or try elsewhere."""
+    llm_errors = load_litellm().exceptions
     where = f"{model}: {type(exc).__name__}: {exc}"
     if isinstance(exc, llm_errors.Timeout | asyncio.TimeoutError):
         return BackendError(504, f"{model}: timed out", retry=True, fallback=True)
@@ -124,6 +139,7 @@ class RemoteBackend:
         return {k: v for k, v in kwargs.items() if v is not None}
 
     async def _call(self, request: GenerationRequest) -> Any:
+        litellm = await _litellm_loaded()
         kwargs = self._call_kwargs(request)
         if request.is_chat:
             messages = [m.model_dump(exclude_none=True) for m in request.body.messages]
