@@ -270,3 +270,14 @@ def test_disconnect_aborts_the_remote_request(
     after = engine.metrics.snapshot()
     assert after.running == 0 and after.kv_cache_usage_perc == 0
     assert after.generated_tokens - before < 400
+
+
+def test_cost_from_tier_prices(gateway: tuple[FastAPI, str], client: openai.OpenAI) -> None:
+    stats = gateway[0].state.gateway.stats
+    before = (
+        stats.snapshot().get("tiergate_cost_usd", {}).get("model=hosted_vllm/smol,tier=remote", 0)
+    )
+    usage = client.chat.completions.create(model="remote", messages=HELLO, max_tokens=3).usage
+    after = stats.snapshot()["tiergate_cost_usd"]["model=hosted_vllm/smol,tier=remote"]
+    expected = (usage.prompt_tokens * 1.0 + usage.completion_tokens * 2.0) / 1e6
+    assert after - before == pytest.approx(expected)
