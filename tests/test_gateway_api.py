@@ -1,6 +1,7 @@
 """The gateway over HTTP with the real small model: the openai client, errors, headers, abort."""
 
 import asyncio
+import os
 import time
 from collections.abc import Iterator
 
@@ -275,3 +276,26 @@ def test_disconnect_aborts_a_whole_answer_too(app: FastAPI, url: str) -> None:
         httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=1.0)
     after = wait_idle(engine)
     assert after.generated_tokens - before < 400
+
+
+async def test_litellm_sdk_works_unchanged(url: str) -> None:
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    import litellm  # here, not at the top: it takes seconds to import
+
+    common = {"model": "openai/auto", "api_base": f"{url}/v1", "api_key": KEY, "max_tokens": 4}
+    answer = await litellm.acompletion(messages=HELLO, **common)
+    assert answer.choices[0].message.content and answer.usage.total_tokens > 0
+    stream = await litellm.acompletion(messages=HELLO, stream=True, **common)
+    assert "".join([c.choices[0].delta.content or "" async for c in stream])
+
+
+def test_content_parts_and_system_message(client: openai.OpenAI) -> None:
+    answer = client.chat.completions.create(
+        model="small",
+        messages=[
+            {"role": "system", "content": "You are terse."},
+            {"role": "user", "content": [{"type": "text", "text": "Say hello."}]},
+        ],
+        max_tokens=4,
+    )
+    assert answer.choices[0].message.content
