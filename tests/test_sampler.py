@@ -76,3 +76,22 @@ def test_mixed_batch_with_per_row_filters() -> None:
     for _ in range(50):
         a, _b = sample(logits, params, gens)
         assert a in top2
+
+
+def test_wide_nucleus_falls_back_to_full_sort() -> None:
+    """A flat distribution over a large vocab: the nucleus is wider than the candidates."""
+    logits = torch.linspace(0, 0.1, 1000)[
+        torch.randperm(1000, generator=torch.Generator().manual_seed(0))
+    ]
+    logits = logits[None, :]
+    keep = set(logits[0].argsort(descending=True)[:500].tolist())
+    drawn = set(_draws(SamplingParams(top_p=0.5, seed=1), 400, logits))
+    assert drawn <= keep and len(drawn) > 128
+
+
+def test_sampling_frequencies_follow_probabilities() -> None:
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.2] + [1e-9] * 200]))
+    counts = torch.bincount(torch.tensor(_draws(SamplingParams(seed=7), 3000, logits)), minlength=3)
+    torch.testing.assert_close(
+        counts[:3].float() / 3000, torch.tensor([0.5, 0.3, 0.2]), atol=0.04, rtol=0
+    )
