@@ -374,6 +374,10 @@ def run_engine_server(
     app = create_engine_app(engine, served_name or config.model)
     engine.start()
     try:
-        uvicorn.run(app, host=host, port=port, log_level="info")
+        # lifespan off: the engine's life is managed here, and a Ctrl-C would otherwise
+        # surface as a traceback from the idle lifespan task.
+        uvicorn.run(app, host=host, port=port, log_level="info", lifespan="off")
+    except KeyboardInterrupt:
+        pass  # uvicorn re-raises the Ctrl-C it caught once it has shut down gracefully
     finally:
         engine.shutdown()

@@ -12,6 +12,7 @@ import pytest
 from engine.config import EngineConfig
 from engine.engine import AsyncEngine
 from engine.server import create_engine_app
+from tests.fake_runner import FakeRunner
 from tests.servers import run_uvicorn
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # before litellm is imported
@@ -172,6 +173,8 @@ def test_bad_bodies_are_openai_400s(client: openai.OpenAI, base_url: str) -> Non
     no_prompt = httpx.post(f"{base_url}/v1/completions", json={"model": NAME})
     assert no_prompt.status_code == 400
     assert no_prompt.json()["error"]["message"] == "Missing required parameter: 'prompt'."
+    with pytest.raises(openai.BadRequestError, match="token ids"):
+        client.completions.create(model=NAME, prompt=[10**9], max_tokens=2)
 
 
 async def test_queue_full_is_429_with_retry_after(base_url: str, engine: AsyncEngine) -> None:
@@ -221,3 +224,21 @@ def test_non_stream_disconnect_aborts(base_url: str, engine: AsyncEngine) -> Non
         httpx.post(f"{base_url}/v1/completions", json=body, timeout=0.5)
     wait_idle(engine)
     assert engine.metrics.snapshot().generated_tokens - before < 300
+
+
+def test_engine_death_mid_stream_then_503() -> None:
+    # A stand-in model that fails on its fourth step: the stream has begun (200 sent), so the
+    # error travels in-band; afterwards the dead engine answers 503.
+    engine = AsyncEngine(EngineConfig(model="fake"), FakeRunner(fail_after=3))
+    body = {"model": "fake", "prompt": "abc", "max_tokens": 10, "ignore_eos": True}
+    with run_uvicorn(create_engine_app(engine, "fake")) as url:
+        reply = httpx.post(f"{url}/v1/completions", json={**body, "stream": True})
+        events = [e.removeprefix("data: ") for e in reply.text.split("\n\n") if e]
+        assert reply.status_code == 200
+        assert len(events) == 4
+        assert '"code":"engine_dead"' in events[-1].replace(" ", "")
+        assert httpx.get(f"{url}/health").status_code == 503
+        dead = httpx.post(f"{url}/v1/completions", json=body)
+        assert dead.status_code == 503
+        assert dead.json()["error"]["code"] == "engine_dead"
+    engine.shutdown()
