@@ -12,6 +12,7 @@ from engine.attention import AttentionContext, paged_attention
 from engine.weights import ModelConfig
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # (K pool, V pool) of one layer
+Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin) for the step's positions
 
 
 class RMSNorm(nn.Module):
@@ -36,31 +37,35 @@ class Rotary(nn.Module):
         self.register_buffer("cos", angles.cos().float(), persistent=False)
         self.register_buffer("sin", angles.sin().float(), persistent=False)
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        # x [T, heads, D]; cos/sin [T, 1, D/2]
-        cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
-        x1, x2 = x.chunk(2, dim=-1)
-        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    def forward(self, positions: torch.Tensor) -> Rope:
+        """cos/sin [T, 1, D/2] for the step's positions: looked up once, used by all layers."""
+        return self.cos[positions][:, None, :], self.sin[positions][:, None, :]
+
+
+def apply_rope(x: torch.Tensor, rope: Rope) -> torch.Tensor:
+    """x [T, heads, D] rotated by position."""
+    cos, sin = rope
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, rotary: Rotary) -> None:
+    def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.h, self.kvh, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         qkv_out = (self.h + 2 * self.kvh) * self.d
         self.qkv_proj = nn.Linear(cfg.hidden_size, qkv_out, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(self.h * self.d, cfg.hidden_size, bias=False)
-        self.rotary = rotary
 
     def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext, kv: KVCache
+        self, x: torch.Tensor, rope: Rope, ctx: AttentionContext, kv: KVCache
     ) -> torch.Tensor:
         t = x.shape[0]
-        qkv = self.qkv_proj(x)
-        q, k, v = qkv.split([self.h * self.d, self.kvh * self.d, self.kvh * self.d], dim=-1)
-        q = self.rotary(positions, q.view(t, self.h, self.d))
-        k = self.rotary(positions, k.view(t, self.kvh, self.d))
-        v = v.reshape(t, self.kvh, self.d)
+        qk, v = self.qkv_proj(x).split([(self.h + self.kvh) * self.d, self.kvh * self.d], dim=-1)
+        # Q and K heads rotate in one op; V needs no rotation
+        qk = apply_rope(qk.view(t, self.h + self.kvh, self.d), rope)
+        q, k = qk[:, : self.h], qk[:, self.h :]
+        v = v.view(t, self.kvh, self.d)
         out = paged_attention(q, k, v, kv[0], kv[1], ctx)
         return self.o_proj(out.reshape(t, self.h * self.d))
 
@@ -78,17 +83,17 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, rotary: Rotary) -> None:
+    def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
-        self.self_attn = Attention(cfg, rotary)
+        self.self_attn = Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
         self.mlp = MLP(cfg)
 
     def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext, kv: KVCache
+        self, x: torch.Tensor, rope: Rope, ctx: AttentionContext, kv: KVCache
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, ctx, kv)
+        x = x + self.self_attn(self.input_layernorm(x), rope, ctx, kv)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -96,9 +101,9 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.config = cfg
-        rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.max_position)
+        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.max_position)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, rotary) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
         self.lm_head = None
         if not cfg.tie_embeddings:
@@ -113,8 +118,9 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:
         """input_ids, positions [T] -> final-normed hidden states [T, D]."""
         x = self.embed_tokens(input_ids)
+        rope = self.rotary(positions)
         for layer, kv in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, positions, ctx, kv)
+            x = layer(x, rope, ctx, kv)
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
