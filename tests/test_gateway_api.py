@@ -21,9 +21,11 @@ auth:
   admin_key: {ADMIN}
 engines:
   smollm2-135m: {{kv_cache_mb: 32, max_num_seqs: 8, max_model_len: 1024}}
+  one-at-a-time: {{model: smollm2-135m, kv_cache_mb: 16, max_num_seqs: 1, max_waiting: 1}}
 tiers:
   small: {{deployments: [{{model: smollm2-135m}}]}}
   large: {{deployments: [{{model: smollm2-135m}}], fallback: small}}
+  busy: {{deployments: [{{model: one-at-a-time}}], retries: 0}}
 routes:
   auto:
     rules: [{{tier: large, contains_code: true}}]
@@ -152,7 +154,7 @@ def test_routing_by_name(client: openai.OpenAI) -> None:
 
 def test_models_list(client: openai.OpenAI) -> None:
     ids = [m.id for m in client.models.list()]
-    assert ids == ["auto", "small", "large", "smollm2-135m"]
+    assert ids == ["auto", "small", "large", "busy", "smollm2-135m", "one-at-a-time"]
 
 
 def error_of(response: httpx.Response) -> dict:
@@ -299,3 +301,25 @@ def test_content_parts_and_system_message(client: openai.OpenAI) -> None:
         max_tokens=4,
     )
     assert answer.choices[0].message.content
+
+
+async def test_full_queue_is_429_with_retry_after(url: str) -> None:
+    headers = {"Authorization": f"Bearer {KEY}"}
+    body = {"model": "busy", "messages": HELLO, "max_tokens": 300, "ignore_eos": True}
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=60) as http:
+
+        async def hold() -> None:  # occupies the engine's one running slot or waiting slot
+            async with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}):
+                await asyncio.sleep(60)
+
+        holders = [asyncio.create_task(hold()) for _ in range(2)]
+        try:
+            await asyncio.sleep(1.5)
+            response = await http.post("/v1/chat/completions", json=body)
+            assert response.status_code == 429
+            assert response.headers["retry-after"] == "1"
+            assert response.json()["error"]["type"] == "rate_limit_error"
+        finally:
+            for task in holders:
+                task.cancel()
+            await asyncio.gather(*holders, return_exceptions=True)

@@ -6,6 +6,7 @@
 
 import asyncio
 import inspect
+import itertools
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -106,6 +107,7 @@ class LocalBackend:
     def __init__(self, name: str, engine: Any) -> None:
         self.name = name
         self._engine = engine
+        self._attempts = itertools.count()
 
     def _prompt(self, request: GenerationRequest) -> str | list[int]:
         body = request.body
@@ -126,9 +128,9 @@ class LocalBackend:
             params = to_sampling_params(request.body)
         except ValueError as exc:
             raise BackendError(400, str(exc), retry=False, fallback=False) from exc
-        outputs = self._engine.generate(
-            prompt, params, request.request_id, cache_salt=request.tenant
-        )
+        # One engine id per attempt: a retry must not collide with the abort of the last one.
+        engine_id = f"{request.request_id}-{next(self._attempts)}"
+        outputs = self._engine.generate(prompt, params, engine_id, cache_salt=request.tenant)
         try:
             async for out in outputs:
                 if not out.finished:
