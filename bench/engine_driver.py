@@ -6,6 +6,7 @@ of live tokens vs allocated KV slots (see bench/README.md).
 """
 
 import json
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -125,6 +126,9 @@ def run_requests(
             outputs[out.request_id] = out  # the last one carries the totals
         if on_step:
             on_step(engine, step_outputs)
+        if steps % 50 == 0:  # a sign of life on long runs
+            done = sum(o.finished for o in outputs.values())
+            print(f"  step {steps}: {done}/{len(prompts)} done", file=sys.stderr, flush=True)
     seconds = time.perf_counter() - start
     done = list(outputs.values())
     return RunStats(
