@@ -45,8 +45,8 @@ BASELINE_VENVS: dict[str, VenvSpec] = {
         "from vllm import LLM",
         remove=["torchvision", "torchaudio", "torchcodec"],
     ),
-    "llamacpp": VenvSpec(["llama-cpp-python"], "import llama_cpp"),
-    "litellm-proxy": VenvSpec(["litellm[proxy]"], "import litellm.proxy.proxy_server"),
+    "llamacpp": VenvSpec(["llama-cpp-python==0.3.36"], "import llama_cpp"),
+    "litellm-proxy": VenvSpec(["litellm[proxy]==1.108.7"], "import litellm.proxy.proxy_server"),
 }
 
 
