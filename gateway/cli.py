@@ -15,8 +15,10 @@ _MB = 1024 * 1024
 
 
 def _print_policy_error(error: PolicyError) -> None:
+    # FILE:LINE: like a compiler, so editors and terminals can jump to it.
     for issue in error.issues:
-        print(f"{error.source}: {issue}", file=sys.stderr)
+        where = f"{error.source}:{issue.line}" if issue.line else error.source
+        print(f"{where}: {issue}", file=sys.stderr)
 
 
 def check_policy(args: argparse.Namespace) -> int:

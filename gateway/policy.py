@@ -219,6 +219,7 @@ class Policy(_Strict):
 class PolicyIssue:
     path: str  # e.g. "tiers.large.fallback"; empty for whole-file problems
     message: str
+    line: int | None = None  # where the path (or its nearest parent) is written in the file
 
     def __str__(self) -> str:
         return f"{self.path}: {self.message}" if self.path else self.message
@@ -380,8 +381,43 @@ def _cycle_issues(tiers: dict[str, Tier]) -> list[PolicyIssue]:
     return issues
 
 
+def _line_index(node: yaml.Node, loc: tuple = (), index: dict | None = None) -> dict[str, int]:
+    """YAML path -> 1-based line of its key (mappings) or item (sequences)."""
+    index = {} if index is None else index
+    if isinstance(node, yaml.MappingNode):
+        children = [((*loc, k.value), k, v) for k, v in node.value]
+    elif isinstance(node, yaml.SequenceNode):
+        children = [((*loc, i), v, v) for i, v in enumerate(node.value)]
+    else:
+        return index
+    for child_loc, marker, value in children:
+        index[_format_path(child_loc)] = marker.start_mark.line + 1
+        _line_index(value, child_loc, index)
+    return index
+
+
+def _with_lines(text: str, issues: list[PolicyIssue]) -> list[PolicyIssue]:
+    index = _line_index(yaml.compose(text, Loader=yaml.SafeLoader))
+    located = []
+    for issue in issues:
+        path = issue.path
+        while path and path not in index:  # a missing key: point at its parent
+            path = path.rpartition(".")[0] if "." in path else ""
+        located.append(PolicyIssue(issue.path, issue.message, index.get(path)))
+    return located
+
+
 def parse_policy(text: str, source: str = "<policy>", env: dict[str, str] | None = None) -> Policy:
     """Validate policy text; raises PolicyError listing every issue found."""
+    try:
+        return _validate(text, source, env)
+    except PolicyError as exc:
+        if exc.issues and exc.issues[0].path:  # YAML syntax errors carry their line already
+            exc.issues = _with_lines(text, exc.issues)
+        raise
+
+
+def _validate(text: str, source: str, env: dict[str, str] | None) -> Policy:
     data, issues = _parse_yaml(text)
     if issues:
         raise PolicyError(source, issues)

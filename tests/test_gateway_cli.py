@@ -17,7 +17,7 @@ def test_serve_refuses_an_invalid_policy(tmp_path: Path, capsys: pytest.CaptureF
     bad = tmp_path / "bad.yaml"
     bad.write_text("tiers:\n  a: {deployments: [{model: smollm2-135m}], fallback: b}\n")
     assert main(["serve", "--policy", str(bad)]) == 1
-    assert capsys.readouterr().err == f"{bad}: tiers.a.fallback: unknown tier 'b'\n"
+    assert capsys.readouterr().err == f"{bad}:2: tiers.a.fallback: unknown tier 'b'\n"
 
 
 def test_serve_with_a_missing_model(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -105,6 +105,17 @@ def test_deployment_that_is_neither_local_nor_litellm() -> None:
     assert issue.endswith("nor a litellm model string 'provider/model'")
 
 
+def test_issues_know_their_line() -> None:
+    text = (
+        "tiers:\n  a:\n    deployments: [{model: smollm2-135m}]\n    retries: -2\n"
+        "routes:\n  r: {}\n"
+    )
+    with pytest.raises(PolicyError) as caught:
+        parse_policy(text, env={})
+    lines = {str(i): i.line for i in caught.value.issues}
+    assert lines == {"tiers.a.retries: must be 0 or greater": 4, "routes.r.default: required": 6}
+
+
 def test_env_expansion() -> None:
     text = BASE + "auth:\n  keys: [{key: '${KEY}', tenant: t}]\n  admin_key: '${ADMIN:-adm}'\n"
     policy = parse_policy(text, env={"KEY": "sk-from-env"})
@@ -129,14 +140,14 @@ def test_check_policy_prints_each_error(tmp_path: Path, capsys: pytest.CaptureFi
     assert main(["check-policy", str(bad)]) == 1
     err = capsys.readouterr().err.splitlines()
     assert err == [
-        f"{bad}: server.port: must be between 1 and 65535",
+        f"{bad}:8: server.port: must be between 1 and 65535",
         f"1 error(s) in {bad}",
     ]  # schema errors first; cross-references are checked once the schema holds
     bad.write_text(BASE.replace("fallback: small", "fallback: huge"))
     assert main(["check-policy", str(bad)]) == 1
     assert (
         capsys.readouterr().err.splitlines()[0]
-        == f"{bad}: tiers.large.fallback: unknown tier 'huge'"
+        == f"{bad}:7: tiers.large.fallback: unknown tier 'huge'"
     )
 
 
