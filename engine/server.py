@@ -5,8 +5,9 @@ would to vLLM. Every error, FastAPI's own body validation included, leaves as an
 error body; nothing answers 422.
 """
 
+import dataclasses
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -77,10 +78,10 @@ class OpenAIError(Exception):
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
-def engine_error(exc: EngineError) -> OpenAIError:
+def engine_error(exc: EngineError, prompt_param: str = "messages") -> OpenAIError:
     """The HTTP error a client should see for an engine exception."""
     if isinstance(exc, PromptTooLongError):
-        return OpenAIError(400, str(exc), param="messages", code="context_length_exceeded")
+        return OpenAIError(400, str(exc), param=prompt_param, code="context_length_exceeded")
     if isinstance(exc, QueueFullError):
         headers = {"Retry-After": str(RETRY_AFTER_SECONDS)}
         message = str(exc) or "The engine's waiting queue is full; retry shortly."
@@ -110,7 +111,12 @@ def install_error_handlers(app: FastAPI) -> None:
             headers=headers,
         )
 
+    async def on_unexpected(_: Request, exc: Exception) -> Response:
+        # Starlette logs the exception after this; the client still gets OpenAI's shape.
+        return OpenAIError(500, f"Internal server error: {exc!r}").response()
+
     app.add_exception_handler(OpenAIError, on_openai_error)
+    app.add_exception_handler(Exception, on_unexpected)
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)
 
@@ -132,13 +138,14 @@ async def start_outputs(
     # Without max_tokens the answer may run to the end of the context, as in vLLM and
     # OpenAI (the engine caps it at the room the prompt leaves).
     params = to_sampling_params(body, default_max_tokens=engine.max_model_len)
+    prompt_param = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
     outputs = engine.generate(prompt, params, request_id, cache_salt=body.cache_salt)
     try:
         return await anext(outputs), outputs
     except EngineError as exc:
-        raise engine_error(exc) from exc
+        raise engine_error(exc, prompt_param) from exc
     except ValueError as exc:  # the engine refused the prompt itself (empty, bad token ids)
-        raise OpenAIError(400, str(exc), param="prompt") from exc
+        raise OpenAIError(400, str(exc), param=prompt_param) from exc
     except StopAsyncIteration:
         raise OpenAIError(500, "The engine ended the request without output.") from None
 
@@ -156,28 +163,45 @@ async def collect(request: Request, first: RequestOutput, outputs: Outputs) -> R
     Returns None, having aborted the request, if the client disconnects first.
     """
     texts, last = [first.text], first
+    failure: EngineError | None = None
+
+    async def drain() -> None:
+        nonlocal last, failure
+        try:
+            async for out in outputs:
+                texts.append(out.text)
+                last = out
+                if out.finished:
+                    return
+        except EngineError as exc:  # the engine died mid-request
+            failure = exc
+
+    try:
+        if not first.finished:
+            await unless_disconnected(request, drain)
+    finally:
+        await close_outputs(outputs)
+    if failure is not None:
+        raise engine_error(failure) from failure
+    return dataclasses.replace(last, text="".join(texts)) if last.finished else None
+
+
+async def unless_disconnected(request: Request, work: Callable[[], Awaitable[None]]) -> None:
+    """Run `work`, cancelling it if the client disconnects first.
+
+    Uvicorn does not cancel a handler whose client left; without this a non-streamed
+    request would keep the engine busy for an answer nobody reads.
+    """
 
     async def watch_disconnect() -> None:
         while (await request.receive())["type"] != "http.disconnect":
             pass
         group.cancel_scope.cancel()
 
-    try:
-        async with anyio.create_task_group() as group:
-            group.start_soon(watch_disconnect)
-            if not first.finished:
-                async for out in outputs:
-                    texts.append(out.text)
-                    last = out
-                    if out.finished:
-                        break
-            group.cancel_scope.cancel()
-    finally:
-        await close_outputs(outputs)
-    if not last.finished:
-        return None
-    last.text = "".join(texts)
-    return last
+    async with anyio.create_task_group() as group:
+        group.start_soon(watch_disconnect)
+        await work()
+        group.cancel_scope.cancel()
 
 
 def sse(payload: BaseModel | dict[str, Any]) -> str:

@@ -1,6 +1,7 @@
 """The engine's OpenAI-compatible server: real SmolLM2 engine, real uvicorn, real clients."""
 
 import asyncio
+import json
 import os
 import time
 from collections.abc import Iterator
@@ -226,17 +227,22 @@ def test_non_stream_disconnect_aborts(base_url: str, engine: AsyncEngine) -> Non
     assert engine.metrics.snapshot().generated_tokens - before < 300
 
 
-def test_engine_death_mid_stream_then_503() -> None:
-    # A stand-in model that fails on its fourth step: the stream has begun (200 sent), so the
-    # error travels in-band; afterwards the dead engine answers 503.
+@pytest.mark.parametrize("stream", [True, False])
+def test_engine_death_mid_request_then_503(stream: bool) -> None:
+    # A stand-in model that fails on its fourth step. A stream has begun (200 sent), so its
+    # error travels in-band; a non-streamed answer becomes a 503. Then the engine is dead.
     engine = AsyncEngine(EngineConfig(model="fake"), FakeRunner(fail_after=3))
     body = {"model": "fake", "prompt": "abc", "max_tokens": 10, "ignore_eos": True}
     with run_uvicorn(create_engine_app(engine, "fake")) as url:
-        reply = httpx.post(f"{url}/v1/completions", json={**body, "stream": True})
-        events = [e.removeprefix("data: ") for e in reply.text.split("\n\n") if e]
-        assert reply.status_code == 200
-        assert len(events) == 4
-        assert '"code":"engine_dead"' in events[-1].replace(" ", "")
+        reply = httpx.post(f"{url}/v1/completions", json={**body, "stream": stream})
+        if stream:
+            events = [e.removeprefix("data: ") for e in reply.text.split("\n\n") if e]
+            assert reply.status_code == 200
+            assert len(events) == 4
+            assert json.loads(events[-1])["error"]["code"] == "engine_dead"
+        else:
+            assert reply.status_code == 503
+            assert reply.json()["error"]["code"] == "engine_dead"
         assert httpx.get(f"{url}/health").status_code == 503
         dead = httpx.post(f"{url}/v1/completions", json=body)
         assert dead.status_code == 503
