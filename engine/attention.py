@@ -19,6 +19,7 @@ class PrefillSeq:
     q_len: int
     start_pos: int  # tokens already cached before this chunk
     page_ids: torch.Tensor  # [pages] long, covering start_pos + q_len tokens
+    mask: torch.Tensor | None  # [q_len, start_pos + q_len] bool; None: plain causal
 
 
 @dataclass
@@ -28,22 +29,26 @@ class AttentionContext:
     prefills: list[PrefillSeq]
     num_prefill_tokens: int  # the decode tail starts here
     decode_page_table: torch.Tensor | None  # [B, max_pages] long, padded with page 0
-    decode_mask: torch.Tensor | None  # [B, 1, 1, max_pages * page_size] bool: key is live
+    # [B, 1, 1, max_pages * page_size] additive float mask (0 live, -inf padding); float
+    # so SDPA does not convert a bool mask again in every layer
+    decode_mask: torch.Tensor | None
 
 
 def build_context(chunks: list[SeqChunk], page_size: int) -> AttentionContext:
-    """Chunks must come prefills (len > 1) first, then decodes (len == 1)."""
+    """Chunks must come prefills (len > 1) first, then decodes (len == 1).
+    Everything here is computed once per step and shared by all layers."""
     slots: list[int] = []
     prefills: list[PrefillSeq] = []
     decodes: list[SeqChunk] = []
     offset = 0
     for c in chunks:
         n = len(c.token_ids)
-        for pos in range(c.start_pos, c.start_pos + n):
-            slots.append(c.page_table[pos // page_size] * page_size + pos % page_size)
+        slots.extend(
+            c.page_table[pos // page_size] * page_size + pos % page_size
+            for pos in range(c.start_pos, c.start_pos + n)
+        )
         if n > 1:
-            ids = torch.tensor(c.page_table, dtype=torch.long)
-            prefills.append(PrefillSeq(offset, n, c.start_pos, ids))
+            prefills.append(_prefill_seq(c, offset))
         else:
             decodes.append(c)
         offset += n
@@ -58,6 +63,16 @@ def build_context(chunks: list[SeqChunk], page_size: int) -> AttentionContext:
     )
 
 
+def _prefill_seq(c: SeqChunk, offset: int) -> PrefillSeq:
+    n = len(c.token_ids)
+    mask = None
+    if c.start_pos > 0:  # query i sits at position start_pos + i: keys 0..start_pos + i
+        rows = torch.arange(n)[:, None] + c.start_pos
+        mask = torch.arange(c.start_pos + n)[None, :] <= rows
+    ids = torch.tensor(c.page_table, dtype=torch.long)
+    return PrefillSeq(offset, n, c.start_pos, ids, mask)
+
+
 def _decode_tables(
     decodes: list[SeqChunk], page_size: int
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -65,13 +80,13 @@ def _decode_tables(
         return None, None
     lens = [c.start_pos + 1 for c in decodes]
     max_pages = max((n + page_size - 1) // page_size for n in lens)
-    table = torch.zeros(len(decodes), max_pages, dtype=torch.long)
-    for i, c in enumerate(decodes):
-        pages = c.page_table[: (lens[i] + page_size - 1) // page_size]
-        table[i, : len(pages)] = torch.tensor(pages, dtype=torch.long)
-    keys = torch.arange(max_pages * page_size)
-    mask = keys[None, :] < torch.tensor(lens)[:, None]
-    return table, mask[:, None, None, :]
+    rows = []
+    for n, c in zip(lens, decodes, strict=True):
+        pages = c.page_table[: (n + page_size - 1) // page_size]
+        rows.append(pages + [0] * (max_pages - len(pages)))  # padding: any page, masked
+    live = torch.arange(max_pages * page_size)[None, :] < torch.tensor(lens)[:, None]
+    mask = torch.zeros(live.shape).masked_fill_(~live, float("-inf"))
+    return torch.tensor(rows, dtype=torch.long), mask[:, None, None, :]
 
 
 def write_kv(
@@ -120,17 +135,14 @@ def _prefill(
 ) -> torch.Tensor:
     # q [L, H, D] -> SDPA layout [H, L, D]
     qh = q.transpose(0, 1)
-    if p.start_pos == 0:  # no cached prefix: attend to this chunk's own K/V, causal
+    if p.mask is None:  # no cached prefix: attend to this chunk's own K/V, causal
         kh, vh = k.transpose(0, 1), v.transpose(0, 1)
         out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, enable_gqa=True)
         return out.transpose(0, 1)
     ctx_len = p.start_pos + p.q_len
-    kh = k_pool[p.page_ids].flatten(0, 1)[:ctx_len].transpose(0, 1)
-    vh = v_pool[p.page_ids].flatten(0, 1)[:ctx_len].transpose(0, 1)
-    # query i sits at position start_pos + i and sees keys 0..start_pos + i
-    rows = torch.arange(p.q_len)[:, None] + p.start_pos
-    mask = torch.arange(ctx_len)[None, :] <= rows
-    out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, enable_gqa=True)
+    kh = k_pool.index_select(0, p.page_ids).flatten(0, 1)[:ctx_len].transpose(0, 1)
+    vh = v_pool.index_select(0, p.page_ids).flatten(0, 1)[:ctx_len].transpose(0, 1)
+    out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=p.mask, enable_gqa=True)
     return out.transpose(0, 1)
 
 
