@@ -45,7 +45,9 @@ class ChatMessage(BaseModel):
 
     def template_dict(self) -> dict[str, Any]:
         """The shape chat templates expect: content a plain string, absent fields left out."""
-        out: dict[str, Any] = {"role": self.role, "content": self.text()}
+        # "developer" is OpenAI's newer name for "system"; open models' templates predate it.
+        role = "system" if self.role == "developer" else self.role
+        out: dict[str, Any] = {"role": role, "content": self.text()}
         for key in ("name", "tool_calls", "tool_call_id"):
             if (value := getattr(self, key)) is not None:
                 out[key] = value

@@ -74,7 +74,8 @@ def test_chat_request_accepts_openai_body_with_extras() -> None:
     )
     assert req.include_usage
     assert req.model_extra == {"vendor_extra": {"x": 1}}
-    assert [m.template_dict() for m in req.messages][1:] == [
+    assert [m.template_dict() for m in req.messages] == [
+        {"role": "system", "content": "be brief"},
         {"role": "user", "content": "ab"},
         {"role": "assistant", "content": "", "tool_calls": [{"id": "t1", "type": "function"}]},
         {"role": "tool", "content": "42", "tool_call_id": "t1"},
