@@ -13,14 +13,15 @@ from gateway.state import GatewayState
 router = APIRouter()
 
 
-def get_state(request: Request) -> GatewayState:
+async def get_state(request: Request) -> GatewayState:
+    # async: FastAPI runs a plain-def dependency in its thread pool, a hop per request.
     return request.app.state.gateway
 
 
 State = Annotated[GatewayState, Depends(get_state)]
 
 
-def require_admin(request: Request, state: State) -> None:
+async def require_admin(request: Request, state: State) -> None:
     admin_key = state.runtime.policy.auth.admin_key
     if admin_key is None:
         raise ApiError(403, "The admin API is disabled: set auth.admin_key in the policy.")

@@ -40,7 +40,8 @@ _CLIENT_CLOSED = 499  # nginx's status for "client closed the request", used in 
 _CHARS_PER_TOKEN = 4
 
 
-def get_state(request: Request) -> GatewayState:
+async def get_state(request: Request) -> GatewayState:
+    # async: FastAPI runs a plain-def dependency in its thread pool, a hop per request.
     return request.app.state.gateway
 
 

@@ -123,7 +123,7 @@ class OpenAICompatBackend:
                 continue
             data = line[5:].strip()
             if data == "[DONE]":
-                return
+                continue  # read on to the body's end, so the connection returns to the pool
             chunk = json.loads(data)
             if "error" in chunk:
                 message = f"{self.name}: {chunk['error'].get('message', 'stream error')}"
