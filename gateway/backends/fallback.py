@@ -168,6 +168,7 @@ class FallbackChain:
         failures: list[BackendError],
     ) -> Served | None:
         timeout_s = dep.timeout_s or tier.tier.timeout_s
+        cooldown_s = tier.tier.cooldown_s
         for attempt in range(tier.tier.retries + 1):
             if attempt:
                 await self._sleep(tier.tier.backoff_s * 2 ** (attempt - 1))
@@ -178,10 +179,14 @@ class FallbackChain:
                 if not exc.fallback:
                     raise
                 failures.append(exc)
+                # An overloaded deployment says when to come back (a local engine's queue
+                # drains in about a second); waiting the full cooldown would idle it.
+                if exc.retry_after is not None:
+                    cooldown_s = min(tier.tier.cooldown_s, exc.retry_after)
                 if not exc.retry:
                     break
                 continue
             rest = _rest(pieces, first, backend.name, timeout_s)
             return Served(tier.name, backend.name, tier.tier.price, rest, failures)
-        self._cooldowns.trip(deployment_key(dep), tier.tier.cooldown_s)
+        self._cooldowns.trip(deployment_key(dep), cooldown_s)
         return None
