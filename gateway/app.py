@@ -16,8 +16,8 @@ from gateway.backends.fallback import Cooldowns
 from gateway.backends.local import EngineFactory, LocalEngines, default_engine_factory
 from gateway.errors import install_error_handlers
 from gateway.policy import Policy, PolicyError, PolicyIssue, PolicyWatcher
-from gateway.routing.router import Scorer
-from gateway.state import GatewayState, build_runtime, prepare_backends
+from gateway.routing.router import ScorerFactory
+from gateway.state import GatewayState, build_runtime, prepare
 from gateway.stats import Stats
 
 logger = logging.getLogger("tiergate")
@@ -32,12 +32,12 @@ def _applier(state: GatewayState):
         if policy.server != state.runtime.policy.server:
             logger.warning("server settings changed: they take effect at the next restart")
         try:
-            await prepare_backends(policy, state.engines)
+            scorer = await prepare(policy, state.engines, state.scorer_factory)
         except Exception as exc:  # e.g. a model that is not installed
-            issue = PolicyIssue("engines", f"starting a local engine failed: {exc}")
+            issue = PolicyIssue("", f"preparing the policy failed: {exc}")
             raise PolicyError(str(state.policy_path), [issue]) from exc
         state.runtime = build_runtime(
-            policy, state.engines, state.cooldowns, state.stats, state.http, state.scorer
+            policy, state.engines, state.cooldowns, state.stats, state.http, scorer
         )
 
     return apply
@@ -48,19 +48,23 @@ def create_app(
     *,
     policy_path: str | Path | None = None,
     engine_factory: EngineFactory = default_engine_factory,
-    scorer: Scorer | None = None,
+    scorer_factory: ScorerFactory | None = None,
 ) -> FastAPI:
-    """The gateway for `policy`. With `policy_path` the file is watched and reloadable."""
+    """The gateway for `policy`. With `policy_path` the file is watched and reloadable.
+
+    `engine_factory` builds local engines (tests may pass their own); `scorer_factory` is
+    the difficulty router's hook: it builds a policy's scorer at start-up and on reload.
+    """
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engines = LocalEngines(engine_factory)
-        await prepare_backends(policy, engines)
+        scorer = await prepare(policy, engines, scorer_factory)
         stats, cooldowns = Stats(), Cooldowns()
         http = httpx.AsyncClient(limits=_HTTP_LIMITS)
         runtime = build_runtime(policy, engines, cooldowns, stats, http, scorer)
         path = Path(policy_path) if policy_path is not None else None
-        state = GatewayState(runtime, stats, engines, cooldowns, http, scorer, path)
+        state = GatewayState(runtime, stats, engines, cooldowns, http, scorer_factory, path)
         app.state.gateway = state
         watch_task = None
         if path is not None:

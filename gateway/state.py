@@ -13,7 +13,7 @@ from gateway.backends.local import LocalBackend, LocalEngines
 from gateway.backends.openai_compat import NATIVE_PROVIDERS, OpenAICompatBackend
 from gateway.backends.remote import RemoteBackend, load_litellm
 from gateway.policy import Deployment, Policy, PolicyWatcher
-from gateway.routing.router import Router, Scorer
+from gateway.routing.router import Router, Scorer, ScorerFactory
 from gateway.stats import Stats
 
 
@@ -36,7 +36,7 @@ class GatewayState:
     engines: LocalEngines
     cooldowns: Cooldowns
     http: AsyncClient  # one connection pool for every OpenAI-compatible remote
-    scorer: Scorer | None = None
+    scorer_factory: ScorerFactory | None = None
     policy_path: Path | None = None
     watcher: PolicyWatcher | None = None
 
@@ -47,12 +47,16 @@ def _uses_litellm(policy: Policy, dep: Deployment) -> bool:
     return dep.client == "litellm" or dep.model.split("/", 1)[0] not in NATIVE_PROVIDERS
 
 
-async def prepare_backends(policy: Policy, engines: LocalEngines) -> None:
-    """Everything slow a policy needs before it serves: local engines, the litellm import."""
+async def prepare(
+    policy: Policy, engines: LocalEngines, scorer_factory: ScorerFactory | None
+) -> Scorer | None:
+    """Everything slow a policy needs before it serves: local engines, the litellm import,
+    its difficulty scorer (returned)."""
     await engines.ensure(policy.local_engines())
     deployments = [d for t in policy.tiers.values() for d in t.deployments]
     if any(_uses_litellm(policy, d) for d in deployments):
         await asyncio.to_thread(load_litellm)
+    return await scorer_factory(policy) if scorer_factory is not None else None
 
 
 def _backend(

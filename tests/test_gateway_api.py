@@ -11,7 +11,8 @@ import pytest
 from fastapi import FastAPI
 
 from gateway.app import create_app
-from gateway.policy import parse_policy
+from gateway.policy import Policy, parse_policy
+from gateway.routing.router import PromptFeatures
 from tests.servers import run_uvicorn
 
 KEY, OTHER_KEY, ADMIN = "sk-test-key-1", "sk-test-key-2", "sk-test-admin"
@@ -28,15 +29,26 @@ tiers:
   busy: {{deployments: [{{model: one-at-a-time}}], retries: 0}}
 routes:
   auto:
-    rules: [{{tier: large, contains_code: true}}]
+    rules: [{{tier: large, contains_code: true}}, {{tier: large, min_score: 0.5}}]
     default: small
 """
 HELLO = [{"role": "user", "content": "Say hello."}]
 
 
+class KeywordScorer:
+    """Stands in for the difficulty router: "prove" makes a prompt hard."""
+
+    async def score(self, features: PromptFeatures) -> float:
+        return 0.9 if "prove" in features.last_user_text else 0.1
+
+
+async def keyword_scorer(policy: Policy) -> KeywordScorer:
+    return KeywordScorer()
+
+
 @pytest.fixture(scope="module")
 def app() -> FastAPI:
-    return create_app(parse_policy(POLICY, env={}))
+    return create_app(parse_policy(POLICY, env={}), scorer_factory=keyword_scorer)
 
 
 @pytest.fixture(scope="module")
@@ -147,6 +159,7 @@ def test_routing_by_name(client: openai.OpenAI) -> None:
         return raw.headers["x-tiergate-tier"]
 
     assert tier_of("auto") == "small"
+    assert tier_of("auto", "prove that there are infinitely many primes") == "large"  # scored
     assert tier_of("auto", "why does this fail?\n```python\nx = [1, 2\n```") == "large"
     assert tier_of("large") == "large"
     assert tier_of("smollm2-135m") == "small"  # a deployment's model: the first tier using it
@@ -303,7 +316,8 @@ def test_content_parts_and_system_message(client: openai.OpenAI) -> None:
     assert answer.choices[0].message.content
 
 
-async def test_full_queue_is_429_with_retry_after(url: str) -> None:
+async def test_full_queue_is_429_with_retry_after(app: FastAPI, url: str) -> None:
+    engine = app.state.gateway.engines.get("one-at-a-time")
     headers = {"Authorization": f"Bearer {KEY}"}
     body = {"model": "busy", "messages": HELLO, "max_tokens": 300, "ignore_eos": True}
     async with httpx.AsyncClient(base_url=url, headers=headers, timeout=60) as http:
@@ -314,7 +328,11 @@ async def test_full_queue_is_429_with_retry_after(url: str) -> None:
 
         holders = [asyncio.create_task(hold()) for _ in range(2)]
         try:
-            await asyncio.sleep(1.5)
+            for _ in range(600):  # until one runs and one waits (slow when the CPU is shared)
+                snap = engine.metrics.snapshot()
+                if snap.running == 1 and snap.waiting == 1:
+                    break
+                await asyncio.sleep(0.05)
             response = await http.post("/v1/chat/completions", json=body)
             assert response.status_code == 429
             assert response.headers["retry-after"] == "1"

@@ -125,7 +125,8 @@ def test_reload_with_a_missing_model_is_refused(url: str, policy_file: Path) -> 
     policy_file.write_text(missing)
     response = admin(url, "POST", "/admin/policy/reload")
     assert response.status_code == 400
-    assert "engines: starting a local engine failed" in response.json()["error"]["message"]
+    message = response.json()["error"]["message"]
+    assert "preparing the policy failed: unknown model '/nowhere/x.gguf'" in message
     assert tier_of(url) == "small"
 
 

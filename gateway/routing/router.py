@@ -1,13 +1,13 @@
 """Requested model name -> tier: routes apply their ordered rules, concrete names pass through.
 
-The difficulty router of a later issue plugs in as a `Scorer`: it turns a request into a
-score in [0, 1] that the rules' `min_score` / `max_score` conditions read. Without a
-scorer those conditions never match, so the prompt-feature rules and the route's default
-decide on their own.
+The difficulty router of a later issue plugs in as a `Scorer` (built per policy by the
+`ScorerFactory` given to create_app): it turns a request into a score in [0, 1] that the
+rules' `min_score` / `max_score` conditions read. Without a scorer those conditions never
+match, so the prompt-feature rules and the route's default decide on their own.
 """
 
 import re
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -38,6 +38,11 @@ class Scorer(Protocol):
     """Difficulty in [0, 1] for a request, or None when it cannot tell."""
 
     async def score(self, features: PromptFeatures) -> float | None: ...
+
+
+# Builds the scorer a policy asks for (e.g. a classifier trained on the policy's labelled
+# prompts); called at start-up and on every reload, before the new policy serves.
+ScorerFactory = Callable[[Policy], Awaitable[Scorer | None]]
 
 
 @dataclass(frozen=True)
