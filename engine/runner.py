@@ -2,7 +2,7 @@
 
 import torch
 
-from engine.attention import build_context
+from engine.attention import Workspace, build_context
 from engine.batch import SeqChunk
 from engine.config import EngineConfig
 from engine.model_registry import resolve_model
@@ -33,6 +33,7 @@ class ModelRunner:
         if self.num_pages < 1:
             raise ValueError("kv_cache_bytes is smaller than one KV page")
         self.kv_caches = self._allocate_kv()
+        self.workspace = Workspace()  # attention gather buffers, kept across steps
 
     @staticmethod
     def bytes_per_page(model_config: ModelConfig, page_size: int) -> int:
@@ -60,7 +61,7 @@ class ModelRunner:
         order = sorted(range(len(chunks)), key=lambda i: len(chunks[i].token_ids) == 1)
         ordered = [chunks[i] for i in order]
         input_ids, positions, last = self._pack(ordered)
-        ctx = build_context(ordered, self.page_size)
+        ctx = build_context(ordered, self.page_size, self.workspace)
         hidden = self.model(input_ids, positions, ctx, self.kv_caches)
         want = [j for j, c in enumerate(ordered) if c.sample]
         results: list[int | None] = [None] * len(chunks)

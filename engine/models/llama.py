@@ -1,7 +1,9 @@
 """Llama-family decoder (llama, qwen2) over paged KV, fp32.
 
 Q/K/V and gate/up projections are fused into one matmul each: at small batch sizes on
-CPU, fewer and larger GEMMs run closer to the machine's peak.
+CPU, fewer and larger GEMMs run closer to the machine's peak. The matmuls go through
+oneDNN: on this AMD (AVX-512) CPU, MKL's sgemm behind F.linear reaches ~65 GFLOP/s per
+core at batch 64 where oneDNN reaches ~120-160.
 """
 
 import torch
@@ -10,6 +12,20 @@ from torch import nn
 
 from engine.attention import AttentionContext, paged_attention
 from engine.weights import ModelConfig
+
+_ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    if _ONEDNN:
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    return F.linear(x, weight, bias)
+
+
+class Linear(nn.Linear):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)
+
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # (K pool, V pool) of one layer
 Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin) for the step's positions
@@ -54,8 +70,8 @@ class Attention(nn.Module):
         super().__init__()
         self.h, self.kvh, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         qkv_out = (self.h + 2 * self.kvh) * self.d
-        self.qkv_proj = nn.Linear(cfg.hidden_size, qkv_out, bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(self.h * self.d, cfg.hidden_size, bias=False)
+        self.qkv_proj = Linear(cfg.hidden_size, qkv_out, bias=cfg.attention_bias)
+        self.o_proj = Linear(self.h * self.d, cfg.hidden_size, bias=False)
 
     def forward(
         self, x: torch.Tensor, rope: Rope, ctx: AttentionContext, kv: KVCache
@@ -74,8 +90,8 @@ class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.inter = cfg.intermediate_size
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * self.inter, bias=False)
-        self.down_proj = nn.Linear(self.inter, cfg.hidden_size, bias=False)
+        self.gate_up_proj = Linear(cfg.hidden_size, 2 * self.inter, bias=False)
+        self.down_proj = Linear(self.inter, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
@@ -107,7 +123,7 @@ class LlamaForCausalLM(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
         self.lm_head = None
         if not cfg.tie_embeddings:
-            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+            self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
 
     def forward(
         self,
@@ -125,7 +141,7 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight)
+        return linear(hidden, weight)
 
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:
         """Take Hugging Face names (no "model." prefix), fusing q/k/v and gate/up."""
