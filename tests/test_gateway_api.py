@@ -320,19 +320,26 @@ async def test_full_queue_is_429_with_retry_after(app: FastAPI, url: str) -> Non
     engine = app.state.gateway.engines.get("one-at-a-time")
     headers = {"Authorization": f"Bearer {KEY}"}
     body = {"model": "busy", "messages": HELLO, "max_tokens": 300, "ignore_eos": True}
+
+    async def until(running: int, waiting: int) -> None:
+        for _ in range(600):  # the CPU may be shared: allow up to 30 s
+            snap = engine.metrics.snapshot()
+            if (snap.running, snap.waiting) == (running, waiting):
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"engine never reached {running} running, {waiting} waiting")
+
     async with httpx.AsyncClient(base_url=url, headers=headers, timeout=60) as http:
 
         async def hold() -> None:  # occupies the engine's one running slot or waiting slot
             async with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}):
                 await asyncio.sleep(60)
 
-        holders = [asyncio.create_task(hold()) for _ in range(2)]
+        holders = [asyncio.create_task(hold())]
         try:
-            for _ in range(600):  # until one runs and one waits (slow when the CPU is shared)
-                snap = engine.metrics.snapshot()
-                if snap.running == 1 and snap.waiting == 1:
-                    break
-                await asyncio.sleep(0.05)
+            await until(running=1, waiting=0)  # one at a time, or the second finds it full
+            holders.append(asyncio.create_task(hold()))
+            await until(running=1, waiting=1)
             response = await http.post("/v1/chat/completions", json=body)
             assert response.status_code == 429
             assert response.headers["retry-after"] == "1"
