@@ -211,7 +211,7 @@ def test_timeout_falls_back(stub: tuple[FastAPI, str], client: openai.OpenAI) ->
             model="slow", messages=HELLO, max_tokens=4
         )
         assert raw.headers["x-tiergate-tier"] == "remote"
-        assert time.monotonic() - started < 4.0
+        assert time.monotonic() - started < 4.5  # did not wait for the 5 s stub
         with pytest.raises(openai.APIStatusError) as caught:
             client.chat.completions.create(model="slow_only", messages=HELLO, max_tokens=4)
         assert caught.value.status_code == 504
