@@ -32,13 +32,12 @@ def _applier(state: GatewayState):
         if policy.server != state.runtime.policy.server:
             logger.warning("server settings changed: they take effect at the next restart")
         try:
-            scorer = await prepare(policy, state.engines, state.scorer_factory)
+            prepared = await prepare(policy, state.engines, state.scorer_factory)
         except Exception as exc:  # e.g. a model that is not installed
             issue = PolicyIssue("", f"preparing the policy failed: {exc}")
             raise PolicyError(str(state.policy_path), [issue]) from exc
-        state.runtime = build_runtime(
-            policy, state.engines, state.cooldowns, state.stats, state.http, scorer
-        )
+        state.runtime = build_runtime(policy, prepared, state.cooldowns, state.stats, state.http)
+        state.engines.activate(prepared.engines)  # after the swap: retire what is unused
 
     return apply
 
@@ -59,10 +58,11 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engines = LocalEngines(engine_factory)
-        scorer = await prepare(policy, engines, scorer_factory)
+        prepared = await prepare(policy, engines, scorer_factory)
+        engines.activate(prepared.engines)
         stats, cooldowns = Stats(), Cooldowns()
         http = httpx.AsyncClient(limits=_HTTP_LIMITS)
-        runtime = build_runtime(policy, engines, cooldowns, stats, http, scorer)
+        runtime = build_runtime(policy, prepared, cooldowns, stats, http)
         path = Path(policy_path) if policy_path is not None else None
         state = GatewayState(runtime, stats, engines, cooldowns, http, scorer_factory, path)
         app.state.gateway = state

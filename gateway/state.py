@@ -4,6 +4,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from httpx import AsyncClient
 
@@ -47,23 +48,32 @@ def _uses_litellm(policy: Policy, dep: Deployment) -> bool:
     return dep.client == "litellm" or dep.model.split("/", 1)[0] not in NATIVE_PROVIDERS
 
 
+@dataclass
+class Prepared:
+    """What a policy needs that takes time to get: its engines and its scorer."""
+
+    engines: dict[str, Any]  # engines-section name -> running engine
+    scorer: Scorer | None
+
+
 async def prepare(
     policy: Policy, engines: LocalEngines, scorer_factory: ScorerFactory | None
-) -> Scorer | None:
-    """Everything slow a policy needs before it serves: local engines, the litellm import,
-    its difficulty scorer (returned)."""
-    await engines.ensure(policy.local_engines())
+) -> Prepared:
+    """Everything slow, done before the policy serves: local engines started, litellm
+    imported if used, the difficulty scorer built."""
+    running = await engines.start(policy.local_engines())
     deployments = [d for t in policy.tiers.values() for d in t.deployments]
     if any(_uses_litellm(policy, d) for d in deployments):
         await asyncio.to_thread(load_litellm)
-    return await scorer_factory(policy) if scorer_factory is not None else None
+    scorer = await scorer_factory(policy) if scorer_factory is not None else None
+    return Prepared(running, scorer)
 
 
 def _backend(
-    policy: Policy, tier_timeout: float, dep: Deployment, engines: LocalEngines, http: AsyncClient
+    policy: Policy, tier_timeout: float, dep: Deployment, engines: dict[str, Any], http: AsyncClient
 ) -> Backend:
     if policy.is_local(dep):
-        return LocalBackend(dep.model, engines.get(dep.model))
+        return LocalBackend(dep.model, engines[dep.model])
     timeout_s = dep.timeout_s or tier_timeout
     if _uses_litellm(policy, dep):
         return RemoteBackend(dep, timeout_s)
@@ -72,13 +82,13 @@ def _backend(
 
 def build_runtime(
     policy: Policy,
-    engines: LocalEngines,
+    prepared: Prepared,
     cooldowns: Cooldowns,
     stats: Stats,
     http: AsyncClient,
-    scorer: Scorer | None = None,
 ) -> Runtime:
-    """Wire one policy's tiers to backends; the local engines must be started already."""
+    """Wire one policy's tiers to backends (cheap: the slow part was `prepare`)."""
+    engines = prepared.engines
     tiers = {
         name: TierBackends(
             name,
@@ -93,4 +103,4 @@ def build_runtime(
 
     chain = FallbackChain(tiers, cooldowns, on_failure)
     tenants = {k.key: k.tenant for k in policy.auth.keys}
-    return Runtime(policy, Router(policy, scorer), chain, tenants)
+    return Runtime(policy, Router(policy, prepared.scorer), chain, tenants)

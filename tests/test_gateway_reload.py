@@ -134,3 +134,16 @@ def test_reload_metrics(url: str) -> None:
     metrics = httpx.get(f"{url}/metrics").text
     assert 'tiergate_policy_reloads_total{result="ok"}' in metrics
     assert 'tiergate_policy_reloads_total{result="error"}' in metrics
+
+
+def test_changed_engine_settings_start_a_new_engine_and_retire_the_old(
+    url: str, policy_file: Path, served: tuple[FastAPI, str]
+) -> None:
+    engines = served[0].state.gateway.engines
+    old = engines.get("smollm2-135m")
+    policy_file.write_text(POLICY.replace("kv_cache_mb: 16", "kv_cache_mb: 24"))
+    assert admin(url, "POST", "/admin/policy/reload").status_code == 200
+    new = engines.get("smollm2-135m")
+    assert new is not old and new.is_running
+    assert tier_of(url) == "small"  # served by the new engine
+    wait_for(lambda: not old.is_running, timeout=30)  # stopped once idle after the grace

@@ -49,48 +49,82 @@ async def _maybe_await(value: Any) -> None:
 
 
 class LocalEngines:
-    """The running engines by policy name. A reload reuses an engine whose config is unchanged.
+    """Every engine this process runs. A reload reuses an engine whose name and config are
+    unchanged, starts the others, and retires those the new policy no longer uses.
 
-    An engine whose config changed or that no policy names any more is retired, not stopped:
-    requests in flight on it finish; retired engines stop with the gateway.
+    A retired engine is stopped once it has been idle after a grace period: requests that
+    took the previous policy just before the swap still finish on it.
     """
 
-    def __init__(self, factory: EngineFactory = default_engine_factory) -> None:
+    def __init__(
+        self, factory: EngineFactory = default_engine_factory, retire_grace_s: float = 5.0
+    ) -> None:
         self._factory = factory
-        self._engines: dict[str, tuple[EngineConfig, Any]] = {}
-        self._retired: list[Any] = []
+        self._grace_s = retire_grace_s
+        self._running: list[tuple[str, EngineConfig, Any]] = []
+        self._active: dict[str, Any] = {}
+        self._retiring: set[asyncio.Task] = set()
         self._lock = asyncio.Lock()
 
-    async def ensure(self, engines: dict[str, EngineSettings]) -> None:
-        """Start every engine of `engines` not running yet with the same config."""
+    async def start(self, engines: dict[str, EngineSettings]) -> dict[str, Any]:
+        """Name -> engine for a policy, starting those not running yet with the same config."""
         async with self._lock:
+            out = {}
             for name, settings in engines.items():
                 config = engine_config(name, settings)
-                current = self._engines.get(name)
-                if current is not None and current[0] == config:
+                found = [e for n, c, e in self._running if n == name and c == config]
+                if found:
+                    out[name] = found[0]
                     continue
                 logger.info("starting local engine %s (%s)", name, config.model)
                 # Loading weights blocks for seconds: keep the event loop serving meanwhile.
                 engine = await asyncio.to_thread(self._factory, config)
                 await _maybe_await(engine.start())
-                if current is not None:
-                    self._retired.append(current[1])
-                self._engines[name] = (config, engine)
-            for name in [n for n in self._engines if n not in engines]:
-                self._retired.append(self._engines.pop(name)[1])
+                self._running.append((name, config, engine))
+                out[name] = engine
+            return out
+
+    def activate(self, active: dict[str, Any]) -> None:
+        """Call once the policy using `active` serves: every other engine is retired."""
+        self._active = dict(active)
+        keep = {id(e) for e in active.values()}
+        for entry in [r for r in self._running if id(r[2]) not in keep]:
+            self._running.remove(entry)
+            task = asyncio.create_task(self._stop_when_idle(entry[0], entry[2]))
+            self._retiring.add(task)
+            task.add_done_callback(self._retiring.discard)
+
+    async def _stop_when_idle(self, name: str, engine: Any) -> None:
+        await asyncio.sleep(self._grace_s)
+        while _busy(engine):
+            await asyncio.sleep(1.0)
+        logger.info("stopping retired local engine %s", name)
+        await _stop(engine)
 
     def get(self, name: str) -> Any:
-        return self._engines[name][1]
+        return self._active[name]
 
     def all(self) -> dict[str, Any]:
-        return {name: engine for name, (_, engine) in self._engines.items()}
+        """The engines of the policy in force (what /ready and /metrics report)."""
+        return dict(self._active)
 
     async def shutdown(self) -> None:
-        engines = [e for _, e in self._engines.values()] + self._retired
-        self._engines, self._retired = {}, []
+        for task in list(self._retiring):
+            task.cancel()
+        engines = [e for _, _, e in self._running]
+        self._running, self._active = [], {}
         for engine in engines:
-            # shutdown() joins the step thread: keep the event loop free meanwhile.
-            await _maybe_await(await asyncio.to_thread(engine.shutdown))
+            await _stop(engine)
+
+
+def _busy(engine: Any) -> bool:
+    snapshot = engine.metrics.snapshot()
+    return bool(snapshot.running or snapshot.waiting)
+
+
+async def _stop(engine: Any) -> None:
+    # shutdown() joins the step thread: keep the event loop free meanwhile.
+    await _maybe_await(await asyncio.to_thread(engine.shutdown))
 
 
 def _engine_error(exc: Exception, name: str) -> BackendError:
