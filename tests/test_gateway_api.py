@@ -165,6 +165,12 @@ def test_routing_by_name(client: openai.OpenAI) -> None:
     assert tier_of("smollm2-135m") == "small"  # a deployment's model: the first tier using it
 
 
+def test_callers_request_id_is_kept(url: str) -> None:
+    headers = {"Authorization": f"Bearer {KEY}", "x-request-id": "my-trace-42"}
+    response = httpx.get(f"{url}/v1/models", headers=headers)
+    assert response.headers["x-request-id"] == "my-trace-42"
+
+
 def test_models_list(client: openai.OpenAI) -> None:
     ids = [m.id for m in client.models.list()]
     assert ids == ["auto", "small", "large", "busy", "smollm2-135m", "one-at-a-time"]

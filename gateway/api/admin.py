@@ -47,7 +47,11 @@ def _redacted(policy_json: dict[str, Any]) -> dict[str, Any]:
 def _error_json(error: PolicyError | None) -> dict[str, Any] | None:
     if error is None:
         return None
-    return {"source": error.source, "issues": [str(i) for i in error.issues]}
+    return {
+        "source": error.source,
+        "issues": [str(i) for i in error.issues],
+        "lines": [i.line for i in error.issues],  # where each issue is, when known
+    }
 
 
 @router.get("/admin/policy")

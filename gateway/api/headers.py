@@ -1,5 +1,7 @@
 """Pure ASGI middleware: a request id for every request, and the tiergate headers on every answer.
 
+The id is the caller's x-request-id when it sends a sane one, else a new one.
+
 Handlers record the tier and model they used in `request.state`; the headers are written
 when the response starts, so streamed answers carry them too.
 """
@@ -12,6 +14,16 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 UNKNOWN = "none"  # tier/model of answers that never reached a tier (401, 400, 404...)
 
 
+def _client_request_id(scope: Scope) -> str | None:
+    """A caller's own x-request-id is kept (it ties their logs to ours) if it looks sane."""
+    for name, value in scope["headers"]:
+        if name == b"x-request-id":
+            text = value.decode("latin-1")
+            ok = 0 < len(text) <= 128 and text.isprintable() and " " not in text
+            return text if ok else None
+    return None
+
+
 class TiergateHeaders:
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -21,7 +33,7 @@ class TiergateHeaders:
             await self.app(scope, receive, send)
             return
         state = scope.setdefault("state", {})
-        state["request_id"] = request_id = f"req-{uuid.uuid4().hex}"
+        state["request_id"] = request_id = _client_request_id(scope) or f"req-{uuid.uuid4().hex}"
 
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
