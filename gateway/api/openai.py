@@ -38,6 +38,8 @@ router = APIRouter()
 
 _CLIENT_CLOSED = 499  # nginx's status for "client closed the request", used in stats only
 _CHARS_PER_TOKEN = 4
+# Proxies (nginx) buffer responses unless told otherwise; a buffered stream is no stream.
+_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 async def get_state(request: Request) -> GatewayState:
@@ -157,7 +159,8 @@ async def _complete(
     shape = shape_of(served.model)
     if body.stream:
         stream = _stream(call, shape, body.include_usage)
-        return ClosingStreamingResponse(stream, media_type="text/event-stream")
+        media = "text/event-stream"
+        return ClosingStreamingResponse(stream, media_type=media, headers=_SSE_HEADERS)
     return await _whole(call, shape, request)
 
 
