@@ -1,6 +1,10 @@
 """Paged attention on CPU: the per-step context object and the attention kernel.
 
-KV pools per layer are K and V tensors [num_pages, page_size, kv_heads, head_dim].
+KV pools per layer are K and V tensors [kv_heads, num_pages, page_size, head_dim]:
+head-major (DESIGN.md draws [num_pages, page_size, kv_heads, head_dim]) so that one
+index_select over page ids yields, per KV head, every sequence's keys contiguous, and
+decode attention is two plain batched matmuls (1.4x faster than SDPA on the
+token-major gather at 512 tokens of context).
 A step packs all chunks' tokens into one sequence of T tokens, prefill chunks first,
 then single-token chunks (decodes), so the decodes form one contiguous, batched tail.
 """
@@ -46,8 +50,7 @@ class AttentionContext:
     prefills: list[PrefillSeq]
     num_prefill_tokens: int  # the decode tail starts here
     decode_page_table: torch.Tensor | None  # [B, max_pages] long, padded with page 0
-    # [B, 1, 1, max_pages * page_size] additive float mask (0 live, -inf padding); float
-    # so SDPA does not convert a bool mask again in every layer
+    # [B, max_pages * page_size] additive mask: 0 on live keys, -inf on padding
     decode_mask: torch.Tensor | None
     workspace: Workspace = field(default_factory=Workspace)
 
@@ -107,7 +110,16 @@ def _decode_tables(
         rows.append(pages + [0] * (max_pages - len(pages)))  # padding: any page, masked
     live = torch.arange(max_pages * page_size)[None, :] < torch.tensor(lens)[:, None]
     mask = torch.zeros(live.shape).masked_fill_(~live, float("-inf"))
-    return torch.tensor(rows, dtype=torch.long), mask[:, None, None, :]
+    return torch.tensor(rows, dtype=torch.long), mask
+
+
+def new_kv_pools(
+    num_pages: int, page_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One layer's K and V pools, [kv_heads, num_pages, page_size, head_dim]. Zeros (lazily
+    mapped by the OS), not empty: padding slots are masked, but NaN garbage * 0 is NaN."""
+    shape = (kv_heads, num_pages, page_size, head_dim)
+    return torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)
 
 
 def write_kv(
@@ -117,9 +129,10 @@ def write_kv(
     v: torch.Tensor,
     slots: torch.Tensor,
 ) -> None:
-    """Store new K/V [T, kv_heads, head_dim] at their flat slots."""
-    k_pool.view(-1, *k.shape[1:]).index_copy_(0, slots, k)
-    v_pool.view(-1, *v.shape[1:]).index_copy_(0, slots, v)
+    """Store new K/V [T, KVH, D] at their flat slots (page * page_size + offset)."""
+    kvh, _, _, d = k_pool.shape
+    k_pool.view(kvh, -1, d).index_copy_(1, slots, k.transpose(0, 1))
+    v_pool.view(kvh, -1, d).index_copy_(1, slots, v.transpose(0, 1))
 
 
 def paged_attention(
@@ -147,6 +160,13 @@ def paged_attention(
     return out
 
 
+def gather_pages(pool: torch.Tensor, pages: torch.Tensor, ws: Workspace, name: str) -> torch.Tensor:
+    """pool[:, pages] into a reused buffer: [KVH, len(pages) * page_size, D]."""
+    kvh, _, page_size, d = pool.shape
+    out = ws.take(name, (kvh, pages.numel(), page_size, d), pool.dtype)
+    return torch.index_select(pool, 1, pages, out=out).view(kvh, -1, d)
+
+
 def _prefill(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -163,16 +183,10 @@ def _prefill(
         out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, enable_gqa=True)
         return out.transpose(0, 1)
     ctx_len = p.start_pos + p.q_len
-    kh = gather_pages(k_pool, p.page_ids, ws, "k").flatten(0, 1)[:ctx_len].transpose(0, 1)
-    vh = gather_pages(v_pool, p.page_ids, ws, "v").flatten(0, 1)[:ctx_len].transpose(0, 1)
+    kh = gather_pages(k_pool, p.page_ids, ws, "k")[:, :ctx_len]
+    vh = gather_pages(v_pool, p.page_ids, ws, "v")[:, :ctx_len]
     out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=p.mask, enable_gqa=True)
     return out.transpose(0, 1)
-
-
-def gather_pages(pool: torch.Tensor, pages: torch.Tensor, ws: Workspace, name: str) -> torch.Tensor:
-    """pool[pages] into a reused buffer: [len(pages), page_size, KVH, D]."""
-    out = ws.take(name, (pages.numel(), *pool.shape[1:]), pool.dtype)
-    return torch.index_select(pool, 0, pages, out=out)
 
 
 def _decode(
@@ -185,13 +199,16 @@ def _decode(
 ) -> torch.Tensor:
     """q [B, H, D] -> [B, H, D] for one new token per sequence."""
     b, h, d = q.shape
-    kvh = k_pool.shape[2]
-    # One gather per pool for the whole batch (index_select on a flat page list is ~2x
-    # faster than advanced indexing here): [B * pages, page_size, KVH, D] -> [B, KVH, S, D]
+    kvh = k_pool.shape[0]
+    g = h // kvh
+    # One gather per pool for the whole batch: [KVH, B * S, D], viewed as KVH * B
+    # contiguous [S, D] blocks (one per KV head and sequence) for bmm
     flat = page_table.flatten()
-    k = gather_pages(k_pool, flat, ws, "k").view(b, -1, kvh, d).transpose(1, 2)
-    v = gather_pages(v_pool, flat, ws, "v").view(b, -1, kvh, d).transpose(1, 2)
-    # GQA without repeating K/V: a KV head's query heads act as its query rows
-    qg = q.view(b, kvh, h // kvh, d)
-    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask)
-    return out.reshape(b, h, d)
+    k = gather_pages(k_pool, flat, ws, "k").view(kvh * b, -1, d)
+    v = gather_pages(v_pool, flat, ws, "v").view(kvh * b, -1, d)
+    # GQA without repeating K/V: a KV head's G query heads are its G query rows
+    qg = (q * d**-0.5).view(b, kvh, g, d).transpose(0, 1).reshape(kvh * b, g, d)
+    scores = torch.bmm(qg, k.transpose(1, 2))  # [KVH * B, G, S]
+    scores.view(kvh, b, g, -1).add_(mask[None, :, None, :])
+    out = torch.bmm(torch.softmax(scores, dim=-1), v)  # [KVH * B, G, D]
+    return out.view(kvh, b, g, d).transpose(0, 1).reshape(b, h, d)

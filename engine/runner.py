@@ -2,7 +2,7 @@
 
 import torch
 
-from engine.attention import Workspace, build_context
+from engine.attention import Workspace, build_context, new_kv_pools
 from engine.batch import SeqChunk
 from engine.config import EngineConfig
 from engine.model_registry import resolve_model
@@ -43,10 +43,8 @@ class ModelRunner:
 
     def _allocate_kv(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         c = self.model_config
-        shape = (self.num_pages, self.page_size, c.num_kv_heads, c.head_dim)
-        # zeros, not empty: padded decode slots are masked, but NaN garbage * 0 would leak
         return [
-            (torch.zeros(shape, dtype=_DTYPE), torch.zeros(shape, dtype=_DTYPE))
+            new_kv_pools(self.num_pages, self.page_size, c.num_kv_heads, c.head_dim, _DTYPE)
             for _ in range(c.num_layers)
         ]
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.attention import build_context
+from engine.attention import build_context, new_kv_pools
 from engine.batch import SeqChunk
 from engine.config import EngineConfig
 from engine.model_registry import resolve_model
@@ -151,8 +151,10 @@ def one_pass_logits(model: torch.nn.Module, ids: list[int], page_size: int) -> t
     pools with reversed (non-contiguous) pages."""
     c = model.config
     pages = -(-len(ids) // page_size)
-    shape = (pages, page_size, c.num_kv_heads, c.head_dim)
-    kv = [(torch.zeros(shape), torch.zeros(shape)) for _ in range(c.num_layers)]
+    kv = [
+        new_kv_pools(pages, page_size, c.num_kv_heads, c.head_dim, torch.float32)
+        for _ in range(c.num_layers)
+    ]
     table = list(reversed(range(pages)))
     cut = len(ids) // 2 + 1
     out = []
