@@ -9,6 +9,7 @@ A step packs all chunks' tokens into one sequence of T tokens, prefill chunks fi
 then single-token chunks (decodes), so the decodes form one contiguous, batched tail.
 """
 
+import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -44,21 +45,29 @@ class PrefillSeq:
 
 
 @dataclass
+class DecodeGroup:
+    """Decodes of similar context length, attended in one batched call."""
+
+    start: int  # offset of the group's first token in the packed batch
+    size: int
+    page_table: torch.Tensor  # [size, max_pages] long, padded with page 0
+    mask: torch.Tensor  # [size, max_pages * page_size] additive: 0 live, -inf padding
+
+
+@dataclass
 class AttentionContext:
     page_size: int
     slot_mapping: torch.Tensor  # [T] long: flat pool slot each new token's K/V goes to
     prefills: list[PrefillSeq]
-    num_prefill_tokens: int  # the decode tail starts here
-    decode_page_table: torch.Tensor | None  # [B, max_pages] long, padded with page 0
-    # [B, max_pages * page_size] additive mask: 0 on live keys, -inf on padding
-    decode_mask: torch.Tensor | None
+    decode_groups: list[DecodeGroup]
     workspace: Workspace = field(default_factory=Workspace)
 
 
 def build_context(
     chunks: list[SeqChunk], page_size: int, workspace: Workspace | None = None
 ) -> AttentionContext:
-    """Chunks must come prefills (len > 1) first, then decodes (len == 1).
+    """Chunks must come prefills (len > 1) first, then decodes (len == 1), the decodes
+    best sorted by context length (groups are formed from neighbours).
     Everything here is computed once per step and shared by all layers."""
     slots: list[int] = []
     prefills: list[PrefillSeq] = []
@@ -75,16 +84,49 @@ def build_context(
         else:
             decodes.append(c)
         offset += n
-    table, mask = _decode_tables(decodes, page_size)
+    groups, start = [], offset - len(decodes)
+    for lo, hi in _group_by_length([-(-(c.start_pos + 1) // page_size) for c in decodes]):
+        groups.append(_decode_group(decodes[lo:hi], start + lo, page_size))
     return AttentionContext(
         page_size=page_size,
         slot_mapping=torch.tensor(slots, dtype=torch.long),
         prefills=prefills,
-        num_prefill_tokens=offset - len(decodes),
-        decode_page_table=table,
-        decode_mask=mask,
+        decode_groups=groups,
         workspace=workspace or Workspace(),
     )
+
+
+# Fixed per-layer cost of one more decode group (a handful of small ops), in units of
+# one sequence's page gathered and attended to: ~60 us vs ~2 us, measured here.
+_GROUP_COST_PAGES = 32
+
+
+def _group_by_length(pages: list[int]) -> list[tuple[int, int]]:
+    """Split neighbours (sorted by length) into ranges to pad each to its own longest:
+    start from ranges whose page counts stay within 2x, then merge neighbours while the
+    padding a merge adds costs less than running one more group."""
+    if not pages:
+        return []
+    bounds = [0]
+    for i in range(1, len(pages)):
+        if pages[i] > 2 * pages[bounds[-1]] or pages[i] < pages[bounds[-1]]:
+            bounds.append(i)
+    ends = [*bounds[1:], len(pages)]
+    groups = [(lo, hi, max(pages[lo:hi])) for lo, hi in zip(bounds, ends, strict=True)]
+    while len(groups) > 1:
+        costs = [_merge_cost(a, b) for a, b in itertools.pairwise(groups)]
+        i = min(range(len(costs)), key=costs.__getitem__)
+        if costs[i] >= _GROUP_COST_PAGES:
+            break
+        (lo, _, m1), (_, hi, m2) = groups[i], groups[i + 1]
+        groups[i : i + 2] = [(lo, hi, max(m1, m2))]
+    return [(lo, hi) for lo, hi, _ in groups]
+
+
+def _merge_cost(a: tuple[int, int, int], b: tuple[int, int, int]) -> int:
+    """Padding pages added when two groups (lo, hi, max_pages) run as one."""
+    top = max(a[2], b[2])
+    return (a[1] - a[0]) * (top - a[2]) + (b[1] - b[0]) * (top - b[2])
 
 
 def _prefill_seq(c: SeqChunk, offset: int) -> PrefillSeq:
@@ -97,20 +139,16 @@ def _prefill_seq(c: SeqChunk, offset: int) -> PrefillSeq:
     return PrefillSeq(offset, n, c.start_pos, ids, mask)
 
 
-def _decode_tables(
-    decodes: list[SeqChunk], page_size: int
-) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    if not decodes:
-        return None, None
+def _decode_group(decodes: list[SeqChunk], start: int, page_size: int) -> DecodeGroup:
     lens = [c.start_pos + 1 for c in decodes]
-    max_pages = max((n + page_size - 1) // page_size for n in lens)
+    max_pages = max(-(-n // page_size) for n in lens)
     rows = []
     for n, c in zip(lens, decodes, strict=True):
-        pages = c.page_table[: (n + page_size - 1) // page_size]
+        pages = c.page_table[: -(-n // page_size)]
         rows.append(pages + [0] * (max_pages - len(pages)))  # padding: any page, masked
     live = torch.arange(max_pages * page_size)[None, :] < torch.tensor(lens)[:, None]
     mask = torch.zeros(live.shape).masked_fill_(~live, float("-inf"))
-    return torch.tensor(rows, dtype=torch.long), mask
+    return DecodeGroup(start, len(decodes), torch.tensor(rows, dtype=torch.long), mask)
 
 
 def new_kv_pools(
@@ -153,10 +191,9 @@ def paged_attention(
     for p in ctx.prefills:
         qs = slice(p.q_start, p.q_start + p.q_len)
         out[qs] = _prefill(q[qs], k[qs], v[qs], k_pool, v_pool, p, ctx.workspace)
-    if ctx.decode_page_table is not None:
-        tail = slice(ctx.num_prefill_tokens, q.shape[0])
-        table, mask = ctx.decode_page_table, ctx.decode_mask
-        out[tail] = _decode(q[tail], k_pool, v_pool, table, mask, ctx.workspace)
+    for g in ctx.decode_groups:
+        qs = slice(g.start, g.start + g.size)
+        out[qs] = _decode(q[qs], k_pool, v_pool, g.page_table, g.mask, ctx.workspace)
     return out
 
 

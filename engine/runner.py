@@ -13,6 +13,11 @@ from engine.weights import ModelConfig, load_model
 _DTYPE = torch.float32
 
 
+def _order_key(c: SeqChunk) -> tuple[bool, int]:
+    decode = len(c.token_ids) == 1
+    return decode, c.start_pos if decode else 0
+
+
 class ModelRunner:
     def __init__(self, config: EngineConfig) -> None:
         if config.num_threads:
@@ -55,8 +60,9 @@ class ModelRunner:
             return []
         if any(not c.token_ids for c in chunks):
             raise ValueError("a SeqChunk must carry at least one token")
-        # prefills first, decodes last: attention batches the decode tail in one call
-        order = sorted(range(len(chunks)), key=lambda i: len(chunks[i].token_ids) == 1)
+        # prefills first, then decodes by context length: attention batches decodes of
+        # similar length together (less padding to gather)
+        order = sorted(range(len(chunks)), key=lambda i: _order_key(chunks[i]))
         ordered = [chunks[i] for i in order]
         input_ids, positions, last = self._pack(ordered)
         ctx = build_context(ordered, self.page_size, self.workspace)

@@ -23,9 +23,10 @@ def runner() -> ModelRunner:
 
 
 def _prompt(runner: ModelRunner, n: int, seed: int) -> list[int]:
-    text = "The history of paged attention and continuous batching. " * 20
+    text = "The history of paged attention and continuous batching. " * 40
     ids = runner.tokenizer.encode(text)
     start = seed * 7 % 50
+    assert len(ids) >= start + n
     return ids[start : start + n]
 
 
@@ -134,3 +135,21 @@ def test_execute_returns_none_for_non_sampling_chunks(runner: ModelRunner) -> No
         [SeqChunk(0, ids[:6], 0, [3], False, GREEDY), SeqChunk(1, ids, 0, [4], True, GREEDY)]
     )
     assert out[0] is None and isinstance(out[1], int)
+
+
+def test_decode_batch_of_mixed_lengths_matches_alone(runner: ModelRunner) -> None:
+    """Decodes of very different context lengths (several padding groups) in one step."""
+    lens = [3, 150, 20, 17, 90, 5, 40, 33, 120, 8, 64, 2]
+    tables = [[i * 10 + j for j in range(10)] for i in range(len(lens))]
+    prompts = [_prompt(runner, n + 1, i) for i, n in enumerate(lens)]
+    for i, p in enumerate(prompts):  # cache all but the last token
+        _logits(runner, [SeqChunk(i, p[:-1], 0, tables[i], False, GREEDY)])
+    decodes = [
+        SeqChunk(i, p[-1:], len(p) - 1, tables[i], False, GREEDY) for i, p in enumerate(prompts)
+    ]
+    decodes.sort(key=lambda c: c.start_pos)  # the order the runner uses
+    assert len(build_context(decodes, PAGE).decode_groups) > 1
+    batched = _logits(runner, decodes)
+    for row, c in enumerate(decodes):
+        alone = _logits(runner, [c])
+        torch.testing.assert_close(batched[row : row + 1], alone, atol=2e-3, rtol=1e-3)
