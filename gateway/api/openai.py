@@ -180,8 +180,7 @@ async def _collect(call: Call, request: Request) -> tuple[list[str], Piece] | No
             try:
                 async for piece in call.served.pieces:
                     texts.append(piece.text)
-                    usage = piece.usage or last.usage
-                    last = Piece("", piece.finish_reason or last.finish_reason, usage)
+                    last = _merge(last, piece)
                 finished = True
             except BackendError as exc:  # raised out here, not as a task group's ExceptionGroup
                 error = exc
@@ -194,9 +193,24 @@ async def _collect(call: Call, request: Request) -> tuple[list[str], Piece] | No
     return (texts, last) if finished else None
 
 
+def _merge(last: Piece, piece: Piece) -> Piece:
+    """What is known so far about the end of an answer: its finish reason and usage."""
+    return Piece("", piece.finish_reason or last.finish_reason, piece.usage or last.usage)
+
+
+async def _drain(call: Call, request: Request) -> tuple[list[str], Piece]:
+    texts, last = [], Piece()
+    async for piece in call.served.pieces:  # already received: this does not wait
+        texts.append(piece.text)
+        last = _merge(last, piece)
+    return texts, last
+
+
 async def _whole(call: Call, shape: Shape, request: Request) -> Response:
     try:
-        collected = await _collect(call, request)
+        # An answer that came whole (a non-streamed remote) needs no disconnect watcher.
+        collect = _drain if call.served.complete else _collect
+        collected = await collect(call, request)
     except BackendError as exc:
         call.done(exc.status)
         raise backend_error(exc) from None
@@ -207,7 +221,8 @@ async def _whole(call: Call, shape: Shape, request: Request) -> Response:
     text = "".join(texts)
     usage = call.usage_or_estimate(last.usage, text)
     call.done(200, usage)
-    return JSONResponse(shape.whole(text, last.finish_reason or "stop", usage))
+    body = shape.whole(text, last.finish_reason or "stop", usage)
+    return Response(body, media_type="application/json")
 
 
 async def _stream(call: Call, shape: Shape, include_usage: bool) -> AsyncIterator[bytes]:
@@ -220,7 +235,7 @@ async def _stream(call: Call, shape: Shape, include_usage: bool) -> AsyncIterato
             if piece.text:
                 texts.append(piece.text)
                 yield shape.delta(piece.text)
-            last = Piece("", piece.finish_reason or last.finish_reason, piece.usage or last.usage)
+            last = _merge(last, piece)
         yield shape.finish(last.finish_reason or "stop")
         if include_usage:
             yield shape.usage(call.usage_or_estimate(last.usage, "".join(texts)))

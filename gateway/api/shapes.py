@@ -31,7 +31,7 @@ class Shape(Protocol):
     def delta(self, text: str) -> bytes: ...
     def finish(self, reason: str) -> bytes: ...
     def usage(self, usage: Usage) -> bytes: ...
-    def whole(self, text: str, reason: str, usage: Usage) -> dict: ...
+    def whole(self, text: str, reason: str, usage: Usage) -> bytes: ...
 
 
 class ChatShape:
@@ -57,12 +57,12 @@ class ChatShape:
     def usage(self, usage: Usage) -> bytes:
         return self._chunk([], usage)
 
-    def whole(self, text: str, reason: str, usage: Usage) -> dict:
+    def whole(self, text: str, reason: str, usage: Usage) -> bytes:
         choice = ChatChoice(message=AssistantMessage(content=text), finish_reason=reason)
         answer = ChatCompletion(
             id=self.id, created=self.created, model=self.model, choices=[choice], usage=usage
         )
-        return answer.model_dump()
+        return answer.model_dump_json().encode()
 
 
 class TextShape:
@@ -87,9 +87,9 @@ class TextShape:
     def usage(self, usage: Usage) -> bytes:
         return self._chunk([], usage)
 
-    def whole(self, text: str, reason: str, usage: Usage) -> dict:
+    def whole(self, text: str, reason: str, usage: Usage) -> bytes:
         choice = CompletionChoice(text=text, finish_reason=reason)
         answer = Completion(
             id=self.id, created=self.created, model=self.model, choices=[choice], usage=usage
         )
-        return answer.model_dump()
+        return answer.model_dump_json().encode()

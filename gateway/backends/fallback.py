@@ -33,6 +33,7 @@ class Served:
     price: Price
     pieces: AsyncIterator[Piece]  # closing it aborts the request upstream
     failures: list[BackendError] = field(default_factory=list)  # attempts that failed first
+    complete: bool = False  # the first piece is the whole answer: nothing left to wait for
 
 
 class Cooldowns:
@@ -187,6 +188,7 @@ class FallbackChain:
                     break
                 continue
             rest = _rest(pieces, first, backend.name, timeout_s)
-            return Served(tier.name, backend.name, tier.tier.price, rest, failures)
+            complete = first.finish_reason is not None and first.usage is not None
+            return Served(tier.name, backend.name, tier.tier.price, rest, failures, complete)
         self._cooldowns.trip(deployment_key(dep), cooldown_s)
         return None
