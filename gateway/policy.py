@@ -348,6 +348,8 @@ def _deployment_issues(policy: Policy, dep: Deployment, path: str) -> list[Polic
             "nor a litellm model string 'provider/model'"
         )
         return [PolicyIssue(f"{path}.model", reason)]
+    if dep.model.startswith("hosted_vllm/") and not dep.api_base:
+        return [PolicyIssue(f"{path}.api_base", "required for hosted_vllm/ models")]
     return []
 
 

@@ -116,6 +116,11 @@ def test_issues_know_their_line() -> None:
     assert lines == {"tiers.a.retries: must be 0 or greater": 4, "routes.r.default: required": 6}
 
 
+def test_self_hosted_models_need_an_api_base() -> None:
+    text = "tiers:\n  a: {deployments: [{model: hosted_vllm/x}]}\n"
+    assert issues_of(text) == ["tiers.a.deployments[0].api_base: required for hosted_vllm/ models"]
+
+
 def test_env_expansion() -> None:
     text = BASE + "auth:\n  keys: [{key: '${KEY}', tenant: t}]\n  admin_key: '${ADMIN:-adm}'\n"
     policy = parse_policy(text, env={"KEY": "sk-from-env"})
