@@ -246,9 +246,11 @@ def _from_hf(folder: Path) -> Tokenizer:
     eos_ids |= {backend.token_to_id(t) for t in _END_OF_TURN}
     eos_ids.discard(None)
     bos = backend.token_to_id(specials["bos_token"]) if "bos_token" in specials else None
-    meta = TokenizerMeta(
-        bos, sorted(eos_ids), bool(cfg.get("add_bos_token", False)), template, specials
-    )
+    add_bos = cfg.get("add_bos_token")
+    if add_bos is None:  # no flag: the folder's post-processor decides (Llama 3 adds BOS)
+        with_special = backend.encode("a", add_special_tokens=True).ids
+        add_bos = bos is not None and with_special[:1] == [bos]
+    meta = TokenizerMeta(bos, sorted(eos_ids), bool(add_bos), template, specials)
     return Tokenizer(backend, meta)
 
 

@@ -52,7 +52,7 @@ def load_model(resolved: ResolvedModel) -> tuple[ModelConfig, torch.nn.Module]:
         config, state = _load_hf(path)
         model = build_model(config)
         model.load_weights(state)
-        return config, model.eval()
+        return config, model.eval().requires_grad_(False)
     cached = cache_path(path, "weights", ".safetensors")
     hit = _load_cached(cached)
     if hit is not None:
@@ -60,12 +60,12 @@ def load_model(resolved: ResolvedModel) -> tuple[ModelConfig, torch.nn.Module]:
         model = build_model(config)
         # The cache holds the model's own (fused) state dict: no copies, just mmap.
         model.load_state_dict(state, strict=True, assign=True)
-        return config, model.eval()
+        return config, model.eval().requires_grad_(False)
     config, state = _load_gguf(path)
     model = build_model(config)
     model.load_weights(state)
     _save_cached(model, config, cached)
-    return config, model.eval()
+    return config, model.eval().requires_grad_(False)
 
 
 def cache_path(source: Path, kind: str, suffix: str) -> Path:
