@@ -225,32 +225,38 @@ def _token_str(value: object) -> str | None:
     return value.get("content") if isinstance(value, dict) else value  # AddedToken dicts
 
 
-def _from_hf(folder: Path) -> Tokenizer:
-    backend = HFTokenizer.from_file(str(folder / "tokenizer.json"))
-    cfg_file = folder / "tokenizer_config.json"
-    cfg = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
+def _read_json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _hf_template(folder: Path, cfg: dict) -> str | None:
+    if (folder / "chat_template.jinja").is_file():  # newer exports keep it apart
+        return (folder / "chat_template.jinja").read_text()
     template = cfg.get("chat_template")
     if isinstance(template, list):  # named templates: take the default one
         template = next((t["template"] for t in template if t.get("name") == "default"), None)
-    if (folder / "chat_template.jinja").is_file():
-        template = (folder / "chat_template.jinja").read_text()
-    specials = {
-        k: _token_str(cfg.get(k)) for k in ("bos_token", "eos_token", "unk_token", "pad_token")
-    }
-    specials = {k: v for k, v in specials.items() if v}
-    eos_ids = {backend.token_to_id(specials["eos_token"])} if "eos_token" in specials else set()
-    gen_file = folder / "generation_config.json"
-    if gen_file.is_file():
-        gen_eos = json.loads(gen_file.read_text()).get("eos_token_id")
-        eos_ids |= set(gen_eos if isinstance(gen_eos, list) else [gen_eos])
-    eos_ids |= {backend.token_to_id(t) for t in _END_OF_TURN}
-    eos_ids.discard(None)
+    return template
+
+
+def _hf_eos_ids(folder: Path, backend: HFTokenizer, specials: dict[str, str]) -> list[int]:
+    ids = {backend.token_to_id(specials["eos_token"])} if "eos_token" in specials else set()
+    gen_eos = _read_json(folder / "generation_config.json").get("eos_token_id")
+    ids |= set(gen_eos if isinstance(gen_eos, list) else [gen_eos])
+    ids |= {backend.token_to_id(t) for t in _END_OF_TURN}
+    return sorted(i for i in ids if i is not None)
+
+
+def _from_hf(folder: Path) -> Tokenizer:
+    backend = HFTokenizer.from_file(str(folder / "tokenizer.json"))
+    cfg = _read_json(folder / "tokenizer_config.json")
+    names = ("bos_token", "eos_token", "unk_token", "pad_token")
+    specials = {k: v for k in names if (v := _token_str(cfg.get(k)))}
     bos = backend.token_to_id(specials["bos_token"]) if "bos_token" in specials else None
     add_bos = cfg.get("add_bos_token")
     if add_bos is None:  # no flag: the folder's post-processor decides (Llama 3 adds BOS)
-        with_special = backend.encode("a", add_special_tokens=True).ids
-        add_bos = bos is not None and with_special[:1] == [bos]
-    meta = TokenizerMeta(bos, sorted(eos_ids), bool(add_bos), template, specials)
+        add_bos = bos is not None and backend.encode("a").ids[:1] == [bos]
+    eos_ids = _hf_eos_ids(folder, backend, specials)
+    meta = TokenizerMeta(bos, eos_ids, bool(add_bos), _hf_template(folder, cfg), specials)
     return Tokenizer(backend, meta)
 
 
