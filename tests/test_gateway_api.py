@@ -354,3 +354,33 @@ async def test_full_queue_is_429_with_retry_after(app: FastAPI, url: str) -> Non
             for task in holders:
                 task.cancel()
             await asyncio.gather(*holders, return_exceptions=True)
+
+
+def test_tenants_never_share_prefix_pages(app: FastAPI, url: str) -> None:
+    engine = app.state.gateway.engines.get("smollm2-135m")
+    system = "You are a careful assistant. " * 20  # several full KV pages
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": "Hi."}]
+
+    def hits_after(key: str) -> int:
+        before = engine.metrics.snapshot().prefix_cache_hits
+        answer = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
+        answer.chat.completions.create(model="small", messages=messages, max_tokens=1)
+        return engine.metrics.snapshot().prefix_cache_hits - before
+
+    hits_after(KEY)  # tenant one fills the cache
+    assert hits_after(OTHER_KEY) == 0  # tenant two cannot reuse it
+    assert hits_after(KEY) > 100  # tenant one can
+
+
+async def test_concurrent_requests(aclient: openai.AsyncOpenAI) -> None:
+    answers = await asyncio.gather(
+        *(
+            aclient.chat.completions.create(
+                model="small",
+                messages=[{"role": "user", "content": f"Count to {i}."}],
+                max_tokens=4,
+            )
+            for i in range(8)
+        )
+    )
+    assert all(a.choices[0].message.content for a in answers)
