@@ -159,8 +159,7 @@ async def _complete(
     shape = shape_of(served.model)
     if body.stream:
         stream = _stream(call, shape, body.include_usage)
-        media = "text/event-stream"
-        return ClosingStreamingResponse(stream, media_type=media, headers=_SSE_HEADERS)
+        return ClosingStreamingResponse(stream, upstream=served.pieces)
     return await _whole(call, shape, request)
 
 
@@ -200,9 +199,12 @@ def _merge(last: Piece, piece: Piece) -> Piece:
 
 async def _drain(call: Call, request: Request) -> tuple[list[str], Piece]:
     texts, last = [], Piece()
-    async for piece in call.served.pieces:  # already received: this does not wait
-        texts.append(piece.text)
-        last = _merge(last, piece)
+    try:
+        async for piece in call.served.pieces:  # already received: this does not wait
+            texts.append(piece.text)
+            last = _merge(last, piece)
+    finally:
+        await call.served.pieces.aclose()  # lets the upstream connection go back to its pool
     return texts, last
 
 
@@ -253,12 +255,17 @@ async def _stream(call: Call, shape: Shape, include_usage: bool) -> AsyncIterato
 
 
 class ClosingStreamingResponse(StreamingResponse):
-    """Closes its body iterator however the response ends.
+    """Closes its body iterator and the upstream answer however the response ends.
 
     On a disconnect Starlette cancels the sending task; if that happens while the body
     waits at a `yield`, the generator would be left to the garbage collector and the
-    engine would keep generating. Closing it here aborts the upstream request at once.
+    engine would keep generating. A body that never started cannot run its own cleanup,
+    so the upstream answer (`upstream`) is closed here too.
     """
+
+    def __init__(self, content: AsyncIterator[bytes], upstream: AsyncIterator[Piece]) -> None:
+        super().__init__(content, media_type="text/event-stream", headers=_SSE_HEADERS)
+        self._upstream = upstream
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -266,6 +273,7 @@ class ClosingStreamingResponse(StreamingResponse):
         finally:
             with anyio.CancelScope(shield=True):
                 await self.body_iterator.aclose()
+                await self._upstream.aclose()  # a no-op when the body already closed it
 
 
 @router.post("/v1/chat/completions")

@@ -31,7 +31,7 @@ class Served:
     tier: str
     model: str
     price: Price
-    pieces: AsyncIterator[Piece]  # closing it aborts the request upstream
+    pieces: AsyncIterator[Piece]  # aclose() aborts the request upstream, started or not
     failures: list[BackendError] = field(default_factory=list)  # attempts that failed first
     complete: bool = False  # the first piece is the whole answer: nothing left to wait for
 
@@ -80,27 +80,37 @@ async def _first_piece(
     return pieces, first
 
 
-async def _rest(
-    pieces: AsyncIterator[Piece], first: Piece, name: str, timeout_s: float
-) -> AsyncIterator[Piece]:
-    """The first piece, then the others, each within the timeout; closing aborts upstream."""
-    try:
-        yield first
-        if first.finish_reason is not None and first.usage is not None:
-            return
-        while True:
-            try:
-                async with asyncio.timeout(timeout_s):
-                    piece = await anext(pieces)
-            except StopAsyncIteration:
-                return
-            except TimeoutError:
-                raise BackendError(
-                    504, f"{name}: stalled for {timeout_s:g}s", False, False
-                ) from None
-            yield piece
-    finally:
-        await pieces.aclose()
+class _Answer:
+    """The first piece, then the others, each within the timeout.
+
+    A class rather than a generator: `aclose` must abort upstream even when iteration
+    never started (a client that left before the first byte went out).
+    """
+
+    def __init__(
+        self, pieces: AsyncIterator[Piece], first: Piece, name: str, timeout_s: float
+    ) -> None:
+        self._pieces, self._first, self._name, self._timeout_s = pieces, first, name, timeout_s
+        self.complete = first.finish_reason is not None and first.usage is not None
+
+    def __aiter__(self) -> "_Answer":
+        return self
+
+    async def __anext__(self) -> Piece:
+        if self._first is not None:
+            piece, self._first = self._first, None
+            return piece
+        if self.complete:
+            raise StopAsyncIteration
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                return await anext(self._pieces)
+        except TimeoutError:
+            message = f"{self._name}: stalled for {self._timeout_s:g}s"
+            raise BackendError(504, message, False, False) from None
+
+    async def aclose(self) -> None:
+        await self._pieces.aclose()
 
 
 def all_failed(failures: list[BackendError]) -> BackendError:
@@ -187,8 +197,8 @@ class FallbackChain:
                 if not exc.retry:
                     break
                 continue
-            rest = _rest(pieces, first, backend.name, timeout_s)
-            complete = first.finish_reason is not None and first.usage is not None
-            return Served(tier.name, backend.name, tier.tier.price, rest, failures, complete)
+            answer = _Answer(pieces, first, backend.name, timeout_s)
+            price = tier.tier.price
+            return Served(tier.name, backend.name, price, answer, failures, answer.complete)
         self._cooldowns.trip(deployment_key(dep), cooldown_s)
         return None
