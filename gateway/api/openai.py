@@ -7,7 +7,7 @@ engine's protocol models so a bad body is OpenAI's 400, never FastAPI's 422.
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -142,7 +142,10 @@ async def _open(
 
 
 async def _complete(
-    request: Request, state: GatewayState, model: type[OpenAIRequest], shape_of: type
+    request: Request,
+    state: GatewayState,
+    model: type[OpenAIRequest],
+    shape_of: Callable[[str], Shape],
 ) -> Response:
     started = time.perf_counter()
     runtime = state.runtime  # one policy for the whole request, even across a reload
