@@ -53,7 +53,7 @@ def _not_negative(value: float | int | None) -> float | int | None:
 
 class ServerSettings(_Strict):
     host: str = "127.0.0.1"
-    port: int = 8080
+    port: int = 8000
     reload_interval_s: float = 1.0  # how often the policy file's mtime is polled; 0 turns it off
 
     _check_interval = field_validator("reload_interval_s")(_not_negative)
@@ -94,6 +94,14 @@ class CacheSettings(_Strict):
 
     _check_threshold = field_validator("similarity_threshold")(_between_0_and_1)
     _check_positive = field_validator("ttl_s", "max_entries")(_positive)
+
+    @field_validator("enabled")
+    @classmethod
+    def _not_yet(cls, value: bool) -> bool:
+        # Accepting `true` would silently serve every request uncached.
+        if value:
+            raise ValueError("the semantic cache is not available in this release yet")
+        return value
 
 
 class EmbedderSettings(_Strict):
