@@ -7,6 +7,7 @@
 - Tiny random llama and qwen2 Hugging Face folders: transformers vs our HF loader.
 """
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,16 @@ GREEDY = SamplingParams(temperature=0)
 NEW_TOKENS = 16
 QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea."]
 RAW = ["def fibonacci(n):", "The three primary colors are"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread() -> Iterator[None]:
+    """One torch thread: on a busy 2-core machine, OpenMP threads spin-waiting on a
+    descheduled sibling make these tests 3-5x slower; results do not depend on it."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def _prompts(runner: ModelRunner) -> list[list[int]]:
@@ -143,7 +154,7 @@ def test_qwen2_greedy_equals_plain_forward() -> None:
     prompts = _prompts(runner)[2:]  # the two short raw prompts keep this quick
     ours = _engine_greedy(runner, prompts)
     for p, o in zip(prompts, ours, strict=True):
-        assert o[:8] == _plain_greedy(runner.model, p, 8)
+        assert o[:6] == _plain_greedy(runner.model, p, 6)
 
 
 def one_pass_logits(model: torch.nn.Module, ids: list[int], page_size: int) -> torch.Tensor:

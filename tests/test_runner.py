@@ -1,6 +1,7 @@
 """Paged forward: chunked prefill and mixed batches match one full forward."""
 
 import random
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -13,6 +14,16 @@ from engine.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(temperature=0)
 PAGE = 16
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread() -> Iterator[None]:
+    """One torch thread: on a busy 2-core machine, OpenMP threads spin-waiting on a
+    descheduled sibling make these tests 3-5x slower; results do not depend on it."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
