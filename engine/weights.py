@@ -89,8 +89,13 @@ def _load_cached(cached: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]] | 
 
 
 def _save_cached(model: torch.nn.Module, config: ModelConfig, cached: Path) -> None:
-    # clone() breaks any storage sharing (safetensors refuses shared tensors)
-    state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+    state, seen = {}, set()
+    for name, t in model.state_dict().items():
+        # safetensors refuses tensors sharing storage: copy only those (an untied head
+        # filled from the embedding); copying everything would double peak memory
+        shared = t.untyped_storage().data_ptr() in seen
+        seen.add(t.untyped_storage().data_ptr())
+        state[name] = t.detach().clone() if shared else t.detach().contiguous()
     # a read-only or full cache dir is no error: still serve, just slower next time
     with contextlib.suppress(OSError):
         _save_atomic(state, cached, {"config": json.dumps(asdict(config))})

@@ -64,3 +64,38 @@ def test_cache_key_follows_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     first = cache_path(src, "weights", ".safetensors")
     src.write_bytes(b"xy")  # size (and mtime) change -> a different cache file
     assert cache_path(src, "weights", ".safetensors") != first
+
+
+def _tiny_state(cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    d, kv, f = cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size
+    shapes = {"embed_tokens.weight": (cfg.vocab_size, d), "norm.weight": (d,)}
+    for i in range(cfg.num_layers):
+        p = f"layers.{i}."
+        shapes |= {
+            p + "input_layernorm.weight": (d,),
+            p + "post_attention_layernorm.weight": (d,),
+            p + "self_attn.q_proj.weight": (d, d),
+            p + "self_attn.k_proj.weight": (kv, d),
+            p + "self_attn.v_proj.weight": (kv, d),
+            p + "self_attn.o_proj.weight": (d, d),
+            p + "mlp.gate_proj.weight": (f, d),
+            p + "mlp.up_proj.weight": (f, d),
+            p + "mlp.down_proj.weight": (d, f),
+        }
+    return {k: torch.randn(s) for k, s in shapes.items()}
+
+
+def test_cache_roundtrip_with_head_filled_from_embedding(tmp_path: Path) -> None:
+    """An untied config whose file lacks lm_head: the head shares the embedding's
+    storage, which safetensors refuses unless the cache writer copies it."""
+    from engine.models import build_model
+
+    cfg = ModelConfig("llama", 32, 16, 1, 2, 1, 8, 24, 1e4, 1e-6, 64, False, False)
+    model = build_model(cfg)
+    model.load_weights(_tiny_state(cfg))
+    cached = tmp_path / "m.safetensors"
+    weights._save_cached(model, cfg, cached)
+    config2, state = _load_cached(cached)
+    assert config2 == cfg
+    for name, t in model.state_dict().items():
+        assert torch.equal(state[name], t), name
