@@ -107,3 +107,21 @@ def test_hf_folder(tmp_path: Path) -> None:
         assert tok.encode(text) == gguf_tok.encode(text)
     assert tok.apply_chat_template(MESSAGES) == gguf_tok.apply_chat_template(MESSAGES)
     assert tok.eos_token_ids >= {2} and tok.bos_token_id == 1
+
+
+def test_hf_folder_post_processor_bos(tmp_path: Path) -> None:
+    """No add_bos_token flag: BOS comes when the folder's post-processor adds one."""
+    from tokenizers import processors
+
+    backend = load_tokenizer(resolve_model("smollm2-135m")).backend
+    backend.post_processor = processors.TemplateProcessing(
+        single="<|im_start|> $A", special_tokens=[("<|im_start|>", 1)]
+    )
+    backend.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<|im_start|>"}))
+    (tmp_path / "config.json").write_text("{}")
+    tok = load_tokenizer(resolve_model(str(tmp_path)))
+    assert (
+        tok.encode("hi")[0] == 1
+        and tok.encode("hi")[1:] == backend.encode("hi", add_special_tokens=False).ids
+    )
