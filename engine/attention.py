@@ -5,8 +5,9 @@ head-major (DESIGN.md draws [num_pages, page_size, kv_heads, head_dim]) so that 
 index_select over page ids yields, per KV head, every sequence's keys contiguous, and
 decode attention is two plain batched matmuls (1.4x faster than SDPA on the
 token-major gather at 512 tokens of context).
-A step packs all chunks' tokens into one sequence of T tokens, prefill chunks first,
-then single-token chunks (decodes), so the decodes form one contiguous, batched tail.
+A step packs all chunks' tokens into one sequence of T tokens, prefill chunks first
+(attended one by one with flash SDPA), then single-token chunks (decodes) sorted by
+context length and attended in batched groups of similar length.
 """
 
 import itertools
