@@ -14,6 +14,7 @@ the same work. Start-up and weight loading are excluded from every timing (and r
 import argparse
 import gc
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -232,6 +233,12 @@ def compare(ours: dict[str, Any], base: dict[str, Any], target: float) -> dict[s
     return common.goal(common.ratio(ours["tokens_per_s"], base["tokens_per_s"]), target)
 
 
+def with_load(result: dict[str, Any], before: float) -> dict[str, Any]:
+    """Note the 1-minute load average around a measurement: others share these 2 cores."""
+    result["loadavg_before_after"] = [round(before, 2), round(os.getloadavg()[0], 2)]
+    return result
+
+
 def main() -> None:
     args = parse_args()
     items = workload(args.quick, args.requests)
@@ -243,13 +250,18 @@ def main() -> None:
     }
     peak_before = common.matmul_peak_gflops()
     reason = ed.engine_available()
-    ours = {"skipped": reason} if reason else run_ours(items)
+    load = os.getloadavg()[0]
+    ours = with_load({"skipped": reason} if reason else run_ours(items), load)
     print(f"ours: {ours}", flush=True)
-    hf = {"skipped": "skipped by flag"} if args.skip_transformers else run_transformers(items)
+    load = os.getloadavg()[0]
+    skip_hf = {"skipped": "skipped by flag"}
+    hf = with_load(skip_hf if args.skip_transformers else run_transformers(items), load)
     print(f"transformers static batch 32: {hf}", flush=True)
-    llamacpp = run_llamacpp(items, venvs["llamacpp"])
+    load = os.getloadavg()[0]
+    llamacpp = with_load(run_llamacpp(items, venvs["llamacpp"]), load)
     print(f"llama-cpp-python sequential: {llamacpp}", flush=True)
-    vllm = run_vllm(items, venvs["vllm"])
+    load = os.getloadavg()[0]
+    vllm = with_load(run_vllm(items, venvs["vllm"]), load)
     print(f"vLLM CPU: {vllm}", flush=True)
     d_ours = {"skipped": reason} if reason else decode64_ours(items, timed_steps)
     d_hf = decode64_transformers(items, timed_steps)
