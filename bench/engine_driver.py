@@ -119,7 +119,10 @@ def run_requests(
         engine.add_request(f"{prefix}{i}", list(ids), greedy(n))
     outputs: dict[str, Any] = {}
     steps = 0
+    step_limit = 10 * (sum(max_tokens) + sum(map(len, prompts)))  # bounded even if it stalls
     while engine.has_unfinished():
+        if steps >= step_limit:
+            raise RuntimeError(f"engine still busy after {steps} steps")
         step_outputs = engine.step()
         steps += 1
         for out in step_outputs:
@@ -164,7 +167,9 @@ def decode_rate(engine: Any, prompts: Sequence[list[int]], timed_steps: int) -> 
     for i, ids in enumerate(prompts):
         engine.add_request(f"d{i}", list(ids), greedy(total))
     emitted: dict[str, int] = {}
-    while len(emitted) < batch or min(emitted.values()) < 1 + settle:
+    for _ in range(100 * batch):  # prefill takes a few steps; the bound only stops a stall
+        if len(emitted) == batch and min(emitted.values()) >= 1 + settle:
+            break
         for out in engine.step():
             emitted[out.request_id] = out.completion_tokens
     context_start = sum(len(p) for p in prompts) / batch + min(emitted.values())
@@ -173,7 +178,9 @@ def decode_rate(engine: Any, prompts: Sequence[list[int]], timed_steps: int) -> 
     for _ in range(timed_steps):
         tokens += sum(len(out.token_ids) for out in engine.step())
     seconds = time.perf_counter() - start
-    while engine.has_unfinished():
+    for _ in range(10 * total):
+        if not engine.has_unfinished():
+            break
         engine.step()
     return {
         "batch": batch,
