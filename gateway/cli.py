@@ -9,6 +9,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from engine.config import EngineConfig
 from gateway.policy import PolicyError, load_policy
 
 _MB = 1024 * 1024
@@ -62,10 +63,19 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def engine(args: argparse.Namespace) -> int:
-    from engine.config import EngineConfig
     from engine.model_registry import ModelNotFoundError
 
-    config = EngineConfig(model=args.model, kv_cache_bytes=args.kv_cache_mb * _MB)
+    config = EngineConfig(
+        model=args.model,
+        kv_cache_bytes=args.kv_cache_mb * _MB,
+        page_size=args.page_size,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_waiting=args.max_waiting,
+        max_model_len=args.max_model_len,
+        enable_prefix_caching=not args.no_prefix_caching,
+        num_threads=args.threads,
+    )
     try:
         from engine.server import run_engine_server
 
@@ -74,6 +84,28 @@ def engine(args: argparse.Namespace) -> int:
         print(f"tiergate: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _add_engine_tuning(p: argparse.ArgumentParser) -> None:
+    # Defaults come from EngineConfig, the one source of the engine's settings.
+    defaults = EngineConfig(model="")
+    p.add_argument("--page-size", type=int, default=defaults.page_size, help="tokens per KV page")
+    p.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs)
+    p.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=defaults.max_num_batched_tokens,
+        help="token budget per step (prefill chunks + decodes)",
+    )
+    p.add_argument(
+        "--max-waiting",
+        type=int,
+        default=defaults.max_waiting,
+        help="queued requests beyond this are refused with 429",
+    )
+    p.add_argument("--max-model-len", type=int, default=None, help="default: the model's")
+    p.add_argument("--no-prefix-caching", action="store_true", help="never share KV pages")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -95,8 +127,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="bundled name, GGUF path or HF folder")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8100)
-    p.add_argument("--kv-cache-mb", type=int, default=256, help="KV cache budget in MiB")
+    p.add_argument(
+        "--kv-cache-mb",
+        type=int,
+        default=EngineConfig.kv_cache_bytes // _MB,
+        help="KV cache budget in MiB",
+    )
     p.add_argument("--served-name", help="model name in the API (default: the model's)")
+    _add_engine_tuning(p)
     p.set_defaults(func=engine)
     return parser
 
