@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS_DIR = ROOT / "bench" / "results"
-VENVS_DIR = ROOT / ".bench-venvs"
+# Overridable so a trial run (or CI) can keep its JSON and venvs apart from the real ones.
+RESULTS_DIR = Path(os.environ.get("TIERGATE_BENCH_RESULTS") or ROOT / "bench" / "results")
+VENVS_DIR = Path(os.environ.get("TIERGATE_BENCH_VENVS") or ROOT / ".bench-venvs")
 MODEL = "smollm2-135m"
 
 # Baseline virtualenvs: kept out of the project's dependencies (vLLM pins its own torch,
@@ -68,7 +69,7 @@ def write_result(name: str, payload: dict[str, Any]) -> Path:
     path = RESULTS_DIR / f"{name}.json"
     body = {"benchmark": name, "machine": machine_info(), **payload}
     path.write_text(json.dumps(body, indent=2, default=_jsonable) + "\n")
-    print(f"wrote {path.relative_to(ROOT)}")
+    print(f"wrote {path}")
     return path
 
 
@@ -256,7 +257,7 @@ def ensure_venv(name: str, log: Path | None = None) -> Venv:
         if not python.exists():
             subprocess.run([sys.executable, "-m", "venv", str(VENVS_DIR / name)], check=True)
         for req in requirements:  # one at a time: torch must land before what depends on it
-            print(f"[{name}] pip install {req} (log: {log.relative_to(ROOT)})", flush=True)
+            print(f"[{name}] pip install {req} (log: {log})", flush=True)
             pip = [str(python), "-m", "pip", "install", req]
             if subprocess.run(pip, stdout=out, stderr=out).returncode != 0:
                 return Venv(name, None, skipped=f"pip install {req} failed (see {log})")
