@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+import transformers
 
 from engine.attention import build_context, new_kv_pools
 from engine.batch import SeqChunk
@@ -22,7 +23,6 @@ from engine.runner import ModelRunner
 from engine.sampling_params import SamplingParams
 from engine.weights import load_model
 
-transformers = pytest.importorskip("transformers")
 GREEDY = SamplingParams(temperature=0)
 NEW_TOKENS = 16
 QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea."]

@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
+import transformers
 from jinja2.exceptions import TemplateError
 
 from engine.model_registry import resolve_model
@@ -43,7 +44,6 @@ MODELS = ["smollm2-135m", pytest.param("qwen2.5-coder-0.5b", marks=pytest.mark.s
 
 @pytest.fixture(scope="module", params=MODELS)
 def pair(request: pytest.FixtureRequest) -> tuple[Tokenizer, object]:
-    transformers = pytest.importorskip("transformers")
     resolved = resolve_model(request.param)
     ref = transformers.AutoTokenizer.from_pretrained(
         str(resolved.path.parent), gguf_file=resolved.path.name
