@@ -173,21 +173,32 @@ def decode_rate(engine: Any, prompts: Sequence[list[int]], timed_steps: int) -> 
         for out in engine.step():
             emitted[out.request_id] = out.completion_tokens
     context_start = sum(len(p) for p in prompts) / batch + min(emitted.values())
-    start = time.perf_counter()
     tokens = 0
+    step_seconds: list[float] = []
     for _ in range(timed_steps):
+        start = time.perf_counter()
         tokens += sum(len(out.token_ids) for out in engine.step())
-    seconds = time.perf_counter() - start
+        step_seconds.append(time.perf_counter() - start)
     for _ in range(10 * total):
         if not engine.has_unfinished():
             break
         engine.step()
+    return decode_summary(batch, tokens, step_seconds, context_start + timed_steps / 2)
+
+
+def decode_summary(
+    batch: int, tokens: int, step_seconds: list[float], mean_context: float
+) -> dict[str, float]:
+    """Rate from the median step: one step slowed by a neighbour's burst does not count."""
+    median_step = sorted(step_seconds)[len(step_seconds) // 2]
     return {
         "batch": batch,
         "tokens": tokens,
-        "seconds": seconds,
-        "tokens_per_s": tokens / seconds,
-        "mean_context": context_start + timed_steps / 2,
+        "seconds": sum(step_seconds),
+        "mean_tokens_per_s": tokens / sum(step_seconds),
+        "median_step_s": median_step,
+        "tokens_per_s": tokens / len(step_seconds) / median_step,
+        "mean_context": mean_context,
     }
 
 

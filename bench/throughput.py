@@ -149,21 +149,16 @@ def decode64_transformers(items: list[common.ChatItem], timed_steps: int) -> dic
         for _ in range(2):  # settle, as for ours
             out = model(input_ids=nxt, past_key_values=past, use_cache=True)
             past, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
-        start = time.perf_counter()
+        step_seconds = []
         for _ in range(timed_steps):
+            start = time.perf_counter()
             out = model(input_ids=nxt, past_key_values=past, use_cache=True)
             past, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
-        seconds = time.perf_counter() - start
+            step_seconds.append(time.perf_counter() - start)
     del model, past, out
     gc.collect()
-    tokens = 64 * timed_steps
-    return {
-        "batch": 64,
-        "tokens": tokens,
-        "seconds": seconds,
-        "tokens_per_s": tokens / seconds,
-        "mean_context": len(prompts[0]) + 3 + timed_steps / 2,
-    }
+    context = len(prompts[0]) + 3 + timed_steps / 2
+    return ed.decode_summary(64, 64 * timed_steps, step_seconds, context)
 
 
 # ---------------------------------------------------------------- venv baselines
@@ -242,7 +237,7 @@ def with_load(result: dict[str, Any], before: float) -> dict[str, Any]:
 def main() -> None:
     args = parse_args()
     items = workload(args.quick, args.requests)
-    timed_steps = 8 if args.quick else 24
+    timed_steps = 12 if args.quick else 24
     # Installs first (they can take long): the timed runs then have the CPU to themselves.
     venvs = {
         "llamacpp": venv_or_skip("llamacpp", args.skip_llamacpp, args.no_install),
