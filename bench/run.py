@@ -5,7 +5,7 @@ figures with the same-run baseline and writes bench/results/<name>.json. This sc
 prints one goal table from those files and writes bench/results/summary.json.
 
     python bench/run.py [--quick] [--only NAME ...] [--skip-vllm] [--skip-llamacpp]
-                        [--skip-litellm] [--no-install]
+                        [--skip-litellm] [--no-install] [--threads N]
 """
 
 import argparse
@@ -31,6 +31,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--skip-llamacpp", action="store_true", help="no llama-cpp baseline")
     p.add_argument("--skip-litellm", action="store_true", help="no LiteLLM proxy baseline")
     p.add_argument("--no-install", action="store_true", help="skip baselines not installed yet")
+    p.add_argument("--threads", type=int, help="CPU threads for every engine in throughput")
     return p.parse_args()
 
 
@@ -64,6 +65,7 @@ def flags_for(name: str, args: argparse.Namespace) -> list[str]:
     if name == "throughput":
         flags += ["--skip-vllm"] if args.skip_vllm else []
         flags += ["--skip-llamacpp"] if args.skip_llamacpp else []
+        flags += ["--threads", str(args.threads)] if args.threads else []
     if name == "gateway_overhead" and args.skip_litellm:
         flags.append("--skip-litellm")
     if name in ("throughput", "gateway_overhead") and args.no_install:

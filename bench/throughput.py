@@ -37,6 +37,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--skip-llamacpp", action="store_true")
     p.add_argument("--skip-vllm", action="store_true")
     p.add_argument("--no-install", action="store_true", help="skip baselines not installed yet")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=os.cpu_count() or 2,
+        help="CPU threads for every engine (default: all cores); 1 can win on a busy machine",
+    )
     return p.parse_args()
 
 
@@ -55,11 +61,13 @@ def useful_tokens(items: list[common.ChatItem]) -> int:
 # ---------------------------------------------------------------- ours
 
 
-def run_ours(items: list[common.ChatItem]) -> dict[str, Any]:
+def run_ours(items: list[common.ChatItem], threads: int) -> dict[str, Any]:
     dims = ed.model_dims()
     # Room for every request at its full length: this measures batching, not preemption.
     slots = sum(len(i.prompt_ids) + i.output_tokens for i in items) * 5 // 4
-    engine = ed.make_engine(kv_cache_bytes=max(slots, 4096) * dims.kv_bytes_per_token)
+    engine = ed.make_engine(
+        kv_cache_bytes=max(slots, 4096) * dims.kv_bytes_per_token, num_threads=threads
+    )
     ed.warm_up(engine, items[0].prompt_ids)
     stats = ed.run_chat_items(engine, items)
     del engine
@@ -72,10 +80,11 @@ def run_ours(items: list[common.ChatItem]) -> dict[str, Any]:
     }
 
 
-def decode64_ours(items: list[common.ChatItem], timed_steps: int) -> dict[str, Any]:
+def decode64_ours(items: list[common.ChatItem], timed_steps: int, threads: int) -> dict[str, Any]:
     prompts = batch64_prompts(items)
     dims = ed.model_dims()
-    engine = ed.make_engine(kv_cache_bytes=64 * 256 * dims.kv_bytes_per_token, max_num_seqs=64)
+    kv_bytes = 64 * 256 * dims.kv_bytes_per_token
+    engine = ed.make_engine(kv_cache_bytes=kv_bytes, max_num_seqs=64, num_threads=threads)
     ed.warm_up(engine, prompts[0])
     result = ed.decode_rate(engine, prompts, timed_steps)
     del engine
@@ -197,20 +206,21 @@ def job_items(items: list[common.ChatItem]) -> list[dict[str, Any]]:
     return [{"prompt_ids": i.prompt_ids, "output_tokens": i.output_tokens} for i in items]
 
 
-def run_llamacpp(items: list[common.ChatItem], venv: common.Venv) -> dict[str, Any]:
+def run_llamacpp(items: list[common.ChatItem], venv: common.Venv, threads: int) -> dict[str, Any]:
     if venv.python is None:
         return {"skipped": venv.skipped}
     from engine.model_registry import resolve_model
 
-    job = {"gguf": str(resolve_model(common.MODEL).path), "items": job_items(items), "threads": 2}
+    gguf = str(resolve_model(common.MODEL).path)
+    job = {"gguf": gguf, "items": job_items(items), "threads": threads}  # probes 1..threads
     return run_in_venv(venv, "baseline_llamacpp.py", job, timeout=1800)
 
 
-def run_vllm(items: list[common.ChatItem], venv: common.Venv) -> dict[str, Any]:
+def run_vllm(items: list[common.ChatItem], venv: common.Venv, threads: int) -> dict[str, Any]:
     if venv.python is None:
         return {"skipped": venv.skipped}
     job = {"hf_folder": str(ensure_hf_folder()), "items": job_items(items), "kv_gib": 2}
-    job["threads"] = 2
+    job["threads"] = threads
     return run_in_venv(venv, "baseline_vllm.py", job, timeout=1800)
 
 
@@ -243,22 +253,25 @@ def main() -> None:
         "llamacpp": venv_or_skip("llamacpp", args.skip_llamacpp, args.no_install),
         "vllm": venv_or_skip("vllm", args.skip_vllm, args.no_install),
     }
+    import torch
+
+    torch.set_num_threads(args.threads)  # transformers and the matmul peak run in this process
     peak_before = common.matmul_peak_gflops()
     reason = ed.engine_available()
     load = os.getloadavg()[0]
-    ours = with_load({"skipped": reason} if reason else run_ours(items), load)
+    ours = with_load({"skipped": reason} if reason else run_ours(items, args.threads), load)
     print(f"ours: {ours}", flush=True)
     load = os.getloadavg()[0]
     skip_hf = {"skipped": "skipped by flag"}
     hf = with_load(skip_hf if args.skip_transformers else run_transformers(items), load)
     print(f"transformers static batch 32: {hf}", flush=True)
     load = os.getloadavg()[0]
-    llamacpp = with_load(run_llamacpp(items, venvs["llamacpp"]), load)
+    llamacpp = with_load(run_llamacpp(items, venvs["llamacpp"], args.threads), load)
     print(f"llama-cpp-python sequential: {llamacpp}", flush=True)
     load = os.getloadavg()[0]
-    vllm = with_load(run_vllm(items, venvs["vllm"]), load)
+    vllm = with_load(run_vllm(items, venvs["vllm"], args.threads), load)
     print(f"vLLM CPU: {vllm}", flush=True)
-    d_ours = {"skipped": reason} if reason else decode64_ours(items, timed_steps)
+    d_ours = {"skipped": reason} if reason else decode64_ours(items, timed_steps, args.threads)
     d_hf = decode64_transformers(items, timed_steps)
     peak = max(peak_before, common.matmul_peak_gflops())  # best of two: the machine is shared
     share_ours = None if reason else round(peak_share(d_ours, peak), 3)
@@ -269,6 +282,7 @@ def main() -> None:
             "prompt_tokens": [len(i.prompt_ids) for i in items],
             "output_tokens": [i.output_tokens for i in items],
             "quick": args.quick,
+            "threads": args.threads,
         },
         "ours": ours,
         "baselines": {"transformers_static32": hf, "llamacpp_sequential": llamacpp, "vllm": vllm},
