@@ -3,7 +3,9 @@
 Q/K/V and gate/up projections are fused into one matmul each: at small batch sizes on
 CPU, fewer and larger GEMMs run closer to the machine's peak. The matmuls go through
 oneDNN: on this AMD (AVX-512) CPU, MKL's sgemm behind F.linear reaches ~65 GFLOP/s per
-core at batch 64 where oneDNN reaches ~120-160.
+core at batch 64 where oneDNN reaches ~120-160. ModelRunner packs the projection weights
+into oneDNN's blocked layout once (pack_weights): with plain weights oneDNN reorders
+them on every call, which at decode batch sizes costs as much as the product itself.
 """
 
 import torch
@@ -23,8 +25,17 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 class Linear(nn.Linear):
+    packed: torch.Tensor | None = None  # the weight in oneDNN's layout, once pack() ran
+
+    def pack(self, batch_hint: int) -> None:
+        """Reorder the weight for oneDNN once (same results). The plain weight stays for
+        readers of .weight (reference checks); forward uses only the packed copy."""
+        if _ONEDNN and self.packed is None:
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, batch_hint)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+        weight = self.weight if self.packed is None else self.packed
+        return linear(x, weight, self.bias)
 
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # (K pool, V pool) of one layer
@@ -138,6 +149,14 @@ class LlamaForCausalLM(nn.Module):
         for layer, kv in zip(self.layers, kv_caches, strict=True):
             x = layer(x, rope, ctx, kv)
         return self.norm(x)
+
+    def pack_weights(self, batch_hint: int) -> None:
+        """Pack the decoder's projections for oneDNN (Linear.pack). The LM head stays
+        plain: tied to the embedding, packing it would keep a second 113 MB copy."""
+        for layer in self.layers:
+            for lin in (*layer.self_attn.children(), *layer.mlp.children()):
+                if isinstance(lin, Linear):
+                    lin.pack(batch_hint)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
