@@ -84,6 +84,7 @@ def _assemble(name: str, parts: list[Path]) -> Path:
                         out.write(chunk)
         if os.path.getsize(tmp) != expected:
             raise ModelNotFoundError(f"assembling {name!r} wrote a file of the wrong size")
+        os.chmod(tmp, 0o644)  # mkstemp makes it owner-only; the weights are no secret
         os.replace(tmp, target)  # atomic: a killed run never leaves a half file at target
     finally:
         if os.path.exists(tmp):

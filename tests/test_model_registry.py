@@ -39,6 +39,7 @@ def test_assembly_replaces_a_cut_file_and_leaves_no_temp(tmp_path: Path, monkeyp
     assembled = model_registry._assemble("toy", parts)
     assert assembled.read_bytes() == b"GGUF" + b"a" * 100 + b"b" * 50
     assert [p.name for p in target.parent.iterdir()] == ["toy.gguf"]
+    assert assembled.stat().st_mode & 0o777 == 0o644
 
 
 def test_missing_package_names_the_pip_command(monkeypatch) -> None:
