@@ -5,7 +5,6 @@ kv_slot_usage() alone reads scheduler internals, because LLMEngine has no per-st
 of live tokens vs allocated KV slots (see bench/README.md).
 """
 
-import json
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -14,6 +13,8 @@ from typing import Any
 
 from common import MODEL, ChatItem
 from hf_folder import ensure_hf_folder
+
+from engine.weights import hf_config
 
 
 @dataclass(frozen=True)
@@ -45,16 +46,15 @@ class ModelDims:
 
 
 def model_dims(model: str = MODEL) -> ModelDims:
-    config = json.loads((ensure_hf_folder(model) / "config.json").read_text())
-    heads = config["num_attention_heads"]
+    config = hf_config(ensure_hf_folder(model))  # the engine's own reading of config.json
     return ModelDims(
-        layers=config["num_hidden_layers"],
-        hidden=config["hidden_size"],
-        heads=heads,
-        kv_heads=config.get("num_key_value_heads", heads),
-        head_dim=config.get("head_dim") or config["hidden_size"] // heads,
-        intermediate=config["intermediate_size"],
-        vocab=config["vocab_size"],
+        layers=config.num_layers,
+        hidden=config.hidden_size,
+        heads=config.num_heads,
+        kv_heads=config.num_kv_heads,
+        head_dim=config.head_dim,
+        intermediate=config.intermediate_size,
+        vocab=config.vocab_size,
     )
 
 

@@ -7,7 +7,6 @@
 - Tiny random llama and qwen2 Hugging Face folders: transformers vs our HF loader.
 """
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,14 +28,7 @@ QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea."]
 RAW = ["def fibonacci(n):", "The three primary colors are"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    """One torch thread: on a busy 2-core machine, OpenMP threads spin-waiting on a
-    descheduled sibling make these tests 3-5x slower; results do not depend on it."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _prompts(runner: ModelRunner) -> list[list[int]]:

@@ -1,7 +1,6 @@
 """Paged forward: chunked prefill and mixed batches match one full forward."""
 
 import random
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -16,14 +15,7 @@ GREEDY = SamplingParams(temperature=0)
 PAGE = 16
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    """One torch thread: on a busy 2-core machine, OpenMP threads spin-waiting on a
-    descheduled sibling make these tests 3-5x slower; results do not depend on it."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
