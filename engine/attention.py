@@ -6,8 +6,10 @@ index_select over page ids yields, per KV head, every sequence's keys contiguous
 decode attention is two plain batched matmuls (1.4x faster than SDPA on the
 token-major gather at 512 tokens of context).
 A step packs all chunks' tokens into one sequence of T tokens, prefill chunks first
-(attended one by one with flash SDPA), then single-token chunks (decodes) sorted by
-context length and attended in batched groups of similar length.
+(attended one by one with flash SDPA), then single-token chunks (decodes). Decodes go to
+the C kernel (engine/csrc/paged_attention.c) that reads pages in place, all in one call;
+without it (no compiler) they are sorted by context length and attended with torch in
+batched groups of similar length.
 """
 
 import math
@@ -16,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from engine import native
 from engine.batch import SeqChunk
 
 
@@ -65,19 +68,34 @@ class DecodeGroup:
 
 
 @dataclass
+class DecodeBatch:
+    """All of a step's decodes, for the C kernel (it handles unequal lengths itself)."""
+
+    start: int  # offset of the first decode token in the packed batch
+    size: int
+    page_table: torch.Tensor  # [size, max_pages] int32, rows padded with page 0
+    context_lens: torch.Tensor  # [size] int32: keys each decode attends to, itself included
+
+
+@dataclass
 class AttentionContext:
     page_size: int
     slot_mapping: torch.Tensor  # [T] long: flat pool slot each new token's K/V goes to
     prefills: list[PrefillSeq]
-    decode_groups: list[DecodeGroup]
+    decode_groups: list[DecodeGroup]  # the torch path's decodes
+    decode_batch: DecodeBatch | None = None  # the C kernel's decodes
     workspace: Workspace = field(default_factory=Workspace)
 
 
 def build_context(
-    chunks: list[SeqChunk], page_size: int, workspace: Workspace | None = None
+    chunks: list[SeqChunk],
+    page_size: int,
+    workspace: Workspace | None = None,
+    use_kernel: bool = False,
 ) -> AttentionContext:
     """Chunks must come prefills (len > 1) first, then decodes (len == 1), the decodes
-    best sorted by context length (groups are formed from neighbours).
+    best sorted by context length (the torch path groups neighbours). use_kernel: the
+    decodes go to the C kernel (native.kernels() must be loaded).
     Everything here is computed once per step and shared by all layers."""
     slots: list[int] = []
     prefills: list[PrefillSeq] = []
@@ -94,16 +112,31 @@ def build_context(
         else:
             decodes.append(c)
         offset += n
-    groups, start = [], offset - len(decodes)
-    for lo, hi in _group_by_length([-(-(c.start_pos + 1) // page_size) for c in decodes]):
-        groups.append(_decode_group(decodes[lo:hi], start + lo, page_size))
+    start = offset - len(decodes)
+    groups, batch = [], None
+    if use_kernel and decodes:
+        batch = _decode_batch(decodes, start, page_size)
+    elif decodes:
+        for lo, hi in _group_by_length([-(-(c.start_pos + 1) // page_size) for c in decodes]):
+            groups.append(_decode_group(decodes[lo:hi], start + lo, page_size))
     return AttentionContext(
         page_size=page_size,
         slot_mapping=torch.tensor(slots, dtype=torch.long),
         prefills=prefills,
         decode_groups=groups,
+        decode_batch=batch,
         workspace=workspace or Workspace(),
     )
+
+
+def _decode_batch(decodes: list[SeqChunk], start: int, page_size: int) -> DecodeBatch:
+    lens = [c.start_pos + 1 for c in decodes]
+    width = max(-(-n // page_size) for n in lens)
+    table = torch.zeros(len(decodes), width, dtype=torch.int32)
+    for row, (n, c) in enumerate(zip(lens, decodes, strict=True)):
+        pages = c.page_table[: -(-n // page_size)]
+        table[row, : len(pages)] = torch.tensor(pages, dtype=torch.int32)
+    return DecodeBatch(start, len(decodes), table, torch.tensor(lens, dtype=torch.int32))
 
 
 # Fixed per-layer cost of one more decode group (a handful of small ops), in units of
@@ -201,7 +234,46 @@ def paged_attention(
         qs = slice(g.start, g.start + g.size)
         mask = g.kv_head_mask(k_pool.shape[0])
         out[qs] = _decode(q[qs], k_pool, v_pool, g.page_table, mask, ctx.workspace)
+    if ctx.decode_batch is not None:
+        b = ctx.decode_batch
+        qs = slice(b.start, b.start + b.size)
+        decode_kernel(q[qs], k_pool, v_pool, b, out[qs])
     return out
+
+
+def decode_kernel(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    batch: DecodeBatch,
+    out: torch.Tensor,
+) -> None:
+    """q [B, H, D] -> out [B, H, D] (contiguous) through the C kernel, reading K/V pages
+    in place."""
+    lib = native.kernels()
+    assert lib is not None, "build_context(use_kernel=True) needs the C kernels"
+    assert out.is_contiguous() and k_pool.is_contiguous() and v_pool.is_contiguous()
+    q = q.contiguous()
+    b, h, d = q.shape
+    kvh, num_pages, page_size, _ = k_pool.shape
+    failed = lib.paged_decode_attention(
+        out.data_ptr(),
+        q.data_ptr(),
+        k_pool.data_ptr(),
+        v_pool.data_ptr(),
+        batch.page_table.data_ptr(),
+        batch.page_table.shape[1],
+        batch.context_lens.data_ptr(),
+        b,
+        h,
+        kvh,
+        d,
+        num_pages,
+        page_size,
+        d**-0.5,
+    )
+    if failed:
+        raise MemoryError("paged_decode_attention could not allocate its scratch")
 
 
 def gather_pages(pool: torch.Tensor, pages: torch.Tensor, ws: Workspace, name: str) -> torch.Tensor:

@@ -2,6 +2,7 @@
 
 import torch
 
+from engine import native
 from engine.attention import Workspace, build_context, new_kv_pools
 from engine.batch import SeqChunk
 from engine.config import EngineConfig
@@ -40,6 +41,7 @@ class ModelRunner:
             raise ValueError("kv_cache_bytes is smaller than one KV page")
         self.kv_caches = self._allocate_kv()
         self.workspace = Workspace()  # attention gather buffers, kept across steps
+        self.use_kernel = native.kernels() is not None  # decode attention in C
 
     @staticmethod
     def bytes_per_page(model_config: ModelConfig, page_size: int) -> int:
@@ -66,7 +68,7 @@ class ModelRunner:
         order = sorted(range(len(chunks)), key=lambda i: _order_key(chunks[i]))
         ordered = [chunks[i] for i in order]
         input_ids, positions, last = self._pack(ordered)
-        ctx = build_context(ordered, self.page_size, self.workspace)
+        ctx = build_context(ordered, self.page_size, self.workspace, self.use_kernel)
         hidden = self.model(input_ids, positions, ctx, self.kv_caches)
         want = [j for j, c in enumerate(ordered) if c.sample]
         results: list[int | None] = [None] * len(chunks)

@@ -33,14 +33,16 @@ def _prompt(runner: ModelRunner, n: int, seed: int) -> list[int]:
     return ids[start : start + n]
 
 
-def _logits(runner: ModelRunner, chunks: list[SeqChunk]) -> torch.Tensor:
-    """All-token logits of a batch packed the way the runner packs it (prefills first)."""
+def _logits(runner: ModelRunner, chunks: list[SeqChunk], use_kernel: bool = False) -> torch.Tensor:
+    """All-token logits of a batch packed the way the runner packs it (prefills first);
+    decodes through the torch path, or the C kernel with use_kernel."""
     ids = torch.tensor([t for c in chunks for t in c.token_ids])
     pos = torch.tensor(
         [p for c in chunks for p in range(c.start_pos, c.start_pos + len(c.token_ids))]
     )
     with torch.inference_mode():
-        hidden = runner.model(ids, pos, build_context(chunks, PAGE), runner.kv_caches)
+        ctx = build_context(chunks, PAGE, use_kernel=use_kernel)
+        hidden = runner.model(ids, pos, ctx, runner.kv_caches)
         return runner.model.compute_logits(hidden)
 
 
@@ -140,7 +142,8 @@ def test_execute_returns_none_for_non_sampling_chunks(runner: ModelRunner) -> No
     assert out[0] is None and isinstance(out[1], int)
 
 
-def test_decode_batch_of_mixed_lengths_matches_alone(runner: ModelRunner) -> None:
+@pytest.mark.parametrize("use_kernel", [False, True], ids=["torch", "kernel"])
+def test_decode_batch_of_mixed_lengths_matches_alone(runner: ModelRunner, use_kernel: bool) -> None:
     """Decodes of very different context lengths (several padding groups) in one step."""
     lens = [3, 150, 20, 17, 90, 5, 40, 33, 120, 8, 64, 2]
     tables = [[i * 10 + j for j in range(10)] for i in range(len(lens))]
@@ -152,7 +155,7 @@ def test_decode_batch_of_mixed_lengths_matches_alone(runner: ModelRunner) -> Non
     ]
     decodes.sort(key=lambda c: c.start_pos)  # the order the runner uses
     assert len(build_context(decodes, PAGE).decode_groups) > 1
-    batched = _logits(runner, decodes)
+    batched = _logits(runner, decodes, use_kernel)
     for row, c in enumerate(decodes):
-        alone = _logits(runner, [c])
+        alone = _logits(runner, [c])  # the torch path
         torch.testing.assert_close(batched[row : row + 1], alone, atol=2e-3, rtol=1e-3)

@@ -1,0 +1,91 @@
+"""The engine's C kernels (engine/csrc): compiled once per machine, loaded with ctypes.
+
+They are built with the system C compiler on first use into the cache folder, keyed by
+the source, the flags and the CPU (the code is built for this CPU's vector units), and
+loaded after torch so their OpenMP loops share torch's thread pool. Without a compiler,
+or with TIERGATE_NATIVE=0, `kernels()` returns None and the engine uses its torch path.
+"""
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch  # noqa: F401  (loaded first: the kernels then bind to torch's libgomp)
+
+from engine.model_registry import cache_dir
+
+log = logging.getLogger(__name__)
+
+SOURCES = (Path(__file__).parent / "csrc" / "paged_attention.c",)
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
+
+_i64, _f32, _ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+_SIGNATURES = {
+    "paged_decode_attention": [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _ptr] + [_i64] * 6 + [_f32],
+}
+
+
+def enabled() -> bool:
+    return os.environ.get("TIERGATE_NATIVE", "1") != "0"
+
+
+@functools.cache
+def kernels() -> ctypes.CDLL | None:
+    """The loaded library, or None (no compiler, build failed, or disabled)."""
+    if not enabled():
+        return None
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        log.warning("no C compiler found: the engine runs its slower torch attention path")
+        return None
+    try:
+        lib = ctypes.CDLL(str(_build(compiler)))
+    except subprocess.CalledProcessError as exc:
+        log.warning("building the engine's C kernels failed: using the torch path\n%s", exc.stderr)
+        return None
+    except OSError as exc:
+        log.warning("the engine's C kernels are unavailable (%s): using the torch path", exc)
+        return None
+    for name, argtypes in _SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = argtypes, ctypes.c_int
+    return lib
+
+
+def _build(compiler: str) -> Path:
+    key = hashlib.sha256()
+    for src in SOURCES:
+        key.update(src.read_bytes())
+    key.update(" ".join((compiler, *FLAGS, _cpu_signature())).encode())
+    target = cache_dir() / "kernels" / f"tiergate_{key.hexdigest()[:16]}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".so")
+    os.close(fd)
+    try:
+        cmd = [compiler, *FLAGS, "-o", tmp, *map(str, SOURCES), "-lm"]
+        subprocess.run(cmd, check=True, capture_output=True, text=True)
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, target)  # atomic: concurrent builders each land a whole file
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+def _cpu_signature() -> str:
+    """-march=native code runs only on CPUs with the same vector units."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor()
+    wanted = ("model name", "flags")
+    return "|".join(sorted({line for line in lines if line.split(":")[0].strip() in wanted}))

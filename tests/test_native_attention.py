@@ -1,0 +1,89 @@
+"""The C decode-attention kernel against the torch path it replaces, and its fallback."""
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine import native
+from engine.attention import DecodeBatch, Workspace, _decode, decode_kernel
+from engine.config import EngineConfig
+from engine.runner import ModelRunner
+
+
+@pytest.fixture(autouse=True)
+def fresh_kernels() -> Iterator[None]:
+    native.kernels.cache_clear()
+    yield
+    native.kernels.cache_clear()
+
+
+def _random_case(
+    heads: int, kv_heads: int, lens: list[int], page_size: int = 16, head_dim: int = 64
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(len(lens) * 31 + heads)
+    num_pages = 4 * sum(-(-n // page_size) for n in lens)
+    k_pool = torch.randn(kv_heads, num_pages, page_size, head_dim, generator=gen)
+    v_pool = torch.randn(kv_heads, num_pages, page_size, head_dim, generator=gen)
+    width = max(-(-n // page_size) for n in lens)
+    # scattered pages, as a long-running pool hands them out
+    table = torch.randperm(num_pages, generator=gen)[: len(lens) * width].view(len(lens), width)
+    q = torch.randn(len(lens), heads, head_dim, generator=gen)
+    return q, k_pool, v_pool, table.to(torch.int32), torch.tensor(lens, dtype=torch.int32)
+
+
+def _torch_decode(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    table: torch.Tensor,
+    lens: torch.Tensor,
+) -> torch.Tensor:
+    page_size = k_pool.shape[2]
+    live = torch.arange(table.shape[1] * page_size)[None, :] < lens[:, None].long()
+    mask = torch.zeros(live.shape).masked_fill_(~live, float("-inf"))
+    mask = mask.repeat(k_pool.shape[0], 1)[:, None, :]
+    return _decode(q, k_pool, v_pool, table.long(), mask, Workspace())
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "lens"),
+    [
+        (9, 3, [1, 16, 17, 33, 250, 700]),  # SmolLM2's grouping; page-edge lengths
+        (14, 2, [5, 64, 300]),  # Qwen2.5-0.5B's grouping
+        (4, 4, [2, 31]),  # no grouping
+    ],
+)
+def test_kernel_matches_torch_path(heads: int, kv_heads: int, lens: list[int]) -> None:
+    assert native.kernels() is not None, "the C kernels must build here (is gcc installed?)"
+    q, k_pool, v_pool, table, ctx_lens = _random_case(heads, kv_heads, lens)
+    out = torch.full_like(q, float("nan"))
+    decode_kernel(q, k_pool, v_pool, DecodeBatch(0, len(lens), table, ctx_lens), out)
+    torch.testing.assert_close(out, _torch_decode(q, k_pool, v_pool, table, ctx_lens))
+
+
+def test_kernel_ignores_pages_past_each_length() -> None:
+    q, k_pool, v_pool, table, lens = _random_case(9, 3, [20, 40])
+    out = torch.empty_like(q)
+    decode_kernel(q, k_pool, v_pool, DecodeBatch(0, 2, table, lens), out)
+    # poison every slot past each sequence's length: the result must not move
+    for row, n in enumerate(lens.tolist()):
+        for pos in range(n, table.shape[1] * 16):
+            k_pool[:, table[row, pos // 16], pos % 16] = float("nan")
+    again = torch.empty_like(q)
+    decode_kernel(q, k_pool, v_pool, DecodeBatch(0, 2, table, lens), again)
+    assert torch.equal(out, again)
+
+
+def test_disabled_kernels_fall_back_to_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TIERGATE_NATIVE", "0")
+    assert native.kernels() is None
+    runner = ModelRunner(EngineConfig(model="smollm2-135m", kv_cache_bytes=64 * 737280))
+    assert runner.use_kernel is False
+
+
+def test_missing_compiler_falls_back(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("TIERGATE_CACHE_DIR", str(tmp_path))  # nothing built there yet
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    assert native.kernels() is None
