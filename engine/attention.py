@@ -1,15 +1,17 @@
 """Paged attention on CPU: the per-step context object and the attention kernel.
 
-KV pools per layer are K and V tensors [kv_heads, num_pages, page_size, head_dim]:
-head-major (DESIGN.md draws [num_pages, page_size, kv_heads, head_dim]) so that one
-index_select over page ids yields, per KV head, every sequence's keys contiguous, and
-decode attention is two plain batched matmuls (1.4x faster than SDPA on the
-token-major gather at 512 tokens of context).
+Each layer's KV pool is one tensor of pages; a page holds K [kv_heads, head_dim,
+page_size] then V [kv_heads, page_size, head_dim] for page_size tokens. The K pool and V
+pool handed around are strided views into it: [num_pages, kv_heads, head_dim, page_size]
+and [num_pages, kv_heads, page_size, head_dim]. (DESIGN.md draws [num_pages, page_size,
+kv_heads, head_dim]: same bytes per page.) Why: see engine/csrc/paged_attention.c: a page
+read whole streams twice as fast as scattered per-head 4 KB pieces, and dimension-major
+keys let the C kernel score 16 keys per vector instruction.
 A step packs all chunks' tokens into one sequence of T tokens, prefill chunks first
 (attended one by one with flash SDPA), then single-token chunks (decodes). Decodes go to
-the C kernel (engine/csrc/paged_attention.c) that reads pages in place, all in one call;
-without it (no compiler) they are sorted by context length and attended with torch in
-batched groups of similar length.
+the C kernel that reads pages in place, all in one call; without it (no compiler) they
+are sorted by context length and attended with torch in batched groups of similar
+length, over pages gathered into contiguous buffers.
 """
 
 import math
@@ -81,6 +83,8 @@ class DecodeBatch:
 class AttentionContext:
     page_size: int
     slot_mapping: torch.Tensor  # [T] long: flat pool slot each new token's K/V goes to
+    slot_pages: torch.Tensor  # [T] long: slot_mapping // page_size
+    slot_offsets: torch.Tensor  # [T] long: slot_mapping % page_size
     prefills: list[PrefillSeq]
     decode_groups: list[DecodeGroup]  # the torch path's decodes
     decode_batch: DecodeBatch | None = None  # the C kernel's decodes
@@ -119,9 +123,12 @@ def build_context(
     elif decodes:
         for lo, hi in _group_by_length([-(-(c.start_pos + 1) // page_size) for c in decodes]):
             groups.append(_decode_group(decodes[lo:hi], start + lo, page_size))
+    slot_mapping = torch.tensor(slots, dtype=torch.long)
     return AttentionContext(
         page_size=page_size,
-        slot_mapping=torch.tensor(slots, dtype=torch.long),
+        slot_mapping=slot_mapping,
+        slot_pages=slot_mapping // page_size,
+        slot_offsets=slot_mapping % page_size,
         prefills=prefills,
         decode_groups=groups,
         decode_batch=batch,
@@ -193,10 +200,14 @@ def _decode_group(decodes: list[SeqChunk], start: int, page_size: int) -> Decode
 def new_kv_pools(
     num_pages: int, page_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One layer's K and V pools, [kv_heads, num_pages, page_size, head_dim]. Zeros (lazily
-    mapped by the OS), not empty: padding slots are masked, but NaN garbage * 0 is NaN."""
-    shape = (kv_heads, num_pages, page_size, head_dim)
-    return torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)
+    """One layer's K and V pools: views [num_pages, kv_heads, head_dim, page_size] and
+    [num_pages, kv_heads, page_size, head_dim] into one tensor of whole pages. Zeros
+    (lazily mapped by the OS), not empty: padding slots are masked or skipped, but NaN
+    garbage * 0 is NaN."""
+    pages = torch.zeros(num_pages, 2, kv_heads, head_dim * page_size, dtype=dtype)
+    k_pool = pages[:, 0].view(num_pages, kv_heads, head_dim, page_size)
+    v_pool = pages[:, 1].view(num_pages, kv_heads, page_size, head_dim)
+    return k_pool, v_pool
 
 
 def write_kv(
@@ -204,12 +215,11 @@ def write_kv(
     v_pool: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    slots: torch.Tensor,
+    ctx: AttentionContext,
 ) -> None:
-    """Store new K/V [T, KVH, D] at their flat slots (page * page_size + offset)."""
-    kvh, _, _, d = k_pool.shape
-    k_pool.view(kvh, -1, d).index_copy_(1, slots, k.transpose(0, 1))
-    v_pool.view(kvh, -1, d).index_copy_(1, slots, v.transpose(0, 1))
+    """Store new K/V [T, KVH, D] at their slots (page, offset within the page)."""
+    v_pool[ctx.slot_pages, :, ctx.slot_offsets] = v
+    k_pool.transpose(2, 3)[ctx.slot_pages, :, ctx.slot_offsets] = k
 
 
 def paged_attention(
@@ -225,14 +235,14 @@ def paged_attention(
     Writes the new K/V into the pools first, so every query reads its full context
     (cached prefix + this step's tokens) from the pools.
     """
-    write_kv(k_pool, v_pool, k, v, ctx.slot_mapping)
+    write_kv(k_pool, v_pool, k, v, ctx)
     out = torch.empty_like(q)
     for p in ctx.prefills:
         qs = slice(p.q_start, p.q_start + p.q_len)
         out[qs] = _prefill(q[qs], k[qs], v[qs], k_pool, v_pool, p, ctx.workspace)
     for g in ctx.decode_groups:
         qs = slice(g.start, g.start + g.size)
-        mask = g.kv_head_mask(k_pool.shape[0])
+        mask = g.kv_head_mask(v_pool.shape[1])
         out[qs] = _decode(q[qs], k_pool, v_pool, g.page_table, mask, ctx.workspace)
     if ctx.decode_batch is not None:
         b = ctx.decode_batch
@@ -252,15 +262,16 @@ def decode_kernel(
     in place."""
     lib = native.kernels()
     assert lib is not None, "build_context(use_kernel=True) needs the C kernels"
-    assert out.is_contiguous() and k_pool.is_contiguous() and v_pool.is_contiguous()
+    assert out.is_contiguous() and k_pool.stride(0) == v_pool.stride(0)
     q = q.contiguous()
     b, h, d = q.shape
-    kvh, num_pages, page_size, _ = k_pool.shape
+    _, kvh, page_size, _ = v_pool.shape
     failed = lib.paged_decode_attention(
         out.data_ptr(),
         q.data_ptr(),
         k_pool.data_ptr(),
         v_pool.data_ptr(),
+        k_pool.stride(0),
         batch.page_table.data_ptr(),
         batch.page_table.shape[1],
         batch.context_lens.data_ptr(),
@@ -268,7 +279,6 @@ def decode_kernel(
         h,
         kvh,
         d,
-        num_pages,
         page_size,
         d**-0.5,
     )
@@ -276,11 +286,22 @@ def decode_kernel(
         raise MemoryError("paged_decode_attention could not allocate its scratch")
 
 
-def gather_pages(pool: torch.Tensor, pages: torch.Tensor, ws: Workspace, name: str) -> torch.Tensor:
-    """pool[:, pages] into a reused buffer: [KVH, len(pages) * page_size, D]."""
-    kvh, _, page_size, d = pool.shape
-    out = ws.take(name, (kvh, pages.numel(), page_size, d), pool.dtype)
-    return torch.index_select(pool, 1, pages, out=out).view(kvh, -1, d)
+def gather_values(pool: torch.Tensor, pages: torch.Tensor, ws: Workspace) -> torch.Tensor:
+    """v_pool[pages] into a reused buffer, head-major: [KVH, len(pages) * page_size, D]."""
+    _, kvh, page_size, d = pool.shape
+    picked = ws.take("v_pages", (pages.numel(), kvh, page_size, d), pool.dtype)
+    torch.index_select(pool, 0, pages, out=picked)
+    out = ws.take("v", (kvh, pages.numel(), page_size, d), pool.dtype)
+    return out.copy_(picked.transpose(0, 1)).view(kvh, -1, d)
+
+
+def gather_keys(pool: torch.Tensor, pages: torch.Tensor, ws: Workspace) -> torch.Tensor:
+    """k_pool[pages] like gather_values: [KVH, len(pages) * page_size, D] (token-major)."""
+    _, kvh, d, page_size = pool.shape
+    picked = ws.take("k_pages", (pages.numel(), kvh, d, page_size), pool.dtype)
+    torch.index_select(pool, 0, pages, out=picked)
+    out = ws.take("k", (kvh, pages.numel(), page_size, d), pool.dtype)
+    return out.copy_(picked.permute(1, 0, 3, 2)).view(kvh, -1, d)
 
 
 def _prefill(
@@ -297,8 +318,8 @@ def _prefill(
         kh, vh = k.transpose(0, 1), v.transpose(0, 1)
     else:
         ctx_len = p.start_pos + p.q_len
-        kh = gather_pages(k_pool, p.page_ids, ws, "k")[:, :ctx_len]
-        vh = gather_pages(v_pool, p.page_ids, ws, "v")[:, :ctx_len]
+        kh = gather_keys(k_pool, p.page_ids, ws)[:, :ctx_len]
+        vh = gather_values(v_pool, p.page_ids, ws)[:, :ctx_len]
     # 4-D [1, heads, L, D]: with 3-D inputs SDPA falls back to its math kernel, which
     # materialises L x L scores (4x slower at 2k tokens) instead of flash attention
     qh, kh, vh = q.transpose(0, 1)[None], kh[None], vh[None]
@@ -319,13 +340,13 @@ def _decode(
 ) -> torch.Tensor:
     """q [B, H, D] -> [B, H, D] for one new token per sequence; mask [KVH * B, 1, S]."""
     b, h, d = q.shape
-    kvh = k_pool.shape[0]
+    kvh = v_pool.shape[1]
     g = h // kvh
     # One gather per pool for the whole batch: [KVH, B * S, D], viewed as KVH * B
     # contiguous [S, D] blocks (one per KV head and sequence) for bmm
     flat = page_table.flatten()
-    k = gather_pages(k_pool, flat, ws, "k").view(kvh * b, -1, d)
-    v = gather_pages(v_pool, flat, ws, "v").view(kvh * b, -1, d)
+    k = gather_keys(k_pool, flat, ws).view(kvh * b, -1, d)
+    v = gather_values(v_pool, flat, ws).view(kvh * b, -1, d)
     # GQA without repeating K/V: a KV head's G query heads are its G query rows
     qg = q.view(b, kvh, g, d).transpose(0, 1).reshape(kvh * b, g, d)
     # scaled scores plus the padding mask in one call: [KVH * B, G, S]

@@ -28,7 +28,9 @@ FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 
 _i64, _f32, _ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 _SIGNATURES = {
-    "paged_decode_attention": [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _ptr] + [_i64] * 6 + [_f32],
+    "paged_decode_attention": [_ptr, _ptr, _ptr, _ptr, _i64, _ptr, _i64, _ptr]
+    + [_i64] * 5
+    + [_f32],
 }
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from engine import native
-from engine.attention import DecodeBatch, Workspace, _decode, decode_kernel
+from engine.attention import DecodeBatch, Workspace, _decode, decode_kernel, new_kv_pools
 from engine.config import EngineConfig
 from engine.runner import ModelRunner
 
@@ -24,8 +24,9 @@ def _random_case(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(len(lens) * 31 + heads)
     num_pages = 4 * sum(-(-n // page_size) for n in lens)
-    k_pool = torch.randn(kv_heads, num_pages, page_size, head_dim, generator=gen)
-    v_pool = torch.randn(kv_heads, num_pages, page_size, head_dim, generator=gen)
+    k_pool, v_pool = new_kv_pools(num_pages, page_size, kv_heads, head_dim, torch.float32)
+    k_pool.copy_(torch.randn(k_pool.shape, generator=gen))
+    v_pool.copy_(torch.randn(v_pool.shape, generator=gen))
     width = max(-(-n // page_size) for n in lens)
     # scattered pages, as a long-running pool hands them out
     table = torch.randperm(num_pages, generator=gen)[: len(lens) * width].view(len(lens), width)
@@ -40,10 +41,10 @@ def _torch_decode(
     table: torch.Tensor,
     lens: torch.Tensor,
 ) -> torch.Tensor:
-    page_size = k_pool.shape[2]
+    page_size = v_pool.shape[2]  # [pages, KVH, page_size, D]
     live = torch.arange(table.shape[1] * page_size)[None, :] < lens[:, None].long()
     mask = torch.zeros(live.shape).masked_fill_(~live, float("-inf"))
-    mask = mask.repeat(k_pool.shape[0], 1)[:, None, :]
+    mask = mask.repeat(k_pool.shape[1], 1)[:, None, :]
     return _decode(q, k_pool, v_pool, table.long(), mask, Workspace())
 
 
@@ -70,7 +71,8 @@ def test_kernel_ignores_pages_past_each_length() -> None:
     # poison every slot past each sequence's length: the result must not move
     for row, n in enumerate(lens.tolist()):
         for pos in range(n, table.shape[1] * 16):
-            k_pool[:, table[row, pos // 16], pos % 16] = float("nan")
+            k_pool[table[row, pos // 16], :, :, pos % 16] = float("nan")
+            v_pool[table[row, pos // 16], :, pos % 16] = float("nan")
     again = torch.empty_like(q)
     decode_kernel(q, k_pool, v_pool, DecodeBatch(0, 2, table, lens), again)
     assert torch.equal(out, again)

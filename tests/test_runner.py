@@ -52,7 +52,8 @@ def test_bytes_per_page(runner: ModelRunner) -> None:
         ModelRunner.bytes_per_page(c, 16) == 2 * c.num_layers * 16 * c.num_kv_heads * c.head_dim * 4
     )
     assert runner.num_pages == 256
-    assert runner.kv_caches[0][0].shape == (c.num_kv_heads, 256, PAGE, c.head_dim)
+    assert runner.kv_caches[0][0].shape == (256, c.num_kv_heads, c.head_dim, PAGE)
+    assert runner.kv_caches[0][1].shape == (256, c.num_kv_heads, PAGE, c.head_dim)
 
 
 def test_chunked_prefill_matches_full_forward(runner: ModelRunner) -> None:

@@ -1,93 +1,173 @@
-/* Decode attention over paged K/V, reading every page in place.
+/* Decode attention over paged K/V, reading every page in place, once.
 
    The torch path gathers each sequence's pages into a contiguous buffer and then runs
-   two batched matmuls: the K/V bytes cross memory three times. Here each (sequence,
-   KV head) pair reads its keys and values once, straight from the pool, and its G
-   query heads (grouped-query attention) share that read.
+   two batched matmuls: the K/V bytes cross memory three times. Here each sequence walks
+   its pages once, in one pass (online softmax), reading each page's keys and values for
+   all KV heads together; each KV head's G query heads (grouped-query attention) share
+   that read.
 
-   Layouts (fp32, contiguous):
-     q, out       [batch, heads, head_dim]
-     k/v pool     [kv_heads, num_pages, page_size, head_dim]
+   Layouts (fp32):
+     q, out       [batch, heads, head_dim], contiguous
+     one page     K [kv_heads, head_dim, page_size] then V [kv_heads, page_size, head_dim];
+                  k_pool/v_pool point at page 0's K and V, page_stride floats apart per page
      page_table   [batch, table_width] int32; row b lists sequence b's pages in order
      context_lens [batch] int32; keys 0 .. context_lens[b] - 1 are attended to
+   Why this layout: pages are scattered over the pool, and this CPU streams scattered 4 KB
+   blocks at about half the rate of 16-64 KB ones, so one page holds K and V of all heads
+   (24 KB for SmolLM2). K is stored dimension-major so that q.k for 16 keys is broadcast
+   FMAs into one vector (no horizontal sums); V stays token-major for the weighted sum.
    Compiled with -fopenmp after torch is loaded, so the loop below runs on torch's own
    OpenMP thread pool (the same libgomp) and follows torch.set_num_threads. */
 
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
-static void attend_one(float *out, const float *q, const float *k_head, const float *v_head,
-                       const int32_t *pages, int64_t n, int64_t group, int64_t head_dim,
-                       int64_t page_size, float scale, float *scores, float *acc) {
-    const int64_t page_stride = page_size * head_dim;
-    /* scores[g * n + t] = q_g . k_t * scale */
-    for (int64_t start = 0; start < n; start += page_size) {
-        const float *k_page = k_head + (int64_t)pages[start / page_size] * page_stride;
-        int64_t len = n - start < page_size ? n - start : page_size;
-        for (int64_t t = 0; t < len; t++) {
-            const float *k = k_page + t * head_dim;
-            for (int64_t g = 0; g < group; g++) {
-                const float *qg = q + g * head_dim;
-                float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-                for (int64_t d = 0; d < head_dim; d++) s += qg[d] * k[d];
-                scores[g * n + start + t] = s * scale;
+#define LANES 16
+typedef float vec __attribute__((vector_size(LANES * sizeof(float))));
+
+static inline vec load(const float *p) {
+    vec v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline void store(float *p, vec v) { memcpy(p, &v, sizeof v); }
+
+static inline vec splat(float x) { return (vec){0} + x; }
+
+typedef int32_t ivec __attribute__((vector_size(LANES * sizeof(int32_t))));
+
+/* exp(x) for x <= 0, as Cephes' expf: 2^n * p(r) with |r| <= ln2 / 2, a degree-7
+   polynomial; within 2 ulp of expf. x below -87 underflows to ~1e-38, not 0. */
+static inline vec exp_nonpositive(vec x) {
+    const vec low = splat(-87.0f);
+    ivec below = x < low;
+    x = (vec)((below & (ivec)low) | (~below & (ivec)x));
+    const vec shifter = splat(12582912.0f); /* 1.5 * 2^23: adding it rounds to an integer */
+    vec n = (x * splat(1.44269504088896341f) + shifter) - shifter;
+    vec r = x - n * splat(0.693359375f) + n * splat(2.12194440e-4f);
+    vec p = splat(1.9875691500e-4f);
+    p = p * r + splat(1.3981999507e-3f);
+    p = p * r + splat(8.3334519073e-3f);
+    p = p * r + splat(4.1665795894e-2f);
+    p = p * r + splat(1.6666665459e-1f);
+    p = p * r + splat(5.0000001201e-1f);
+    p = p * r * r + r + splat(1.0f);
+    ivec scale = (__builtin_convertvector(n, ivec) + 127) << 23;
+    return p * (vec)scale;
+}
+
+static void prefetch(const float *p, int64_t floats) {
+    for (int64_t i = 0; i < floats; i += 64 / sizeof(float)) __builtin_prefetch(p + i);
+}
+
+/* s[j] = scale * q . k_j for one KV head's page_size keys (k_page: [head_dim, page_size]).
+   Slots past the sequence's end hold finite stale values; the caller ignores them. */
+static void key_scores(float *s, const float *q, const float *k_page, int64_t head_dim,
+                       int64_t page_size, float scale) {
+    int64_t j = 0;
+    for (; j + LANES <= page_size; j += LANES) {
+        vec a[4] = {{0}, {0}, {0}, {0}}; /* independent chains: FMA latency binds otherwise */
+        int64_t d = 0;
+        for (; d + 4 <= head_dim; d += 4)
+            for (int c = 0; c < 4; c++)
+                a[c] += splat(q[d + c]) * load(k_page + (d + c) * page_size + j);
+        for (; d < head_dim; d++) a[0] += splat(q[d]) * load(k_page + d * page_size + j);
+        store(s + j, (a[0] + a[1] + a[2] + a[3]) * splat(scale));
+    }
+    for (; j < page_size; j++) {
+        float sum = 0.0f;
+        for (int64_t d = 0; d < head_dim; d++) sum += q[d] * k_page[d * page_size + j];
+        s[j] = sum * scale;
+    }
+}
+
+/* acc = acc * rescale + sum_j p[j] * v_j over len keys (v_page: [page_size, head_dim]) */
+static void add_values(float *acc, float rescale, const float *p, const float *v_page,
+                       int64_t len, int64_t head_dim) {
+    int64_t d = 0;
+    for (; d + LANES <= head_dim; d += LANES) {
+        vec a[4] = {load(acc + d) * splat(rescale), {0}, {0}, {0}};
+        int64_t j = 0;
+        for (; j + 4 <= len; j += 4)
+            for (int c = 0; c < 4; c++) a[c] += splat(p[j + c]) * load(v_page + (j + c) * head_dim + d);
+        for (; j < len; j++) a[0] += splat(p[j]) * load(v_page + j * head_dim + d);
+        store(acc + d, a[0] + a[1] + a[2] + a[3]);
+    }
+    for (; d < head_dim; d++) {
+        float sum = acc[d] * rescale;
+        for (int64_t j = 0; j < len; j++) sum += p[j] * v_page[j * head_dim + d];
+        acc[d] = sum;
+    }
+}
+
+/* One sequence, all heads. Per query head r: running max top[r], running sum of
+   exp(score - top) sums[r], unnormalised output acc[r] (online softmax). */
+static void attend_seq(float *out, const float *q, const float *k_pool, const float *v_pool,
+                       int64_t page_stride, const int32_t *pages, int64_t n, int64_t kv_heads,
+                       int64_t group, int64_t head_dim, int64_t page_size, float scale,
+                       float *work) {
+    const int64_t rows = kv_heads * group, head_floats = head_dim * page_size;
+    float *acc = work, *s = work + rows * head_dim, *top = s + page_size, *sums = top + rows;
+    for (int64_t r = 0; r < rows; r++) top[r] = -INFINITY, sums[r] = 0.0f;
+    memset(acc, 0, sizeof(float) * rows * head_dim);
+    const int64_t num = (n + page_size - 1) / page_size;
+    for (int64_t i = 0; i < num; i++) {
+        if (i + 1 < num) { /* the next page's K and V: one contiguous block */
+            prefetch(k_pool + (int64_t)pages[i + 1] * page_stride, 2 * kv_heads * head_floats);
+        }
+        const float *k_page = k_pool + (int64_t)pages[i] * page_stride;
+        const float *v_page = v_pool + (int64_t)pages[i] * page_stride;
+        const int64_t len = n - i * page_size < page_size ? n - i * page_size : page_size;
+        for (int64_t r = 0; r < rows; r++) {
+            const int64_t h = r / group;
+            key_scores(s, q + r * head_dim, k_page + h * head_floats, head_dim, page_size, scale);
+            float page_top = top[r];
+            for (int64_t j = 0; j < len; j++) page_top = s[j] > page_top ? s[j] : page_top;
+            const float rescale = expf(top[r] - page_top); /* 0 on the first page */
+            float sum = 0.0f;
+            int64_t j = 0;
+            for (; j + LANES <= len; j += LANES) {
+                vec e = exp_nonpositive(load(s + j) - splat(page_top));
+                store(s + j, e);
+                for (int c = 0; c < LANES; c++) sum += e[c];
             }
-        }
-    }
-    /* softmax per query head, left unnormalised until the end */
-    float sums[group];
-    for (int64_t g = 0; g < group; g++) {
-        float *row = scores + g * n, top = -INFINITY, sum = 0.0f;
-        for (int64_t t = 0; t < n; t++) top = row[t] > top ? row[t] : top;
-        for (int64_t t = 0; t < n; t++) {
-            row[t] = expf(row[t] - top);
-            sum += row[t];
-        }
-        sums[g] = sum;
-    }
-    for (int64_t i = 0; i < group * head_dim; i++) acc[i] = 0.0f;
-    for (int64_t start = 0; start < n; start += page_size) {
-        const float *v_page = v_head + (int64_t)pages[start / page_size] * page_stride;
-        int64_t len = n - start < page_size ? n - start : page_size;
-        for (int64_t t = 0; t < len; t++) {
-            const float *v = v_page + t * head_dim;
-            for (int64_t g = 0; g < group; g++) {
-                float p = scores[g * n + start + t], *a = acc + g * head_dim;
-#pragma omp simd
-                for (int64_t d = 0; d < head_dim; d++) a[d] += p * v[d];
+            for (; j < len; j++) {
+                s[j] = expf(s[j] - page_top);
+                sum += s[j];
             }
+            sums[r] = sums[r] * rescale + sum;
+            top[r] = page_top;
+            add_values(acc + r * head_dim, rescale, s, v_page + h * head_floats, len, head_dim);
         }
     }
-    for (int64_t g = 0; g < group; g++) {
-        float inv = 1.0f / sums[g];
-        for (int64_t d = 0; d < head_dim; d++) out[g * head_dim + d] = acc[g * head_dim + d] * inv;
+    for (int64_t r = 0; r < rows; r++) {
+        const float inv = 1.0f / sums[r];
+        for (int64_t d = 0; d < head_dim; d++) out[r * head_dim + d] = acc[r * head_dim + d] * inv;
     }
 }
 
 int paged_decode_attention(float *out, const float *q, const float *k_pool, const float *v_pool,
-                           const int32_t *page_table, int64_t table_width,
+                           int64_t page_stride, const int32_t *page_table, int64_t table_width,
                            const int32_t *context_lens, int64_t batch, int64_t heads,
-                           int64_t kv_heads, int64_t head_dim, int64_t num_pages,
-                           int64_t page_size, float scale) {
+                           int64_t kv_heads, int64_t head_dim, int64_t page_size, float scale) {
     const int64_t group = heads / kv_heads;
-    const int64_t head_stride = num_pages * page_size * head_dim;
+    const int64_t work_floats = heads * head_dim + page_size + 2 * heads;
     int failed = 0;
-#pragma omp parallel for schedule(dynamic, 1)
-    for (int64_t item = 0; item < batch * kv_heads; item++) {
-        int64_t b = item / kv_heads, h = item % kv_heads;
-        int64_t n = context_lens[b];
-        float *scratch = malloc(sizeof(float) * group * (n + head_dim));
-        if (scratch == NULL) {
-            failed = 1;
-            continue;
+#pragma omp parallel
+    {
+        float *work = malloc(sizeof(float) * work_floats);
+        if (work == NULL) failed = 1;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t b = 0; b < batch; b++) {
+            if (work == NULL) continue;
+            attend_seq(out + b * heads * head_dim, q + b * heads * head_dim, k_pool, v_pool,
+                       page_stride, page_table + b * table_width, context_lens[b], kv_heads,
+                       group, head_dim, page_size, scale, work);
         }
-        int64_t at = (b * heads + h * group) * head_dim;
-        attend_one(out + at, q + at, k_pool + h * head_stride, v_pool + h * head_stride,
-                   page_table + b * table_width, n, group, head_dim, page_size, scale, scratch,
-                   scratch + group * n);
-        free(scratch);
+        free(work);
     }
     return failed;
 }
