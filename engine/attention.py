@@ -232,10 +232,9 @@ def paged_attention(
 ) -> torch.Tensor:
     """q [T, H, D], k/v [T, KVH, D] for the new tokens -> out [T, H, D].
 
-    Writes the new K/V into the pools first, so every query reads its full context
-    (cached prefix + this step's tokens) from the pools.
+    The new K/V must already be in the pools (write_kv, or ops.rope_store_kv): every
+    query reads its full context (cached prefix + this step's tokens) from them.
     """
-    write_kv(k_pool, v_pool, k, v, ctx)
     out = torch.empty_like(q)
     for p in ctx.prefills:
         qs = slice(p.q_start, p.q_start + p.q_len)

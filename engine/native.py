@@ -23,14 +23,18 @@ from engine.model_registry import cache_dir
 
 log = logging.getLogger(__name__)
 
-SOURCES = (Path(__file__).parent / "csrc" / "paged_attention.c",)
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
+CSRC = Path(__file__).parent / "csrc"
+SOURCES = (CSRC / "paged_attention.c", CSRC / "layer_ops.c")
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
 
 _i64, _f32, _ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 _SIGNATURES = {
     "paged_decode_attention": [_ptr, _ptr, _ptr, _ptr, _i64, _ptr, _i64, _ptr]
     + [_i64] * 5
     + [_f32],
+    "add_rms_norm": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _f32],
+    "silu_mul": [_ptr, _ptr, _i64, _i64],
+    "rope_store_kv": [_ptr, _ptr, _ptr] + [_i64] * 4 + [_ptr, _ptr, _i64, _i64, _ptr, _ptr],
 }
 
 
@@ -57,14 +61,15 @@ def kernels() -> ctypes.CDLL | None:
         return None
     for name, argtypes in _SIGNATURES.items():
         fn = getattr(lib, name)
-        fn.argtypes, fn.restype = argtypes, ctypes.c_int
+        fn.argtypes = argtypes
+        fn.restype = ctypes.c_int if name == "paged_decode_attention" else None
     return lib
 
 
 def _build(compiler: str) -> Path:
     key = hashlib.sha256()
-    for src in SOURCES:
-        key.update(src.read_bytes())
+    for src in sorted(CSRC.iterdir()):  # sources and headers
+        key.update(src.name.encode() + src.read_bytes())
     key.update(" ".join((compiler, *FLAGS, _cpu_signature())).encode())
     target = cache_dir() / "kernels" / f"tiergate_{key.hexdigest()[:16]}.so"
     if target.exists():

@@ -24,40 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define LANES 16
-typedef float vec __attribute__((vector_size(LANES * sizeof(float))));
-
-static inline vec load(const float *p) {
-    vec v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-static inline void store(float *p, vec v) { memcpy(p, &v, sizeof v); }
-
-static inline vec splat(float x) { return (vec){0} + x; }
-
-typedef int32_t ivec __attribute__((vector_size(LANES * sizeof(int32_t))));
-
-/* exp(x) for x <= 0, as Cephes' expf: 2^n * p(r) with |r| <= ln2 / 2, a degree-7
-   polynomial; within 2 ulp of expf. x below -87 underflows to ~1e-38, not 0. */
-static inline vec exp_nonpositive(vec x) {
-    const vec low = splat(-87.0f);
-    ivec below = x < low;
-    x = (vec)((below & (ivec)low) | (~below & (ivec)x));
-    const vec shifter = splat(12582912.0f); /* 1.5 * 2^23: adding it rounds to an integer */
-    vec n = (x * splat(1.44269504088896341f) + shifter) - shifter;
-    vec r = x - n * splat(0.693359375f) + n * splat(2.12194440e-4f);
-    vec p = splat(1.9875691500e-4f);
-    p = p * r + splat(1.3981999507e-3f);
-    p = p * r + splat(8.3334519073e-3f);
-    p = p * r + splat(4.1665795894e-2f);
-    p = p * r + splat(1.6666665459e-1f);
-    p = p * r + splat(5.0000001201e-1f);
-    p = p * r * r + r + splat(1.0f);
-    ivec scale = (__builtin_convertvector(n, ivec) + 127) << 23;
-    return p * (vec)scale;
-}
+#include "vec.h"
 
 static void prefetch(const float *p, int64_t floats) {
     for (int64_t i = 0; i < floats; i += 64 / sizeof(float)) __builtin_prefetch(p + i);
@@ -130,9 +97,9 @@ static void attend_seq(float *out, const float *q, const float *k_pool, const fl
             float sum = 0.0f;
             int64_t j = 0;
             for (; j + LANES <= len; j += LANES) {
-                vec e = exp_nonpositive(load(s + j) - splat(page_top));
+                vec e = vexp(load(s + j) - splat(page_top));
                 store(s + j, e);
-                for (int c = 0; c < LANES; c++) sum += e[c];
+                sum += sum_lanes(e);
             }
             for (; j < len; j++) {
                 s[j] = expf(s[j] - page_top);

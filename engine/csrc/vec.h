@@ -1,0 +1,53 @@
+/* 16-lane fp32 vectors (GCC vector extensions: AVX-512 registers with -march=native on
+   this CPU, split into narrower ones elsewhere) and the few helpers the kernels share. */
+#ifndef TIERGATE_VEC_H
+#define TIERGATE_VEC_H
+
+#include <stdint.h>
+#include <string.h>
+
+#define LANES 16
+typedef float vec __attribute__((vector_size(LANES * sizeof(float))));
+typedef int32_t ivec __attribute__((vector_size(LANES * sizeof(int32_t))));
+
+static inline vec load(const float *p) {
+    vec v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline void store(float *p, vec v) { memcpy(p, &v, sizeof v); }
+
+static inline vec splat(float x) { return (vec){0} + x; }
+
+static inline vec clamp(vec x, float lo, float hi) {
+    ivec below = x < splat(lo), above = x > splat(hi);
+    x = (vec)((below & (ivec)splat(lo)) | (~below & (ivec)x));
+    return (vec)((above & (ivec)splat(hi)) | (~above & (ivec)x));
+}
+
+static inline float sum_lanes(vec v) {
+    float s = 0.0f;
+    for (int i = 0; i < LANES; i++) s += v[i];
+    return s;
+}
+
+/* exp(x) as Cephes' expf: 2^n * p(r) with |r| <= ln2 / 2; within 2 ulp of expf.
+   x is clamped to [-87, 88]: tiny results are ~1e-38 rather than 0, huge ones ~1.6e38. */
+static inline vec vexp(vec x) {
+    x = clamp(x, -87.0f, 88.0f);
+    const vec shifter = splat(12582912.0f); /* 1.5 * 2^23: adding it rounds to an integer */
+    vec n = (x * splat(1.44269504088896341f) + shifter) - shifter;
+    vec r = x - n * splat(0.693359375f) + n * splat(2.12194440e-4f);
+    vec p = splat(1.9875691500e-4f);
+    p = p * r + splat(1.3981999507e-3f);
+    p = p * r + splat(8.3334519073e-3f);
+    p = p * r + splat(4.1665795894e-2f);
+    p = p * r + splat(1.6666665459e-1f);
+    p = p * r + splat(5.0000001201e-1f);
+    p = p * r * r + r + splat(1.0f);
+    ivec scale = (__builtin_convertvector(n, ivec) + 127) << 23;
+    return p * (vec)scale;
+}
+
+#endif

@@ -1,0 +1,91 @@
+"""The per-layer steps around the matmuls: the fused C kernels (engine/csrc/layer_ops.c)
+when they are built, the same maths in torch ops otherwise. Both paths are tested equal."""
+
+import torch
+import torch.nn.functional as F
+
+from engine import native
+from engine.attention import AttentionContext, write_kv
+
+Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin) [T, 1, D/2] for the step's positions
+
+
+def add_rms_norm(
+    residual: torch.Tensor, x: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> torch.Tensor:
+    """residual += x in place (unless x is None), then RMSNorm(residual) * weight."""
+    lib = native.kernels()
+    if lib is None:
+        if x is not None:
+            residual.add_(x)
+        return F.rms_norm(residual, weight.shape, weight, eps)
+    assert residual.is_contiguous() and (x is None or x.is_contiguous())
+    out = torch.empty_like(residual)
+    rows, dim = residual.shape
+    x_ptr = None if x is None else x.data_ptr()
+    lib.add_rms_norm(
+        out.data_ptr(), residual.data_ptr(), x_ptr, weight.data_ptr(), rows, dim, float(eps)
+    )
+    return out
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """[T, 2I] (gate | up) -> silu(gate) * up [T, I]."""
+    rows, width = gate_up.shape
+    lib = native.kernels()
+    if lib is None:
+        gate, up = gate_up.split(width // 2, dim=-1)
+        return F.silu(gate) * up
+    assert gate_up.is_contiguous()
+    out = gate_up.new_empty(rows, width // 2)
+    lib.silu_mul(out.data_ptr(), gate_up.data_ptr(), rows, width // 2)
+    return out
+
+
+def apply_rope(x: torch.Tensor, rope: Rope) -> torch.Tensor:
+    """x [T, heads, D] rotated by position (half-split / NEOX layout)."""
+    cos, sin = rope
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def rope_store_kv(
+    qkv: torch.Tensor,
+    rope: Rope,
+    kv: tuple[torch.Tensor, torch.Tensor],
+    ctx: AttentionContext,
+    heads: int,
+    kv_heads: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """qkv [T, (heads + 2 kv_heads) * D] -> rotated q [T, heads, D], k and v [T, kv_heads,
+    D], with k and v stored in their KV pages. The C path rotates qkv in place."""
+    t = qkv.shape[0]
+    d = qkv.shape[1] // (heads + 2 * kv_heads)
+    k_pool, v_pool = kv
+    lib = native.kernels()
+    if lib is None:
+        qk, v = qkv.split([(heads + kv_heads) * d, kv_heads * d], dim=-1)
+        qk = apply_rope(qk.view(t, heads + kv_heads, d), rope)
+        q, k, v = qk[:, :heads], qk[:, heads:], v.view(t, kv_heads, d)
+        write_kv(k_pool, v_pool, k, v, ctx)
+        return q, k, v
+    cos, sin = rope
+    assert qkv.is_contiguous() and cos.is_contiguous() and sin.is_contiguous()
+    assert k_pool.stride(0) == v_pool.stride(0)
+    lib.rope_store_kv(
+        qkv.data_ptr(),
+        cos.data_ptr(),
+        sin.data_ptr(),
+        t,
+        heads,
+        kv_heads,
+        d,
+        k_pool.data_ptr(),
+        v_pool.data_ptr(),
+        k_pool.stride(0),
+        v_pool.shape[2],
+        ctx.slot_pages.data_ptr(),
+        ctx.slot_offsets.data_ptr(),
+    )
+    qkv = qkv.view(t, heads + 2 * kv_heads, d)
+    return qkv[:, :heads], qkv[:, heads : heads + kv_heads], qkv[:, heads + kv_heads :]

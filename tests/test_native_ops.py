@@ -1,0 +1,84 @@
+"""The fused C layer ops against the torch ops they replace (engine/ops.py runs either)."""
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+
+from engine import native, ops
+from engine.attention import build_context, new_kv_pools
+from engine.batch import SeqChunk
+from engine.sampling_params import SamplingParams
+
+
+@pytest.fixture(autouse=True)
+def fresh_kernels() -> Iterator[None]:
+    native.kernels.cache_clear()
+    yield
+    native.kernels.cache_clear()
+
+
+def both_paths(monkeypatch: pytest.MonkeyPatch, fn: Callable[[], Any]) -> tuple[Any, Any]:
+    """fn() with the C kernels, then with TIERGATE_NATIVE=0 (the torch ops)."""
+    assert native.kernels() is not None, "the C kernels must build here (is gcc installed?)"
+    with_kernels = fn()
+    monkeypatch.setenv("TIERGATE_NATIVE", "0")
+    native.kernels.cache_clear()
+    assert native.kernels() is None
+    return with_kernels, fn()
+
+
+@pytest.mark.parametrize("rows", [1, 7, 300])  # 300 x 576 takes the parallel branch
+@pytest.mark.parametrize("add", [False, True])
+def test_add_rms_norm(monkeypatch: pytest.MonkeyPatch, rows: int, add: bool) -> None:
+    gen = torch.Generator().manual_seed(rows)
+    base, x = torch.randn(rows, 576, generator=gen), torch.randn(rows, 576, generator=gen)
+    weight = torch.rand(576, generator=gen) + 0.5
+
+    def run() -> tuple[torch.Tensor, torch.Tensor]:
+        residual = base.clone()
+        return ops.add_rms_norm(residual, x if add else None, weight, 1e-5), residual
+
+    (c_out, c_res), (t_out, t_res) = both_paths(monkeypatch, run)
+    torch.testing.assert_close(c_res, t_res)
+    torch.testing.assert_close(c_out, t_out)
+    assert torch.equal(c_res, base + x if add else base)
+
+
+@pytest.mark.parametrize("rows", [1, 24, 100])
+def test_silu_mul(monkeypatch: pytest.MonkeyPatch, rows: int) -> None:
+    gate_up = torch.randn(rows, 2 * 1536, generator=torch.Generator().manual_seed(rows)) * 8
+    gate_up[0, :4] = torch.tensor([-120.0, -90.0, 90.0, 0.0])  # exp's clamped ends
+    c_out, t_out = both_paths(monkeypatch, lambda: ops.silu_mul(gate_up))
+    torch.testing.assert_close(c_out, t_out)
+
+
+def test_rope_store_kv(monkeypatch: pytest.MonkeyPatch) -> None:
+    heads, kv_heads, d, page = 9, 3, 64, 16
+    greedy = SamplingParams(temperature=0)
+    # a prefill chunk starting mid-page and a decode, on scattered pages
+    chunks = [
+        SeqChunk(0, list(range(20)), 5, [7, 2], False, greedy),
+        SeqChunk(1, [3], 40, [9, 4, 11], True, greedy),
+    ]
+    ctx = build_context(chunks, page)
+    positions = torch.tensor([*range(5, 25), 40])
+    gen = torch.Generator().manual_seed(0)
+    qkv = torch.randn(21, (heads + 2 * kv_heads) * d, generator=gen)
+    angles = torch.outer(positions.double(), 1e4 ** -(torch.arange(0, d, 2).double() / d))
+    rope = angles.cos().float()[:, None, :], angles.sin().float()[:, None, :]
+
+    def run() -> tuple[torch.Tensor, ...]:
+        pools = new_kv_pools(16, page, kv_heads, d, torch.float32)
+        q, k, v = ops.rope_store_kv(qkv.clone(), rope, pools, ctx, heads, kv_heads)
+        return q.clone(), k.clone(), v.clone(), pools[0].clone(), pools[1].clone()
+
+    c_out, t_out = both_paths(monkeypatch, run)
+    for c, t in zip(c_out, t_out, strict=True):
+        torch.testing.assert_close(c, t)
+    # token 0 (position 5) sits in page 7 at offset 5; the decode (40) in page 11 at 8
+    _, k, v, k_pool, v_pool = c_out
+    torch.testing.assert_close(k_pool[7, :, :, 5], k[0])
+    torch.testing.assert_close(v_pool[11, :, 8], v[20])
+    assert k_pool[7, :, :, :5].abs().sum() == 0  # slots before the chunk stay untouched
