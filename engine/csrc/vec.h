@@ -26,6 +26,17 @@ static inline vec clamp(vec x, float lo, float hi) {
     return (vec)((above & (ivec)splat(hi)) | (~above & (ivec)x));
 }
 
+static inline vec vmax(vec a, vec b) {
+    ivec greater = a > b;
+    return (vec)((greater & (ivec)a) | (~greater & (ivec)b));
+}
+
+static inline float max_lanes(vec v) {
+    float m = v[0];
+    for (int i = 1; i < LANES; i++) m = v[i] > m ? v[i] : m;
+    return m;
+}
+
 static inline float sum_lanes(vec v) {
     float s = 0.0f;
     for (int i = 0; i < LANES; i++) s += v[i];
