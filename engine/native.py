@@ -24,7 +24,7 @@ from engine.model_registry import cache_dir
 log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = (CSRC / "paged_attention.c", CSRC / "layer_ops.c")
+SOURCES = (CSRC / "paged_attention.c", CSRC / "layer_ops.c", CSRC / "gemm.c")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
 
 _i64, _f32, _ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
@@ -34,6 +34,7 @@ _SIGNATURES = {
     + [_f32],
     "add_rms_norm": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _f32],
     "silu_mul": [_ptr, _ptr, _i64, _i64],
+    "gemm_panels": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64],
     "rope_store_kv": [_ptr, _ptr, _ptr] + [_i64] * 4 + [_ptr, _ptr, _i64, _i64, _ptr, _ptr],
 }
 

@@ -5,6 +5,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from engine import native, ops
 from engine.attention import build_context, new_kv_pools
@@ -82,3 +83,25 @@ def test_rope_store_kv(monkeypatch: pytest.MonkeyPatch) -> None:
     torch.testing.assert_close(k_pool[7, :, :, 5], k[0])
     torch.testing.assert_close(v_pool[11, :, 8], v[20])
     assert k_pool[7, :, :, :5].abs().sum() == 0  # slots before the chunk stay untouched
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8, 13, 24, 64, 301])  # every row-block size
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_panel_gemm_matches_linear(rows: int, with_bias: bool) -> None:
+    gen = torch.Generator().manual_seed(rows)
+    weight = torch.randn(96, 200, generator=gen)  # 3 panel pairs: each thread's share
+    bias = torch.randn(96, generator=gen) if with_bias else None
+    x = torch.randn(rows, 200, generator=gen)
+    packed = ops.pack_weight(weight, batch_hint=64)
+    assert packed.shape == (6, 200, 16), "the C kernels must build here (is gcc installed?)"
+    # fp32 sums of 200 products in another order: ~1e-5 apart on values of ~15
+    got, want = ops.linear(x, packed, bias), F.linear(x, weight, bias)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-5)
+
+
+def test_weights_not_in_panel_pairs_use_onednn() -> None:
+    weight = torch.randn(40, 64)  # 40 columns: not a whole number of panel pairs
+    packed = ops.pack_weight(weight, batch_hint=8)
+    assert packed.dim() == 2
+    x = torch.randn(5, 64)
+    torch.testing.assert_close(ops.linear(x, packed), F.linear(x, weight))

@@ -1,33 +1,19 @@
 """Llama-family decoder (llama, qwen2) over paged KV, fp32.
 
 Q/K/V and gate/up projections are fused into one matmul each: at small batch sizes on
-CPU, fewer and larger GEMMs run closer to the machine's peak. The matmuls go through
-oneDNN: on this AMD (AVX-512) CPU, MKL's sgemm behind F.linear reaches ~65 GFLOP/s per
-core at batch 64 where oneDNN reaches ~120-160. ModelRunner packs the projection weights
-into oneDNN's blocked layout once (pack_weights): with plain weights oneDNN reorders
-them on every call (gate/up at batch 24, one thread: 1.5 ms plain vs 0.64 ms packed).
-That costs a second copy of those weights (~520 MB for SmolLM2-135M with its LM head):
-the plain ones stay readable as .weight (and the embedding, when the head is tied).
+CPU, fewer and larger GEMMs run closer to the machine's peak. ModelRunner packs the
+projection weights and the LM head once (pack_weights; layouts in engine/ops.py).
 """
 
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine import ops
 from engine.attention import AttentionContext, paged_attention
 from engine.ops import Rope
 from engine.weights import ModelConfig
-
-_ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    if _ONEDNN:
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-    return F.linear(x, weight, bias)
 
 
 class Direct(nn.Module):
@@ -39,17 +25,17 @@ class Direct(nn.Module):
 
 
 class Linear(Direct, nn.Linear):
-    packed: torch.Tensor | None = None  # the weight in oneDNN's layout, once pack() ran
+    packed: torch.Tensor | None = None  # the weight in ops.pack_weight's layout
 
     def pack(self, batch_hint: int) -> None:
-        """Reorder the weight for oneDNN once (same results). The plain weight stays for
-        readers of .weight (reference checks); forward uses only the packed copy."""
-        if _ONEDNN and self.packed is None:
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, batch_hint)
+        """Pack the weight once (same results). The plain weight stays for readers of
+        .weight (reference checks); forward uses only the packed copy."""
+        if self.packed is None:
+            self.packed = ops.pack_weight(self.weight, batch_hint)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight = self.weight if self.packed is None else self.packed
-        return linear(x, weight, self.bias)
+        return ops.linear(x, weight, self.bias)
 
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # (K pool, V pool) of one layer
@@ -166,21 +152,21 @@ class LlamaForCausalLM(nn.Module):
         return self.norm(residual, x)
 
     def pack_weights(self, batch_hint: int) -> None:
-        """Pack the projections and the LM head for oneDNN (see Linear.pack). The head
-        at batch 24, one thread: 23 ms plain vs 17 ms packed."""
+        """Pack the projections and the LM head (see Linear.pack). The head at batch 24,
+        one thread: 23 ms plain vs 17 ms packed for oneDNN."""
         for layer in self.layers:
             for lin in (*layer.self_attn.children(), *layer.mlp.children()):
                 if isinstance(lin, Linear):
                     lin.pack(batch_hint)
-        if _ONEDNN and self.packed_head is None:
+        if self.packed_head is None:
             weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-            self.packed_head = torch.ops.mkldnn._reorder_linear_weight(weight, batch_hint)
+            self.packed_head = ops.pack_weight(weight, batch_hint)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         if self.packed_head is not None:
             weight = self.packed_head
-        return linear(hidden, weight)
+        return ops.linear(hidden, weight)
 
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:
         """Take Hugging Face names (no "model." prefix), fusing q/k/v and gate/up."""
