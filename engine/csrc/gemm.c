@@ -38,6 +38,7 @@
         }                                                                                  \
     }
 
+ROW_KERNEL(12)
 ROW_KERNEL(8)
 ROW_KERNEL(4)
 ROW_KERNEL(2)
@@ -46,7 +47,7 @@ ROW_KERNEL(1)
 void gemm_panels(float *out, const float *x, const float *panels, const float *bias, int64_t M,
                  int64_t N, int64_t K) {
     const int64_t pairs = N / (2 * LANES), pair_lines = 2 * K;
-    const int64_t blocks = M / 8 + (M % 8) / 4 + (M % 4) / 2 + M % 2;
+    const int64_t blocks = M / 12 + (M % 12) / 8 + (M % 12 % 8) / 4 + (M % 4) / 2 + M % 2;
 #pragma omp parallel for schedule(static)
     for (int64_t p = 0; p < pairs; p++) {
         const float *w = panels + p * pair_lines * LANES;
@@ -58,6 +59,7 @@ void gemm_panels(float *out, const float *x, const float *panels, const float *b
         const int64_t share = pf ? (pair_lines + blocks - 1) / blocks : 0;
         int64_t m = 0, j = 0;
 #define PF pf + j * share * LANES, (j + 1) * share <= pair_lines ? share : pair_lines - j * share
+        for (; m + 12 <= M; m += 12, j++) rows_12(o + m * N, N, x + m * K, K, w, PF, b);
         for (; m + 8 <= M; m += 8, j++) rows_8(o + m * N, N, x + m * K, K, w, PF, b);
         for (; m + 4 <= M; m += 4, j++) rows_4(o + m * N, N, x + m * K, K, w, PF, b);
         for (; m + 2 <= M; m += 2, j++) rows_2(o + m * N, N, x + m * K, K, w, PF, b);
