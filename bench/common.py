@@ -198,26 +198,51 @@ def load_tokenizer(model: str = MODEL) -> Any:
 # ---------------------------------------------------------------- compute peak
 
 
-def matmul_peak_gflops(size: int = 1024, seconds: float = 3.0, threads: int | None = None) -> float:
-    """Best fp32 torch.mm rate over a few seconds: the ceiling a decode step can approach."""
+def matmul_peaks(size: int = 1024, seconds: float = 3.0) -> dict[str, float]:
+    """Best fp32 GFLOP/s of each matmul this machine offers on size x size operands:
+    torch.mm (MKL), oneDNN with a pre-packed weight, and our engine's panel GEMM (when
+    its C kernels build). The ceiling a decode step can approach is the best of them:
+    torch.mm alone reads about half of what the CPU can do."""
     import torch
 
-    if threads:
-        torch.set_num_threads(threads)
-    a = torch.randn(size, size)
-    b = torch.randn(size, size)
+    a, b = torch.randn(size, size), torch.randn(size, size)
     out = torch.empty(size, size)
+    kernels = {"torch.mm": lambda: torch.mm(a, b, out=out)}
+    if hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
+        packed = torch.ops.mkldnn._reorder_linear_weight(b, size)
+        kernels["onednn_packed"] = lambda: torch.ops.mkldnn._linear_pointwise(
+            a, packed, None, "none", [], ""
+        )
+    if engine_available() is None:
+        from engine import ops
+
+        panels = ops.pack_weight(b, size)
+        if panels.dim() == 3:  # the C kernels built
+            kernels["tiergate_panel_gemm"] = lambda: ops.linear(a, panels)
+    flops = 2 * size**3
+    return {name: _best_rate(fn, flops, seconds / len(kernels)) for name, fn in kernels.items()}
+
+
+def _best_rate(fn: Any, flops: int, seconds: float) -> float:
     for _ in range(3):
-        torch.mm(a, b, out=out)  # warm up the thread pool and caches
+        fn()  # warm up the thread pool and caches
     best = 0.0
     deadline = time.perf_counter() + seconds
     while time.perf_counter() < deadline:
         start = time.perf_counter()
         for _ in range(4):
-            torch.mm(a, b, out=out)
-        elapsed = time.perf_counter() - start
-        best = max(best, 4 * 2 * size**3 / elapsed / 1e9)
-    return best
+            fn()
+        best = max(best, 4 * flops / (time.perf_counter() - start) / 1e9)
+    return round(best, 1)
+
+
+def engine_available() -> str | None:
+    """None when our engine imports, else the reason."""
+    try:
+        from engine.engine import LLMEngine  # noqa: F401
+    except Exception as exc:  # any import failure means: skip our half, say why
+        return f"engine.engine not importable: {type(exc).__name__}: {exc}"
+    return None
 
 
 # ---------------------------------------------------------------- baseline venvs

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from common import MODEL, ChatItem
+from common import MODEL, ChatItem, engine_available  # noqa: F401  (re-exported)
 from hf_folder import ensure_hf_folder
 
 from engine.weights import hf_config
@@ -63,15 +63,6 @@ def make_engine(**config: Any) -> Any:
     from engine.engine import LLMEngine
 
     return LLMEngine(EngineConfig(model=config.pop("model", MODEL), **config))
-
-
-def engine_available() -> str | None:
-    """None when our engine imports, else the reason (it is being written alongside)."""
-    try:
-        from engine.engine import LLMEngine  # noqa: F401
-    except Exception as exc:  # any import failure means: skip our half, say why
-        return f"engine.engine not importable: {type(exc).__name__}: {exc}"
-    return None
 
 
 def greedy(max_tokens: int) -> Any:
