@@ -20,6 +20,7 @@
    OpenMP thread pool (the same libgomp) and follows torch.set_num_threads. */
 
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,7 +102,7 @@ static float exp_row(float *row, int64_t n) {
 static void attend_seq(float *out, const float *q, const float *k_pool, const float *v_pool,
                        int64_t page_stride, const int32_t *pages, int64_t n, int64_t kv_heads,
                        int64_t group, int64_t head_dim, int64_t page_size, float scale,
-                       float *scores, float *acc) {
+                       float *scores, float *acc, const int32_t *next_pages, int64_t next_n) {
     const int64_t rows = kv_heads * group, head_floats = head_dim * page_size;
     const int64_t num = (n + page_size - 1) / page_size;
     const int64_t stride = num * page_size; /* scores row per query head */
@@ -118,6 +119,9 @@ static void attend_seq(float *out, const float *q, const float *k_pool, const fl
     float sums[rows];
     for (int64_t r = 0; r < rows; r++) sums[r] = exp_row(scores + r * stride, n);
     memset(acc, 0, sizeof(float) * rows * head_dim);
+    /* this thread's next sequence: its first pages arrive while these values are summed */
+    for (int64_t i = 0; next_pages && i < PREFETCH_PAGES && i * page_size < next_n; i++)
+        prefetch(k_pool + (int64_t)next_pages[i] * page_stride, page_stride);
     for (int64_t i = 0; i < num; i++) {
         const int64_t len = n - i * page_size < page_size ? n - i * page_size : page_size;
         const float *v_page = v_pool + (int64_t)pages[i] * page_stride;
@@ -131,27 +135,50 @@ static void attend_seq(float *out, const float *q, const float *k_pool, const fl
     }
 }
 
+/* order[0..batch): sequence indices, longest context first (insertion sort: small batch) */
+static void longest_first(int64_t *order, const int32_t *context_lens, int64_t batch) {
+    for (int64_t i = 0; i < batch; i++) {
+        int64_t j = i;
+        for (; j > 0 && context_lens[order[j - 1]] < context_lens[i]; j--) order[j] = order[j - 1];
+        order[j] = i;
+    }
+}
+
 int paged_decode_attention(float *out, const float *q, const float *k_pool, const float *v_pool,
                            int64_t page_stride, const int32_t *page_table, int64_t table_width,
                            const int32_t *context_lens, int64_t batch, int64_t heads,
                            int64_t kv_heads, int64_t head_dim, int64_t page_size, float scale) {
     const int64_t group = heads / kv_heads;
-    int64_t longest = 0;
-    for (int64_t b = 0; b < batch; b++) longest = context_lens[b] > longest ? context_lens[b] : longest;
+    int64_t *order = malloc(sizeof(int64_t) * batch);
+    if (order == NULL) return 1;
+    longest_first(order, context_lens, batch);
+    const int64_t longest = batch ? context_lens[order[0]] : 0;
     const int64_t padded = (longest + page_size - 1) / page_size * page_size;
     int failed = 0;
+    /* Longest first, dealt round-robin: the threads' loads come out even, and each
+       thread knows which sequence it takes next (to prefetch it). */
 #pragma omp parallel
     {
         float *work = malloc(sizeof(float) * heads * (padded + head_dim));
         if (work == NULL) failed = 1;
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t b = 0; b < batch; b++) {
+        const int64_t threads = omp_get_num_threads();
+#pragma omp for schedule(static, 1)
+        for (int64_t i = 0; i < batch; i++) {
             if (work == NULL) continue;
+            const int64_t b = order[i];
+            const int32_t *next = 0;
+            int64_t next_n = 0;
+            if (i + threads < batch) {
+                next = page_table + order[i + threads] * table_width;
+                next_n = context_lens[order[i + threads]];
+            }
             attend_seq(out + b * heads * head_dim, q + b * heads * head_dim, k_pool, v_pool,
                        page_stride, page_table + b * table_width, context_lens[b], kv_heads,
-                       group, head_dim, page_size, scale, work, work + heads * padded);
+                       group, head_dim, page_size, scale, work, work + heads * padded, next,
+                       next_n);
         }
         free(work);
     }
+    free(order);
     return failed;
 }
