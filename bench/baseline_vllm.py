@@ -1,8 +1,9 @@
 """vLLM (CPU build) baseline, run inside .bench-venvs/vllm (not the project venv).
 
-Reads a JSON job {hf_folder, items: [{prompt_ids, output_tokens}], kv_gib, threads} from
-argv[1], submits all items at once (vLLM batches them continuously) and prints one JSON
-line on stdout: output tokens, generation seconds, start-up seconds.
+Reads a JSON job {hf_folder, items: [{prompt_ids, output_tokens}], kv_gib, threads,
+repeats} from argv[1], submits all items at once (vLLM batches them continuously),
+`repeats` times, each after emptying the prefix cache and one warm-up request, and
+prints one JSON line on stdout: output tokens, each run's seconds, start-up seconds.
 """
 
 import json
@@ -26,17 +27,23 @@ def main() -> None:
     llm = LLM(model=job["hf_folder"], dtype="float32", max_model_len=max_len, seed=0)
     startup_seconds = time.perf_counter() - start
     warm = SamplingParams(max_tokens=4, temperature=0.0)
-    llm.generate([TokensPrompt(prompt_token_ids=items[0]["prompt_ids"])], warm, use_tqdm=False)
+    warm_prompt = [TokensPrompt(prompt_token_ids=items[0]["prompt_ids"])]
     prompts = [TokensPrompt(prompt_token_ids=i["prompt_ids"]) for i in items]
     params = [
         SamplingParams(max_tokens=i["output_tokens"], temperature=0.0, ignore_eos=True)
         for i in items
     ]
-    start = time.perf_counter()
-    outs = llm.generate(prompts, params, use_tqdm=False)
-    seconds = time.perf_counter() - start
+    runs = []
+    for _ in range(job.get("repeats", 1)):
+        # each run as the first: cache emptied, then the same warm-up request our engine
+        # gets (its prompt's pages stay cached for the timed run, in both engines)
+        llm.reset_prefix_cache()
+        llm.generate(warm_prompt, warm, use_tqdm=False)
+        start = time.perf_counter()
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        runs.append(time.perf_counter() - start)
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-    result = {"output_tokens": tokens, "seconds": seconds, "startup_seconds": startup_seconds}
+    result = {"output_tokens": tokens, "runs_seconds": runs, "startup_seconds": startup_seconds}
     print("RESULT " + json.dumps(result), flush=True)
 
 

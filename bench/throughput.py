@@ -15,6 +15,7 @@ import argparse
 import gc
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -43,6 +44,12 @@ def parse_args() -> argparse.Namespace:
         default=os.cpu_count() or 2,
         help="CPU threads for every engine (default: all cores); 1 can win on a busy machine",
     )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="runs of our engine and of vLLM (the close pair); each reports its median run",
+    )
     return p.parse_args()
 
 
@@ -61,22 +68,33 @@ def useful_tokens(items: list[common.ChatItem]) -> int:
 # ---------------------------------------------------------------- ours
 
 
-def run_ours(items: list[common.ChatItem], threads: int) -> dict[str, Any]:
+def run_ours(items: list[common.ChatItem], threads: int, repeats: int) -> dict[str, Any]:
+    """The workload `repeats` times, each on a fresh engine (no prefix-cache carry-over);
+    tokens_per_s is the median run."""
     dims = ed.model_dims()
     # Room for every request at its full length: this measures batching, not preemption.
     slots = sum(len(i.prompt_ids) + i.output_tokens for i in items) * 5 // 4
-    engine = ed.make_engine(
-        kv_cache_bytes=max(slots, 4096) * dims.kv_bytes_per_token, num_threads=threads
-    )
-    ed.warm_up(engine, items[0].prompt_ids)
-    stats = ed.run_chat_items(engine, items)
-    del engine
-    gc.collect()
+    runs = []
+    for _ in range(repeats):
+        engine = ed.make_engine(
+            kv_cache_bytes=max(slots, 4096) * dims.kv_bytes_per_token, num_threads=threads
+        )
+        ed.warm_up(engine, items[0].prompt_ids)
+        stats = ed.run_chat_items(engine, items)
+        runs.append({"seconds": round(stats.seconds, 2), "steps": stats.steps})
+        del engine
+        gc.collect()
+    return median_run(stats.output_tokens, runs)
+
+
+def median_run(output_tokens: int, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """A result whose seconds and tokens_per_s are the median run's (every run kept)."""
+    seconds = statistics.median(r["seconds"] for r in runs)
     return {
-        "output_tokens": stats.output_tokens,
-        "seconds": round(stats.seconds, 2),
-        "tokens_per_s": round(stats.output_tokens_per_s, 1),
-        "steps": stats.steps,
+        "output_tokens": output_tokens,
+        "seconds": seconds,
+        "tokens_per_s": round(output_tokens / seconds, 1),
+        "runs_tokens_per_s": [round(output_tokens / r["seconds"], 1) for r in runs],
     }
 
 
@@ -187,6 +205,9 @@ def run_in_venv(venv: common.Venv, script: str, job: dict[str, Any], timeout: in
     for line in reversed(done.stdout.splitlines()):
         if line.startswith("RESULT "):
             result = json.loads(line[len("RESULT ") :])
+            if "runs_seconds" in result:  # repeated: report the median run, keep them all
+                runs = [{"seconds": x} for x in result.pop("runs_seconds")]
+                return {**result, **median_run(result["output_tokens"], runs)}
             result["tokens_per_s"] = result["output_tokens"] / result["seconds"]
             return result
     tail = (done.stderr or done.stdout)[-1500:]
@@ -216,11 +237,13 @@ def run_llamacpp(items: list[common.ChatItem], venv: common.Venv, threads: int) 
     return run_in_venv(venv, "baseline_llamacpp.py", job, timeout=1800)
 
 
-def run_vllm(items: list[common.ChatItem], venv: common.Venv, threads: int) -> dict[str, Any]:
+def run_vllm(
+    items: list[common.ChatItem], venv: common.Venv, threads: int, repeats: int
+) -> dict[str, Any]:
     if venv.python is None:
         return {"skipped": venv.skipped}
     job = {"hf_folder": str(ensure_hf_folder()), "items": job_items(items), "kv_gib": 2}
-    job["threads"] = threads
+    job["threads"], job["repeats"] = threads, repeats
     return run_in_venv(venv, "baseline_vllm.py", job, timeout=1800)
 
 
@@ -259,7 +282,8 @@ def main() -> None:
     peaks_before = common.matmul_peaks()
     reason = ed.engine_available()
     load = os.getloadavg()[0]
-    ours = with_load({"skipped": reason} if reason else run_ours(items, args.threads), load)
+    ours_run = {"skipped": reason} if reason else run_ours(items, args.threads, args.repeats)
+    ours = with_load(ours_run, load)
     print(f"ours: {ours}", flush=True)
     load = os.getloadavg()[0]
     skip_hf = {"skipped": "skipped by flag"}
@@ -269,7 +293,7 @@ def main() -> None:
     llamacpp = with_load(run_llamacpp(items, venvs["llamacpp"], args.threads), load)
     print(f"llama-cpp-python sequential: {llamacpp}", flush=True)
     load = os.getloadavg()[0]
-    vllm = with_load(run_vllm(items, venvs["vllm"], args.threads), load)
+    vllm = with_load(run_vllm(items, venvs["vllm"], args.threads, args.repeats), load)
     print(f"vLLM CPU: {vllm}", flush=True)
     d_ours = {"skipped": reason} if reason else decode64_ours(items, timed_steps, args.threads)
     d_hf = decode64_transformers(items, timed_steps)
@@ -285,6 +309,7 @@ def main() -> None:
             "output_tokens": [i.output_tokens for i in items],
             "quick": args.quick,
             "threads": args.threads,
+            "repeats_ours_and_vllm": args.repeats,
         },
         "ours": ours,
         "baselines": {"transformers_static32": hf, "llamacpp_sequential": llamacpp, "vllm": vllm},

@@ -37,6 +37,7 @@ _SIGNATURES = {
     "gemm_panels": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64],
     "rope_store_kv": [_ptr, _ptr, _ptr] + [_i64] * 4 + [_ptr, _ptr, _i64, _i64, _ptr, _ptr],
 }
+_RETURNS_STATUS = {"paged_decode_attention", "gemm_panels"}  # 0, or 1: out of memory
 
 
 def enabled() -> bool:
@@ -63,7 +64,7 @@ def kernels() -> ctypes.CDLL | None:
     for name, argtypes in _SIGNATURES.items():
         fn = getattr(lib, name)
         fn.argtypes = argtypes
-        fn.restype = ctypes.c_int if name == "paged_decode_attention" else None
+        fn.restype = ctypes.c_int if name in _RETURNS_STATUS else None
     return lib
 
 

@@ -48,9 +48,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     x = x.contiguous()
     out = x.new_empty(x.shape[0], panels * _PANEL)
     bias_ptr = None if bias is None else bias.data_ptr()
-    lib.gemm_panels(
+    failed = lib.gemm_panels(
         out.data_ptr(), x.data_ptr(), weight.data_ptr(), bias_ptr, x.shape[0], out.shape[1], k
     )
+    if failed:
+        raise MemoryError("gemm_panels could not allocate its packed rows")
     return out
 
 

@@ -1,10 +1,10 @@
 /* Decode attention over paged K/V, reading every page in place, once.
 
    The torch path gathers each sequence's pages into a contiguous buffer and then runs
-   two batched matmuls: the K/V bytes cross memory three times. Here each sequence walks
-   its pages once, in one pass (online softmax), reading each page's keys and values for
-   all KV heads together; each KV head's G query heads (grouped-query attention) share
-   that read.
+   two batched matmuls: the K/V bytes cross memory three times. Here each sequence's
+   pages come from memory once: a first sweep scores the keys of all KV heads (whole
+   pages prefetched ahead), a softmax, then a second sweep sums the values, by then in
+   L2. Each KV head's G query heads (grouped-query attention) share its reads.
 
    Layouts (fp32):
      q, out       [batch, heads, head_dim], contiguous
@@ -56,12 +56,12 @@ static void key_scores(float *s, const float *q, const float *k_page, int64_t he
     }
 }
 
-/* acc = acc * rescale + sum_j p[j] * v_j over len keys (v_page: [page_size, head_dim]) */
-static void add_values(float *acc, float rescale, const float *p, const float *v_page,
-                       int64_t len, int64_t head_dim) {
+/* acc += sum_j p[j] * v_j over len keys (v_page: [page_size, head_dim]) */
+static void add_values(float *acc, const float *p, const float *v_page, int64_t len,
+                       int64_t head_dim) {
     int64_t d = 0;
     for (; d + LANES <= head_dim; d += LANES) {
-        vec a[4] = {load(acc + d) * splat(rescale), {0}, {0}, {0}};
+        vec a[4] = {load(acc + d), {0}, {0}, {0}};
         int64_t j = 0;
         for (; j + 4 <= len; j += 4)
             for (int c = 0; c < 4; c++) a[c] += splat(p[j + c]) * load(v_page + (j + c) * head_dim + d);
@@ -69,7 +69,7 @@ static void add_values(float *acc, float rescale, const float *p, const float *v
         store(acc + d, a[0] + a[1] + a[2] + a[3]);
     }
     for (; d < head_dim; d++) {
-        float sum = acc[d] * rescale;
+        float sum = acc[d];
         for (int64_t j = 0; j < len; j++) sum += p[j] * v_page[j * head_dim + d];
         acc[d] = sum;
     }
@@ -126,7 +126,7 @@ static void attend_seq(float *out, const float *q, const float *k_pool, const fl
         const int64_t len = n - i * page_size < page_size ? n - i * page_size : page_size;
         const float *v_page = v_pool + (int64_t)pages[i] * page_stride;
         for (int64_t r = 0; r < rows; r++)
-            add_values(acc + r * head_dim, 1.0f, scores + r * stride + i * page_size,
+            add_values(acc + r * head_dim, scores + r * stride + i * page_size,
                        v_page + r / group * head_floats, len, head_dim);
     }
     for (int64_t r = 0; r < rows; r++) {

@@ -18,7 +18,8 @@ static inline vec load(const float *p) {
 
 static inline void store(float *p, vec v) { memcpy(p, &v, sizeof v); }
 
-static inline vec splat(float x) { return (vec){0} + x; }
+/* every lane x: one vbroadcastss ("(vec){0} + x" costs a scalar add first); LANES == 16 */
+static inline vec splat(float x) { return (vec){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
 
 static inline vec clamp(vec x, float lo, float hi) {
     ivec below = x < splat(lo), above = x > splat(hi);
