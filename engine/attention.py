@@ -262,12 +262,14 @@ def decode_kernel(
     lib = native.kernels()
     assert lib is not None, "build_context(use_kernel=True) needs the C kernels"
     assert out.is_contiguous() and k_pool.stride(0) == v_pool.stride(0)
-    q = q.contiguous()
+    if q.stride(2) != 1 or q.stride(1) != q.shape[2]:
+        q = q.contiguous()  # each row's heads must be one block; rows may be apart
     b, h, d = q.shape
     _, kvh, page_size, _ = v_pool.shape
     failed = lib.paged_decode_attention(
         out.data_ptr(),
         q.data_ptr(),
+        q.stride(0),
         k_pool.data_ptr(),
         v_pool.data_ptr(),
         k_pool.stride(0),

@@ -24,20 +24,21 @@ from engine.model_registry import cache_dir
 log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = (CSRC / "paged_attention.c", CSRC / "layer_ops.c", CSRC / "gemm.c")
+SOURCES = tuple(CSRC / f for f in ("paged_attention.c", "layer_ops.c", "gemm.c", "decode_step.c"))
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
 
 _i64, _f32, _ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 _SIGNATURES = {
-    "paged_decode_attention": [_ptr, _ptr, _ptr, _ptr, _i64, _ptr, _i64, _ptr]
+    "paged_decode_attention": [_ptr, _ptr, _i64, _ptr, _ptr, _i64, _ptr, _i64, _ptr]
     + [_i64] * 5
     + [_f32],
     "add_rms_norm": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _f32],
     "silu_mul": [_ptr, _ptr, _i64, _i64],
+    "decode_step": [_ptr, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr],
     "gemm_panels": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64],
     "rope_store_kv": [_ptr, _ptr, _ptr] + [_i64] * 4 + [_ptr, _ptr, _i64, _i64, _ptr, _ptr],
 }
-_RETURNS_STATUS = {"paged_decode_attention", "gemm_panels"}  # 0, or 1: out of memory
+_RETURNS_STATUS = {"paged_decode_attention", "gemm_panels", "decode_step"}  # 0, or 1: out of memory
 
 
 def enabled() -> bool:

@@ -6,6 +6,7 @@ from engine import native
 from engine.attention import Workspace, build_context, new_kv_pools
 from engine.batch import SeqChunk
 from engine.config import EngineConfig
+from engine.fused_decode import FusedDecode
 from engine.model_registry import resolve_model
 from engine.sampler import sample
 from engine.tokenizer import load_tokenizer
@@ -42,6 +43,8 @@ class ModelRunner:
         self.kv_caches = self._allocate_kv()
         self.workspace = Workspace()  # attention gather buffers, kept across steps
         self.use_kernel = native.kernels() is not None  # decode attention in C
+        # decode-only steps in one C call (None: the model's forward runs every step)
+        self.fused = FusedDecode.build(self.model, self.kv_caches) if self.use_kernel else None
 
     @staticmethod
     def bytes_per_page(model_config: ModelConfig, page_size: int) -> int:
@@ -69,11 +72,18 @@ class ModelRunner:
         ordered = [chunks[i] for i in order]
         input_ids, positions, last = self._pack(ordered)
         ctx = build_context(ordered, self.page_size, self.workspace, self.use_kernel)
-        hidden = self.model(input_ids, positions, ctx, self.kv_caches)
         want = [j for j, c in enumerate(ordered) if c.sample]
         results: list[int | None] = [None] * len(chunks)
+        if self.fused is not None and len(input_ids) == len(ordered):  # decodes only
+            scratch = self.workspace.take(
+                "step", (self.fused.workspace_floats(len(ordered)),), _DTYPE
+            )
+            logits = self.fused.logits(input_ids, self.model.rotary(positions), ctx, scratch)
+            logits = logits if len(want) == len(ordered) else logits[want]
+        else:
+            hidden = self.model(input_ids, positions, ctx, self.kv_caches)
+            logits = self.model.compute_logits(hidden[[last[j] for j in want]]) if want else None
         if want:
-            logits = self.model.compute_logits(hidden[[last[j] for j in want]])
             params = [ordered[j].params for j in want]
             gens = [ordered[j].generator for j in want]
             for j, token in zip(want, sample(logits, params, gens), strict=True):

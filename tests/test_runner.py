@@ -160,3 +160,26 @@ def test_decode_batch_of_mixed_lengths_matches_alone(runner: ModelRunner, use_ke
     for row, c in enumerate(decodes):
         alone = _logits(runner, [c])  # the torch path
         torch.testing.assert_close(batched[row : row + 1], alone, atol=2e-3, rtol=1e-3)
+
+
+def test_fused_decode_step_equals_the_layer_by_layer_forward(runner: ModelRunner) -> None:
+    """Decode-only steps run as one C call (engine/csrc/decode_step.c): the same kernels in
+    the same order as the model's forward, so the logits are bit-identical."""
+    assert runner.fused is not None, "the C kernels must build here (is gcc installed?)"
+    lens = [1, 15, 16, 17, 70, 33]
+    tables = [[200 + i * 8 + j for j in range(8)] for i in range(len(lens))]
+    prompts = [_prompt(runner, n + 1, i + 3) for i, n in enumerate(lens)]
+    for i, p in enumerate(prompts):  # cache all but the last token
+        _logits(runner, [SeqChunk(i, p[:-1], 0, tables[i], False, GREEDY)])
+    decodes = [
+        SeqChunk(i, p[-1:], len(p) - 1, tables[i], True, GREEDY) for i, p in enumerate(prompts)
+    ]
+    decodes.sort(key=lambda c: c.start_pos)
+    layer_by_layer = _logits(runner, decodes, use_kernel=True)
+    ids = torch.tensor([c.token_ids[0] for c in decodes])
+    pos = torch.tensor([c.start_pos for c in decodes])
+    ctx = build_context(decodes, PAGE, use_kernel=True)
+    scratch = torch.empty(runner.fused.workspace_floats(len(decodes)))
+    with torch.inference_mode():
+        fused = runner.fused.logits(ids, runner.model.rotary(pos), ctx, scratch)
+    assert torch.equal(fused, layer_by_layer)

@@ -9,6 +9,7 @@
 
 #include <stdint.h>
 
+#include "kernels.h"
 #include "vec.h"
 
 /* pf_lines cache lines from pf are prefetched, spread evenly over the K steps */

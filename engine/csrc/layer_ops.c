@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "kernels.h"
 #include "vec.h"
 
 #define PARALLEL_FLOATS 65536

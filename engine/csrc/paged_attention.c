@@ -7,7 +7,7 @@
    L2. Each KV head's G query heads (grouped-query attention) share its reads.
 
    Layouts (fp32):
-     q, out       [batch, heads, head_dim], contiguous
+     q, out       [batch, heads, head_dim]; out contiguous, q rows q_stride floats apart
      one page     K [kv_heads, head_dim, page_size] then V [kv_heads, page_size, head_dim];
                   k_pool/v_pool point at page 0's K and V, page_stride floats apart per page
      page_table   [batch, table_width] int32; row b lists sequence b's pages in order
@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels.h"
 #include "vec.h"
 
 /* Pages requested ahead of the one being scored: enough misses in flight to cover DRAM
@@ -144,8 +145,9 @@ static void longest_first(int64_t *order, const int32_t *context_lens, int64_t b
     }
 }
 
-int paged_decode_attention(float *out, const float *q, const float *k_pool, const float *v_pool,
-                           int64_t page_stride, const int32_t *page_table, int64_t table_width,
+int paged_decode_attention(float *out, const float *q, int64_t q_stride, const float *k_pool,
+                           const float *v_pool, int64_t page_stride,
+                           const int32_t *page_table, int64_t table_width,
                            const int32_t *context_lens, int64_t batch, int64_t heads,
                            int64_t kv_heads, int64_t head_dim, int64_t page_size, float scale) {
     const int64_t group = heads / kv_heads;
@@ -172,7 +174,7 @@ int paged_decode_attention(float *out, const float *q, const float *k_pool, cons
                 next = page_table + order[i + threads] * table_width;
                 next_n = context_lens[order[i + threads]];
             }
-            attend_seq(out + b * heads * head_dim, q + b * heads * head_dim, k_pool, v_pool,
+            attend_seq(out + b * heads * head_dim, q + b * q_stride, k_pool, v_pool,
                        page_stride, page_table + b * table_width, context_lens[b], kv_heads,
                        group, head_dim, page_size, scale, work, work + heads * padded, next,
                        next_n);

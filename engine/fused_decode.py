@@ -1,0 +1,128 @@
+"""Decode-only steps in one C call (engine/csrc/decode_step.c): the model's layers as
+the C kernels run them from Python, without the Python in between.
+
+Built once per runner, when every matmul weight is packed in panels (the C kernels are
+loaded and the model's widths fit them); otherwise `build` returns None and every step
+takes the model's own forward.
+"""
+
+import ctypes
+from collections.abc import Sequence
+
+import torch
+
+from engine import native
+from engine.attention import AttentionContext
+from engine.models.llama import LlamaForCausalLM
+
+_I64, _F32, _PTR = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+
+
+class DecodeModel(ctypes.Structure):
+    """Mirrors DecodeModel in decode_step.c."""
+
+    _fields_ = [
+        *((name, _I64) for name in ("layers", "hidden", "heads", "kv_heads", "head_dim")),
+        *((name, _I64) for name in ("inter", "vocab", "page_size", "page_stride")),
+        ("eps", _F32),
+        ("attn_scale", _F32),
+        *((name, _PTR) for name in ("layer_ptrs", "embed", "final_norm", "head")),
+    ]
+
+
+def _ptr(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.data_ptr()
+
+
+class FusedDecode:
+    def __init__(
+        self, model: LlamaForCausalLM, kv_caches: Sequence[tuple[torch.Tensor, torch.Tensor]]
+    ) -> None:
+        cfg = model.config
+        rows = []
+        for layer, (k_pool, v_pool) in zip(model.layers, kv_caches, strict=True):
+            attn, mlp = layer.self_attn, layer.mlp
+            rows.append(
+                [
+                    _ptr(layer.input_layernorm.weight),
+                    _ptr(attn.qkv_proj.packed),
+                    _ptr(attn.qkv_proj.bias),
+                    _ptr(attn.o_proj.packed),
+                    _ptr(layer.post_attention_layernorm.weight),
+                    _ptr(mlp.gate_up_proj.packed),
+                    _ptr(mlp.down_proj.packed),
+                    _ptr(k_pool),
+                    _ptr(v_pool),
+                ]
+            )
+        self._layer_ptrs = torch.tensor(rows, dtype=torch.int64)
+        self._keep = (model, kv_caches)  # the addresses above stay valid while we live
+        _, kv_heads, page_size, head_dim = kv_caches[0][1].shape
+        self.spec = DecodeModel(
+            layers=cfg.num_layers,
+            hidden=cfg.hidden_size,
+            heads=cfg.num_heads,
+            kv_heads=kv_heads,
+            head_dim=head_dim,
+            inter=cfg.intermediate_size,
+            vocab=cfg.vocab_size,
+            page_size=page_size,
+            page_stride=kv_caches[0][0].stride(0),
+            eps=float(cfg.rms_eps),
+            attn_scale=head_dim**-0.5,
+            layer_ptrs=self._layer_ptrs.data_ptr(),
+            embed=model.embed_tokens.weight.data_ptr(),
+            final_norm=model.norm.weight.data_ptr(),
+            head=_ptr(model.packed_head),
+        )
+
+    @staticmethod
+    def build(
+        model: LlamaForCausalLM, kv_caches: Sequence[tuple[torch.Tensor, torch.Tensor]]
+    ) -> "FusedDecode | None":
+        if native.kernels() is None or model.packed_head is None or model.packed_head.dim() != 3:
+            return None
+        if not model.embed_tokens.weight.is_contiguous():
+            return None
+        for layer in model.layers:
+            projections = (*layer.self_attn.children(), *layer.mlp.children())
+            if any(p.packed is None or p.packed.dim() != 3 for p in projections):
+                return None  # some width is not a whole number of panel pairs
+        return FusedDecode(model, kv_caches)
+
+    def logits(
+        self,
+        input_ids: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        ctx: AttentionContext,
+        workspace: torch.Tensor,
+    ) -> torch.Tensor:
+        """Logits [B, vocab] for B decodes (ctx built with use_kernel=True, decodes only)."""
+        lib = native.kernels()
+        assert lib is not None and ctx.decode_batch is not None and not ctx.prefills
+        s, b = self.spec, input_ids.shape[0]
+        cos, sin = rope
+        assert workspace.numel() >= self.workspace_floats(b), "workspace too small"
+        logits = torch.empty(b, s.vocab)
+        failed = lib.decode_step(
+            ctypes.byref(s),
+            input_ids.data_ptr(),
+            cos.data_ptr(),
+            sin.data_ptr(),
+            b,
+            ctx.slot_pages.data_ptr(),
+            ctx.slot_offsets.data_ptr(),
+            ctx.decode_batch.page_table.data_ptr(),
+            ctx.decode_batch.page_table.shape[1],
+            ctx.decode_batch.context_lens.data_ptr(),
+            logits.data_ptr(),
+            workspace.data_ptr(),
+        )
+        if failed:
+            raise MemoryError("decode_step: a kernel could not allocate its scratch")
+        return logits
+
+    def workspace_floats(self, batch: int) -> int:
+        """decode_step's scratch: x, residual, h, qkv, attention out, gate_up, act."""
+        s = self.spec
+        return batch * (3 * s.hidden + 2 * (s.heads + s.kv_heads) * s.head_dim + 3 * s.inter)
