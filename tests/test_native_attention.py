@@ -49,16 +49,20 @@ def _torch_decode(
 
 
 @pytest.mark.parametrize(
-    ("heads", "kv_heads", "lens"),
+    ("heads", "kv_heads", "lens", "page_size"),
     [
-        (9, 3, [1, 16, 17, 33, 250, 700]),  # SmolLM2's grouping; page-edge lengths
-        (14, 2, [5, 64, 300]),  # Qwen2.5-0.5B's grouping
-        (4, 4, [2, 31]),  # no grouping
+        (9, 3, [1, 16, 17, 33, 250, 700], 16),  # SmolLM2's grouping; page-edge lengths
+        (14, 2, [5, 64, 300], 16),  # Qwen2.5-0.5B's grouping
+        (4, 4, [2, 31], 16),  # no grouping
+        (9, 3, [1, 5, 6, 11, 40], 5),  # pages narrower than a vector: the scalar tails
+        (9, 3, [31, 32, 33, 100], 32),  # two vectors per page
     ],
 )
-def test_kernel_matches_torch_path(heads: int, kv_heads: int, lens: list[int]) -> None:
+def test_kernel_matches_torch_path(
+    heads: int, kv_heads: int, lens: list[int], page_size: int
+) -> None:
     assert native.kernels() is not None, "the C kernels must build here (is gcc installed?)"
-    q, k_pool, v_pool, table, ctx_lens = _random_case(heads, kv_heads, lens)
+    q, k_pool, v_pool, table, ctx_lens = _random_case(heads, kv_heads, lens, page_size)
     out = torch.full_like(q, float("nan"))
     decode_kernel(q, k_pool, v_pool, DecodeBatch(0, len(lens), table, ctx_lens), out)
     torch.testing.assert_close(out, _torch_decode(q, k_pool, v_pool, table, ctx_lens))
