@@ -29,6 +29,7 @@ class ModelRunner:
         self.model_name = resolved.name
         self.model_config, self.model = load_model(resolved)
         self.model.pack_weights(batch_hint=config.max_num_seqs)
+        self.model.drop_plain_weights()
         self.tokenizer = load_tokenizer(resolved)
         self.page_size = config.page_size
         self.max_model_len = min(

@@ -114,7 +114,7 @@ def _plain_logits(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
     for layer in model.layers:
         att = layer.self_attn
         h = F.rms_norm(x, (c.hidden_size,), layer.input_layernorm.weight, c.rms_eps)
-        q, k, v = F.linear(h, att.qkv_proj.weight, att.qkv_proj.bias).split(
+        q, k, v = F.linear(h, att.qkv_proj.plain_weight(), att.qkv_proj.bias).split(
             [c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.num_kv_heads * c.head_dim], -1
         )
         q = _rope(q.view(len(ids), c.num_heads, c.head_dim), c.rope_theta).transpose(0, 1)
@@ -125,10 +125,10 @@ def _plain_logits(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
         scores = q @ k.transpose(1, 2) / c.head_dim**0.5
         causal = torch.ones(len(ids), len(ids), dtype=torch.bool).tril()
         a = torch.softmax(scores.masked_fill(~causal, float("-inf")), -1) @ v
-        x = x + F.linear(a.transpose(0, 1).reshape(len(ids), -1), att.o_proj.weight)
+        x = x + F.linear(a.transpose(0, 1).reshape(len(ids), -1), att.o_proj.plain_weight())
         h = F.rms_norm(x, (c.hidden_size,), layer.post_attention_layernorm.weight, c.rms_eps)
-        gate, up = F.linear(h, layer.mlp.gate_up_proj.weight).chunk(2, -1)
-        x = x + F.linear(F.silu(gate) * up, layer.mlp.down_proj.weight)
+        gate, up = F.linear(h, layer.mlp.gate_up_proj.plain_weight()).chunk(2, -1)
+        x = x + F.linear(F.silu(gate) * up, layer.mlp.down_proj.plain_weight())
     x = F.rms_norm(x, (c.hidden_size,), model.norm.weight, c.rms_eps)
     return model.compute_logits(x)
 

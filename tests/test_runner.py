@@ -1,6 +1,7 @@
 """Paged forward: chunked prefill and mixed batches match one full forward."""
 
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -8,8 +9,10 @@ import torch
 from engine.attention import build_context
 from engine.batch import SeqChunk
 from engine.config import EngineConfig
+from engine.model_registry import resolve_model
 from engine.runner import ModelRunner
 from engine.sampling_params import SamplingParams
+from engine.weights import load_model
 
 GREEDY = SamplingParams(temperature=0)
 PAGE = 16
@@ -183,3 +186,28 @@ def test_fused_decode_step_equals_the_layer_by_layer_forward(runner: ModelRunner
     with torch.inference_mode():
         fused = runner.fused.logits(ids, runner.model.rotary(pos), ctx, scratch)
     assert torch.equal(fused, layer_by_layer)
+
+
+def _mapped_file(address: int) -> str | None:
+    """The file behind the memory mapping holding address (None: anonymous memory)."""
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split()
+        start, end = (int(x, 16) for x in fields[0].split("-"))
+        if start <= address < end:
+            path = fields[5] if len(fields) > 5 else ""
+            return path if path.startswith("/") else None
+    return None
+
+
+def test_plain_weights_dropped_and_rebuilt_exactly(runner: ModelRunner) -> None:
+    _, fresh = load_model(resolve_model("smollm2-135m"))
+    for i in (0, 17):
+        for name in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj"):
+            lin = runner.model.layers[i].get_submodule(name)
+            assert lin.weight is None, "the panels hold it: the plain copy is dropped"
+            want = fresh.layers[i].get_submodule(name).weight
+            assert torch.equal(lin.plain_weight(), want)
+    # what stays was copied out of the weight cache's file mapping, so that mapping closes
+    for name, param in runner.model.named_parameters():
+        assert _mapped_file(param.data_ptr()) is None, name
+    assert _mapped_file(fresh.embed_tokens.weight.data_ptr()) is not None  # the check sees maps
