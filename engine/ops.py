@@ -7,9 +7,9 @@ panels [N / 16, K, 16] for gemm.c, which streams them ~20% faster than oneDNN at
 batch sizes (8-64 rows) and runs within ~6% of it on 2,000-row prefills. Without them,
 oneDNN's blocked layout: on this AMD (AVX-512) CPU, MKL's sgemm behind F.linear reaches
 ~65 GFLOP/s per core at batch 64 where oneDNN reaches ~120-160, and a plain weight makes
-oneDNN reorder it on every call. Either way the packed copy is a second copy of the
-weights (~520 MB for SmolLM2-135M with its LM head): the plain ones stay readable as
-.weight (reference checks; the embedding, when the head is tied).
+oneDNN reorder it on every call. Panels are a lossless re-layout, so the model then
+drops its plain weights (LlamaForCausalLM.drop_plain_weights); oneDNN's layout is opaque,
+so on that path both copies stay (~520 MB more for SmolLM2-135M with its LM head).
 """
 
 import torch
