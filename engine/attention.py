@@ -7,11 +7,13 @@ and [num_pages, kv_heads, page_size, head_dim]. (DESIGN.md draws [num_pages, pag
 kv_heads, head_dim]: same bytes per page.) Why: see engine/csrc/paged_attention.c: a page
 read whole streams twice as fast as scattered per-head 4 KB pieces, and dimension-major
 keys let the C kernel score 16 keys per vector instruction.
-A step packs all chunks' tokens into one sequence of T tokens, prefill chunks first
-(attended one by one with flash SDPA), then single-token chunks (decodes). Decodes go to
-the C kernel that reads pages in place, all in one call; without it (no compiler) they
-are sorted by context length and attended with torch in batched groups of similar
-length, over pages gathered into contiguous buffers.
+A step packs all chunks' tokens into one sequence of T tokens, prefill chunks first, then
+single-token chunks (decodes). With the C kernel (reading pages in place), the decodes go
+to it in one call, and so does every token of a prefill chunk that continues a cached
+prefix (each token is a row attending to its own causal context); a chunk starting at
+position 0 attends to its own K/V with flash SDPA. Without the kernel (no compiler),
+prefill chunks use SDPA over gathered pages, and decodes are sorted by context length and
+attended with torch in batched groups of similar length.
 """
 
 import math
@@ -71,9 +73,10 @@ class DecodeGroup:
 
 @dataclass
 class DecodeBatch:
-    """All of a step's decodes, for the C kernel (it handles unequal lengths itself)."""
+    """Rows for the C kernel, each one query token attending to its own context: a step's
+    decodes, or one prefix-continuing prefill chunk (the kernel handles unequal lengths)."""
 
-    start: int  # offset of the first decode token in the packed batch
+    start: int  # offset of the first row's token in the packed batch
     size: int
     page_table: torch.Tensor  # [size, max_pages] int32, rows padded with page 0
     context_lens: torch.Tensor  # [size] int32: keys each decode attends to, itself included
@@ -88,6 +91,8 @@ class AttentionContext:
     prefills: list[PrefillSeq]
     decode_groups: list[DecodeGroup]  # the torch path's decodes
     decode_batch: DecodeBatch | None = None  # the C kernel's decodes
+    # the C kernel's prefill chunks that continue a cached prefix: one row per token
+    prefix_batches: list[DecodeBatch] = field(default_factory=list)
     workspace: Workspace = field(default_factory=Workspace)
 
 
@@ -103,6 +108,7 @@ def build_context(
     Everything here is computed once per step and shared by all layers."""
     slots: list[int] = []
     prefills: list[PrefillSeq] = []
+    prefix_batches: list[DecodeBatch] = []
     decodes: list[SeqChunk] = []
     offset = 0
     for c in chunks:
@@ -111,7 +117,9 @@ def build_context(
             c.page_table[pos // page_size] * page_size + pos % page_size
             for pos in range(c.start_pos, c.start_pos + n)
         )
-        if n > 1:
+        if n > 1 and use_kernel and c.start_pos > 0:
+            prefix_batches.append(_prefix_batch(c, offset, page_size))
+        elif n > 1:
             prefills.append(_prefill_seq(c, offset))
         else:
             decodes.append(c)
@@ -132,8 +140,19 @@ def build_context(
         prefills=prefills,
         decode_groups=groups,
         decode_batch=batch,
+        prefix_batches=prefix_batches,
         workspace=workspace or Workspace(),
     )
+
+
+def _prefix_batch(c: SeqChunk, start: int, page_size: int) -> DecodeBatch:
+    """A chunk continuing a cached prefix as kernel rows: token i (position start_pos +
+    i) attends to keys 0 .. start_pos + i, all through the sequence's page table."""
+    n = len(c.token_ids)
+    pages = c.page_table[: -(-(c.start_pos + n) // page_size)]
+    table = torch.tensor(pages, dtype=torch.int32).expand(n, len(pages)).contiguous()
+    lens = torch.arange(c.start_pos + 1, c.start_pos + n + 1, dtype=torch.int32)
+    return DecodeBatch(start, n, table, lens)
 
 
 def _decode_batch(decodes: list[SeqChunk], start: int, page_size: int) -> DecodeBatch:
@@ -243,8 +262,10 @@ def paged_attention(
         qs = slice(g.start, g.start + g.size)
         mask = g.kv_head_mask(v_pool.shape[1])
         out[qs] = _decode(q[qs], k_pool, v_pool, g.page_table, mask, ctx.workspace)
-    if ctx.decode_batch is not None:
-        b = ctx.decode_batch
+    batches = (
+        ctx.prefix_batches if ctx.decode_batch is None else [*ctx.prefix_batches, ctx.decode_batch]
+    )
+    for b in batches:
         qs = slice(b.start, b.start + b.size)
         decode_kernel(q[qs], k_pool, v_pool, b, out[qs])
     return out

@@ -59,19 +59,26 @@ def test_bytes_per_page(runner: ModelRunner) -> None:
     assert runner.kv_caches[0][1].shape == (256, c.num_kv_heads, PAGE, c.head_dim)
 
 
-def test_chunked_prefill_matches_full_forward(runner: ModelRunner) -> None:
+@pytest.mark.parametrize("use_kernel", [False, True], ids=["torch", "kernel"])
+def test_chunked_prefill_matches_full_forward(runner: ModelRunner, use_kernel: bool) -> None:
+    """Chunks after the first continue a cached prefix: SDPA over gathered pages, or
+    each token a C-kernel row reading the pages in place."""
     ids = _prompt(runner, 75, 0)
     full = _logits(runner, [SeqChunk(0, ids, 0, list(range(5)), False, GREEDY)])
     pages = random.Random(1).sample(range(10, 200), 5)  # scattered, non-contiguous pages
     got, start = [], 0
     for size in (5, 16, 11, 1, 30, 12):  # crosses page boundaries, includes a 1-token chunk
         chunk = ids[start : start + size]
-        got.append(_logits(runner, [SeqChunk(1, chunk, start, pages, False, GREEDY)]))
+        chunks = [SeqChunk(1, chunk, start, pages, False, GREEDY)]
+        if use_kernel and start > 0 and size > 1:
+            assert len(build_context(chunks, PAGE, use_kernel=True).prefix_batches) == 1
+        got.append(_logits(runner, chunks, use_kernel))
         start += size
     torch.testing.assert_close(torch.cat(got), full, atol=2e-3, rtol=1e-3)
 
 
-def test_mixed_batch_matches_single_sequences(runner: ModelRunner) -> None:
+@pytest.mark.parametrize("use_kernel", [False, True], ids=["torch", "kernel"])
+def test_mixed_batch_matches_single_sequences(runner: ModelRunner, use_kernel: bool) -> None:
     """Three sequences in one step (prefill chunk with a prefix, a fresh prefill, decodes)
     give the same logits as each run alone."""
     a, b, c = _prompt(runner, 40, 1), _prompt(runner, 23, 2), _prompt(runner, 33, 3)
@@ -90,6 +97,7 @@ def test_mixed_batch_matches_single_sequences(runner: ModelRunner) -> None:
             SeqChunk(2, b, 0, pb, False, GREEDY),
             SeqChunk(3, c[32:], 32, pc, False, GREEDY),
         ],
+        use_kernel,
     )
     torch.testing.assert_close(mixed[:20], alone[0][20:], atol=2e-3, rtol=1e-3)
     torch.testing.assert_close(mixed[20:43], alone[1], atol=2e-3, rtol=1e-3)

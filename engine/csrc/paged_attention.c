@@ -136,13 +136,17 @@ static void attend_seq(float *out, const float *q, const float *k_pool, const fl
     }
 }
 
-/* order[0..batch): sequence indices, longest context first (insertion sort: small batch) */
+static int by_key_descending(const void *a, const void *b) {
+    const int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x < y) - (x > y);
+}
+
+/* order[0..batch): row indices, longest context first (a prefill chunk brings ~1,000
+   rows, so a real sort) */
 static void longest_first(int64_t *order, const int32_t *context_lens, int64_t batch) {
-    for (int64_t i = 0; i < batch; i++) {
-        int64_t j = i;
-        for (; j > 0 && context_lens[order[j - 1]] < context_lens[i]; j--) order[j] = order[j - 1];
-        order[j] = i;
-    }
+    for (int64_t i = 0; i < batch; i++) order[i] = ((int64_t)context_lens[i] << 32) | i;
+    qsort(order, batch, sizeof(int64_t), by_key_descending);
+    for (int64_t i = 0; i < batch; i++) order[i] &= 0xffffffff;
 }
 
 int paged_decode_attention(float *out, const float *q, int64_t q_stride, const float *k_pool,
