@@ -85,9 +85,8 @@ class DecodeBatch:
 @dataclass
 class AttentionContext:
     page_size: int
-    slot_mapping: torch.Tensor  # [T] long: flat pool slot each new token's K/V goes to
-    slot_pages: torch.Tensor  # [T] long: slot_mapping // page_size
-    slot_offsets: torch.Tensor  # [T] long: slot_mapping % page_size
+    slot_pages: torch.Tensor  # [T] long: the page each new token's K/V goes to
+    slot_offsets: torch.Tensor  # [T] long: its offset within that page
     prefills: list[PrefillSeq]
     decode_groups: list[DecodeGroup]  # the torch path's decodes
     decode_batch: DecodeBatch | None = None  # the C kernel's decodes
@@ -131,10 +130,9 @@ def build_context(
     elif decodes:
         for lo, hi in _group_by_length([-(-(c.start_pos + 1) // page_size) for c in decodes]):
             groups.append(_decode_group(decodes[lo:hi], start + lo, page_size))
-    slot_mapping = torch.tensor(slots, dtype=torch.long)
+    slot_mapping = torch.tensor(slots, dtype=torch.long)  # page * page_size + offset
     return AttentionContext(
         page_size=page_size,
-        slot_mapping=slot_mapping,
         slot_pages=slot_mapping // page_size,
         slot_offsets=slot_mapping % page_size,
         prefills=prefills,

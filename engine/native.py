@@ -38,7 +38,7 @@ _SIGNATURES = {
     "gemm_panels": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64],
     "rope_store_kv": [_ptr, _ptr, _ptr] + [_i64] * 4 + [_ptr, _ptr, _i64, _i64, _ptr, _ptr],
 }
-_RETURNS_STATUS = {"paged_decode_attention", "gemm_panels", "decode_step"}  # 0, or 1: out of memory
+_RETURNS_STATUS = {"paged_decode_attention", "decode_step"}  # 0, or 1: out of memory
 
 
 def enabled() -> bool:

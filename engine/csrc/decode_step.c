@@ -40,20 +40,20 @@ int decode_step(const DecodeModel *m, const int64_t *tokens, const float *cos, c
     for (int64_t b = 0; b < B; b++) memcpy(residual + b * H, m->embed + tokens[b] * H, H * 4);
     for (int64_t l = 0; l < m->layers; l++) {
         add_rms_norm(h, residual, l ? x : 0, P(l, IN_NORM), B, H, m->eps);
-        failed |= gemm_panels(qkv, h, P(l, QKV), P(l, QKV_BIAS), B, qkv_width, H);
+        gemm_panels(qkv, h, P(l, QKV), P(l, QKV_BIAS), B, qkv_width, H);
         rope_store_kv(qkv, cos, sin, B, m->heads, m->kv_heads, D, P(l, K_POOL), P(l, V_POOL),
                       m->page_stride, m->page_size, slot_pages, slot_offsets);
         failed |= paged_decode_attention(attn, qkv, qkv_width, P(l, K_POOL), P(l, V_POOL),
                                          m->page_stride, page_table, table_width, context_lens,
                                          B, m->heads, m->kv_heads, D, m->page_size,
                                          m->attn_scale);
-        failed |= gemm_panels(x, attn, P(l, O_PROJ), 0, B, H, m->heads * D);
+        gemm_panels(x, attn, P(l, O_PROJ), 0, B, H, m->heads * D);
         add_rms_norm(h, residual, x, P(l, POST_NORM), B, H, m->eps);
-        failed |= gemm_panels(gate_up, h, P(l, GATE_UP), 0, B, 2 * m->inter, H);
+        gemm_panels(gate_up, h, P(l, GATE_UP), 0, B, 2 * m->inter, H);
         silu_mul(act, gate_up, B, m->inter);
-        failed |= gemm_panels(x, act, P(l, DOWN), 0, B, H, m->inter);
+        gemm_panels(x, act, P(l, DOWN), 0, B, H, m->inter);
     }
     add_rms_norm(h, residual, x, m->final_norm, B, H, m->eps);
-    failed |= gemm_panels(logits, h, m->head, 0, B, m->vocab, H);
+    gemm_panels(logits, h, m->head, 0, B, m->vocab, H);
     return failed;
 }

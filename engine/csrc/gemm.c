@@ -45,8 +45,8 @@ ROW_KERNEL(4)
 ROW_KERNEL(2)
 ROW_KERNEL(1)
 
-int gemm_panels(float *out, const float *x, const float *panels, const float *bias, int64_t M,
-                int64_t N, int64_t K) {
+void gemm_panels(float *out, const float *x, const float *panels, const float *bias, int64_t M,
+                 int64_t N, int64_t K) {
     const int64_t pairs = N / (2 * LANES), pair_lines = 2 * K;
     /* prefetch distance in pairs: ~256 KB ahead (measured best: 2-3 pairs at K = 576,
        where one pair ahead leaves the LM head ~20% slower), within L2 for any K */
@@ -71,5 +71,4 @@ int gemm_panels(float *out, const float *x, const float *panels, const float *bi
         for (; m < M; m++, j++) rows_1(o + m * N, N, x + m * K, K, w, PF, b);
 #undef PF
     }
-    return 0;
 }

@@ -9,8 +9,8 @@ int paged_decode_attention(float *out, const float *q, int64_t q_stride, const f
                            const int32_t *page_table, int64_t table_width,
                            const int32_t *context_lens, int64_t batch, int64_t heads,
                            int64_t kv_heads, int64_t head_dim, int64_t page_size, float scale);
-int gemm_panels(float *out, const float *x, const float *panels, const float *bias, int64_t M,
-                int64_t N, int64_t K);
+void gemm_panels(float *out, const float *x, const float *panels, const float *bias, int64_t M,
+                 int64_t N, int64_t K);
 void add_rms_norm(float *out, float *residual, const float *x, const float *weight,
                   int64_t rows, int64_t dim, float eps);
 void silu_mul(float *out, const float *gate_up, int64_t rows, int64_t inter);

@@ -43,7 +43,7 @@ class Linear(Direct, nn.Linear):
         if self.weight is not None:
             return self.weight
         assert self.packed is not None
-        return self.packed.transpose(1, 2).reshape(-1, self.packed.shape[1])
+        return ops.unpack_panels(self.packed)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight = self.weight if self.packed is None else self.packed
