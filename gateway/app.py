@@ -12,6 +12,7 @@ from fastapi import FastAPI
 
 from gateway.api import admin, openai
 from gateway.api.headers import TiergateHeaders
+from gateway.api.openapi import install_openapi
 from gateway.backends.fallback import Cooldowns
 from gateway.backends.local import EngineFactory, LocalEngines, default_engine_factory
 from gateway.errors import install_error_handlers
@@ -84,6 +85,7 @@ def create_app(
 
     app = FastAPI(title="tiergate", lifespan=lifespan, docs_url=None, redoc_url=None)
     install_error_handlers(app)
+    install_openapi(app)
     app.include_router(openai.router)
     app.include_router(admin.router)
     app.add_middleware(TiergateHeaders)
