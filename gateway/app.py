@@ -10,11 +10,14 @@ from pathlib import Path
 import httpx
 from fastapi import FastAPI
 
-from gateway.api import admin, openai
+from gateway.api import admin, admin_cache, openai
 from gateway.api.headers import TiergateHeaders
 from gateway.api.openapi import install_openapi
 from gateway.backends.fallback import Cooldowns
 from gateway.backends.local import EngineFactory, LocalEngines, default_engine_factory
+from gateway.cache.embedder import Embedder
+from gateway.cache.semantic import SemanticCache
+from gateway.cache.verifier import PairVerifier
 from gateway.errors import install_error_handlers
 from gateway.policy import Policy, PolicyError, PolicyIssue, PolicyWatcher
 from gateway.routing.router import ScorerFactory
@@ -43,6 +46,27 @@ def _applier(state: GatewayState):
     return apply
 
 
+async def _start_cache(policy: Policy) -> tuple[Embedder | None, SemanticCache | None]:
+    """The embedder and the semantic cache, when the policy turns the cache on."""
+    if not policy.cache.enabled:
+        return None, None
+    settings = policy.embedder
+    embedder = await asyncio.to_thread(
+        Embedder, settings.model, settings.batch_size, settings.max_wait_ms
+    )
+    verifier = await asyncio.to_thread(PairVerifier.load)
+    return embedder, await SemanticCache.open(policy.cache, embedder, verifier)
+
+
+async def _stop_cache(state: GatewayState) -> None:
+    if state.background:  # stores under way finish, or are dropped after a moment
+        await asyncio.wait(list(state.background), timeout=5)
+    if state.cache is not None:
+        await state.cache.close()
+    if state.embedder is not None:
+        await state.embedder.close()
+
+
 def create_app(
     policy: Policy,
     *,
@@ -66,6 +90,7 @@ def create_app(
         runtime = build_runtime(policy, prepared, cooldowns, stats, http)
         path = Path(policy_path) if policy_path is not None else None
         state = GatewayState(runtime, stats, engines, cooldowns, http, scorer_factory, path)
+        state.embedder, state.cache = await _start_cache(policy)
         app.state.gateway = state
         watch_task = None
         if path is not None:
@@ -80,6 +105,7 @@ def create_app(
                 watch_task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await watch_task
+            await _stop_cache(state)
             await http.aclose()
             await engines.shutdown()
 
@@ -88,5 +114,6 @@ def create_app(
     install_openapi(app)
     app.include_router(openai.router)
     app.include_router(admin.router)
+    app.include_router(admin_cache.router)
     app.add_middleware(TiergateHeaders)
     return app

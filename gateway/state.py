@@ -13,6 +13,8 @@ from gateway.backends.fallback import Cooldowns, FallbackChain, TierBackends
 from gateway.backends.local import LocalBackend, LocalEngines
 from gateway.backends.openai_compat import NATIVE_PROVIDERS, OpenAICompatBackend
 from gateway.backends.remote import RemoteBackend, load_litellm
+from gateway.cache.embedder import Embedder
+from gateway.cache.semantic import SemanticCache
 from gateway.policy import Deployment, Policy, PolicyWatcher
 from gateway.routing.router import Router, Scorer, ScorerFactory
 from gateway.stats import Stats
@@ -40,6 +42,9 @@ class GatewayState:
     scorer_factory: ScorerFactory | None = None
     policy_path: Path | None = None
     watcher: PolicyWatcher | None = None
+    cache: SemanticCache | None = None  # None: the policy turns the cache off
+    embedder: Embedder | None = None  # shared by the cache and the router
+    background: set[asyncio.Task] = field(default_factory=set)  # e.g. cache stores
 
 
 def _uses_litellm(policy: Policy, dep: Deployment) -> bool:

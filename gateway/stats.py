@@ -59,6 +59,30 @@ class Stats:
             ["tier", "model", "status"],
             registry=r,
         )
+        self._cache = Counter(
+            "tiergate_cache_lookups",
+            "Semantic cache lookups by outcome: exact, semantic (hits), miss, bypass",
+            ["route", "tenant", "outcome"],
+            registry=r,
+        )
+        self._refusals = Counter(
+            "tiergate_cache_verifier_refusals",
+            "Cache candidates above the similarity floor that the verifier refused",
+            ["route", "tenant"],
+            registry=r,
+        )
+        self._saved_tokens = Counter(
+            "tiergate_cache_saved_tokens",
+            "Tokens the cache avoided, on the tier and model that first gave the answer",
+            ["route", "tier", "model", "kind"],
+            registry=r,
+        )
+        self._saved_cost = Counter(
+            "tiergate_cache_saved_cost_usd",
+            "What cache hits would have cost at their tier's price",
+            ["route", "tier", "model"],
+            registry=r,
+        )
         self._reloads = Counter(
             "tiergate_policy_reloads", "Policy reloads by result", ["result"], registry=r
         )
@@ -79,6 +103,16 @@ class Stats:
 
     def deployment_failed(self, tier: str, model: str, status: int) -> None:
         self._failures.labels(tier, model, str(status)).inc()
+
+    def cache_lookup(self, route: str, tenant: str, outcome: str, refused: int) -> None:
+        self._cache.labels(route, tenant, outcome).inc()
+        if refused:
+            self._refusals.labels(route, tenant).inc(refused)
+
+    def cache_saved(self, route: str, tier: str, model: str, usage: Usage, price: Price) -> None:
+        self._saved_tokens.labels(route, tier, model, "prompt").inc(usage.prompt_tokens)
+        self._saved_tokens.labels(route, tier, model, "completion").inc(usage.completion_tokens)
+        self._saved_cost.labels(route, tier, model).inc(cost_usd(usage, price))
 
     def policy_reload(self, ok: bool) -> None:
         self._reloads.labels("ok" if ok else "error").inc()

@@ -47,38 +47,50 @@ def run_uvicorn(app: object, port: int | None = None) -> Iterator[str]:
         thread.join(timeout=30)
 
 
+class RedisServer:
+    """A real redis-server on a loopback port that a test can stop and start again."""
+
+    def __init__(self, workdir: str, port: int | None = None) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError(
+                "redis-server is not installed; run `make test` (apt-get install redis-server)"
+            )
+        self.binary, self.workdir, self.port = binary, workdir, port or free_port()
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        args = ["--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.workdir]
+        args += ["--save", "", "--appendonly", "no", "--protected-mode", "yes"]
+        self.proc = subprocess.Popen(
+            [self.binary, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        wait_for_port(self.port)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()  # a crash, not a polite shutdown
+            self.proc.wait(timeout=10)
+            self.proc = None
+
+
+@contextlib.contextmanager
+def redis_server() -> Iterator[RedisServer]:
+    with tempfile.TemporaryDirectory(prefix="tiergate-redis-") as workdir:
+        server = RedisServer(workdir)
+        server.start()
+        try:
+            yield server
+        finally:
+            server.stop()
+
+
 @contextlib.contextmanager
 def run_redis() -> Iterator[str]:
     """A real redis-server on a free loopback port; yields redis://127.0.0.1:PORT/0."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise RuntimeError(
-            "redis-server is not installed; run `make test` (apt-get install redis-server)"
-        )
-    port = free_port()
-    with tempfile.TemporaryDirectory(prefix="tiergate-redis-") as workdir:
-        proc = subprocess.Popen(
-            [
-                binary,
-                "--port",
-                str(port),
-                "--bind",
-                "127.0.0.1",
-                "--dir",
-                workdir,
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--protected-mode",
-                "yes",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        try:
-            wait_for_port(port)
-            yield f"redis://127.0.0.1:{port}/0"
-        finally:
-            proc.terminate()
-            proc.wait(timeout=10)
+    with redis_server() as server:
+        yield server.url

@@ -42,6 +42,10 @@ class TiergateHeaders:
                 headers["x-tiergate-tier"] = state.get("tier", UNKNOWN)
                 headers["x-tiergate-model"] = state.get("model", UNKNOWN)
                 headers["x-tiergate-cache"] = state.get("cache", "off")
+                if "similarity" in state:
+                    headers["x-tiergate-similarity"] = state["similarity"]
+                if "cache_entry" in state:
+                    headers["x-tiergate-cache-entry"] = state["cache_entry"]
             await send(message)
 
         await self.app(scope, receive, send_with_headers)

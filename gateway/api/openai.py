@@ -1,21 +1,21 @@
 """The OpenAI-compatible surface: /v1/chat/completions, /v1/completions, /v1/models.
 
-One flow for both completion endpoints: authenticate, validate, route, open the fallback
-chain, then answer whole or as an SSE stream. The body is validated by hand with the
-engine's protocol models so a bad body is OpenAI's 400, never FastAPI's 422.
+One flow for both completion endpoints, one request context through it:
+authenticate -> parse -> features -> cache lookup -> route -> open -> respond -> after-
+response hooks (the cache stores the whole answer there). A cache hit is a served answer
+like any deployment's, so shaping and streaming are one code path (`respond.py`). The body
+is validated by hand with the engine's protocol models so a bad body is OpenAI's 400,
+never FastAPI's 422.
 """
 
-import json
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Annotated
 
-import anyio
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
-from starlette.types import Receive, Scope, Send
 
 from engine.protocol import (
     ChatCompletionRequest,
@@ -23,23 +23,19 @@ from engine.protocol import (
     ModelCard,
     ModelList,
     Usage,
-    error_response_body,
     validation_error_message,
 )
-from gateway.api.shapes import ChatShape, Shape, TextShape, sse
-from gateway.backends.base import BackendError, GenerationRequest, OpenAIRequest, Piece
+from gateway.api.cache_step import CacheControl, CacheStep, EmbeddingMemo, matched_text, scope_of
+from gateway.api.respond import Call, backend_error, streamed, whole
+from gateway.api.shapes import ChatShape, Shape, TextShape
+from gateway.backends.base import BackendError, GenerationRequest, OpenAIRequest
 from gateway.backends.fallback import Served
+from gateway.cache.semantic import CacheQuery
 from gateway.errors import ApiError
-from gateway.routing.router import Decision, PromptFeatures, extract_features
+from gateway.routing.router import PromptFeatures, extract_features
 from gateway.state import GatewayState, Runtime
-from gateway.stats import Stats
 
 router = APIRouter()
-
-_CLIENT_CLOSED = 499  # nginx's status for "client closed the request", used in stats only
-_CHARS_PER_TOKEN = 4
-# Proxies (nginx) buffer responses unless told otherwise; a buffered stream is no stream.
-_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 async def get_state(request: Request) -> GatewayState:
@@ -88,57 +84,98 @@ def _features(body: OpenAIRequest) -> PromptFeatures:
     return extract_features(None, prompt)
 
 
-def backend_error(exc: BackendError) -> ApiError:
-    headers = {}
-    if exc.retry_after is not None:
-        headers["retry-after"] = str(max(1, round(exc.retry_after)))
-    return ApiError(exc.status, exc.message, headers=headers)
-
-
 @dataclass
-class Call:
-    """One request's bookkeeping, from routing to the last byte."""
+class RequestContext:
+    """What one request carries from authentication to its last after-response hook."""
 
-    stats: Stats
-    served: Served
-    route: str
+    request: Request
+    state: GatewayState
+    runtime: Runtime  # one policy for the whole request, even across a reload
+    tenant: str
+    body: OpenAIRequest
     features: PromptFeatures
-    started: float
+    started: float = field(default_factory=time.perf_counter)
+    cache: CacheStep | None = None
 
-    def usage_or_estimate(self, usage: Usage | None, text: str) -> Usage:
-        # A remote that reports no usage still gets counted (roughly) rather than for free.
-        if usage is not None:
-            return usage
-        return Usage.of(self.features.approx_tokens, -(-len(text) // _CHARS_PER_TOKEN))
+    @property
+    def route(self) -> str:
+        return self.body.model if self.body.model in self.runtime.policy.routes else "-"
 
-    def done(self, status: int, usage: Usage | None = None) -> None:
-        served = self.served
-        if usage is not None:
-            self.stats.usage(served.tier, served.model, usage, served.price)
-        self.stats.latency(served.tier, time.perf_counter() - self.started)
-        self.stats.request_done(self.route, served.tier, served.model, status)
+    def mark(self, **values: str) -> None:
+        """Response headers' values (tier, model, cache), written when the answer starts."""
+        for key, value in values.items():
+            setattr(self.request.state, key, value)
 
 
-async def _open(
-    request: Request, runtime: Runtime, body: OpenAIRequest, tenant: str, features: PromptFeatures
-) -> tuple[Served, Decision]:
+def _not_found(model: str) -> ApiError:
+    return ApiError(
+        404,
+        f"The model `{model}` does not exist. GET /v1/models lists the names served.",
+        param="model",
+        code="model_not_found",
+    )
+
+
+def _cache_step(ctx: RequestContext) -> CacheStep | None:
+    """The request's use of the cache, or None (header `off` or `bypass` says why)."""
+    cache, policy = ctx.state.cache, ctx.runtime.policy
+    settings = policy.cache.for_route(ctx.route) if cache is not None else None
+    if cache is None or settings is None or not settings.enabled:
+        return None
+    ctx.mark(cache="bypass")
+    text = matched_text(ctx.body)
+    temperature = 1.0 if ctx.body.temperature is None else ctx.body.temperature
+    control = CacheControl.from_headers(ctx.request.headers)
+    if text is None or temperature > policy.cache.max_temperature:
+        return None
+    if control.no_cache and control.no_store:
+        return None
+    max_tokens = getattr(ctx.body, "max_completion_tokens", None) or ctx.body.max_tokens
+    query = CacheQuery(scope_of(ctx.tenant, ctx.body), ctx.tenant, ctx.route, text, max_tokens)
+    return CacheStep(cache, policy, query, control, EmbeddingMemo(ctx.state.embedder, text))
+
+
+async def _from_cache(ctx: RequestContext) -> Call | None:
+    step = ctx.cache
+    if step is None:
+        return None
+    lookup = await step.lookup()
+    ctx.state.stats.cache_lookup(ctx.route, ctx.tenant, lookup.outcome, lookup.refused)
+    hit = lookup.outcome in ("exact", "semantic") and lookup.answer is not None
+    ctx.mark(cache="hit" if hit else lookup.outcome if lookup.outcome == "bypass" else "miss")
+    if not hit:
+        return None
+    if lookup.similarity is not None:
+        ctx.mark(similarity=f"{lookup.similarity:.4f}")
+    if lookup.entry_id is not None:
+        ctx.mark(cache_entry=lookup.entry_id)
+    served = step.served()
+    ctx.mark(tier=served.tier, model=served.model)
+    answer = lookup.answer
+    avoided = Usage.of(answer.prompt_tokens, answer.completion_tokens)
+    ctx.state.stats.cache_saved(ctx.route, served.tier, served.model, avoided, served.price)
+    return Call(ctx.state.stats, served, ctx.route, ctx.features.approx_tokens, ctx.started, True)
+
+
+async def _from_tier(ctx: RequestContext) -> Call:
     """Route the request and find a deployment that starts answering it."""
-    decision = await runtime.router.decide(body.model, features)
+    decision = await ctx.runtime.router.decide(ctx.body.model, ctx.features)
     if decision is None:
-        raise ApiError(
-            404,
-            f"The model `{body.model}` does not exist. GET /v1/models lists the names served.",
-            param="model",
-            code="model_not_found",
-        )
-    request.state.tier = decision.tier
-    generation = GenerationRequest(request.state.request_id, body, tenant)
+        raise _not_found(ctx.body.model)
+    ctx.mark(tier=decision.tier)
+    generation = GenerationRequest(ctx.request.state.request_id, ctx.body, ctx.tenant)
     try:
-        served = await runtime.chain.open(generation, decision.tier, decision.deployment)
+        served: Served = await ctx.runtime.chain.open(
+            generation, decision.tier, decision.deployment
+        )
     except BackendError as exc:
         raise backend_error(exc) from None
-    request.state.tier, request.state.model = served.tier, served.model
-    return served, decision
+    ctx.mark(tier=served.tier, model=served.model)
+    ctx.state.stats.first_token(served.tier, time.perf_counter() - ctx.started)
+    call = Call(ctx.state.stats, served, ctx.route, ctx.features.approx_tokens, ctx.started)
+    if ctx.cache is not None and not ctx.cache.control.no_store:
+        call.after.append(ctx.cache.store_hook(served.tier, served.model, ctx.state.background))
+    return call
 
 
 async def _complete(
@@ -147,136 +184,24 @@ async def _complete(
     model: type[OpenAIRequest],
     shape_of: Callable[[str], Shape],
 ) -> Response:
-    started = time.perf_counter()
-    runtime = state.runtime  # one policy for the whole request, even across a reload
+    runtime = state.runtime
+    ctx: RequestContext | None = None
     try:
         tenant = authenticate(request, runtime)
         body = await parse_body(request, model)
-        features = _features(body)
-        served, decision = await _open(request, runtime, body, tenant, features)
+        if body.model not in runtime.router.model_names():  # before the cache can answer
+            raise _not_found(body.model)
+        ctx = RequestContext(request, state, runtime, tenant, body, _features(body))
+        ctx.cache = _cache_step(ctx)
+        call = await _from_cache(ctx) or await _from_tier(ctx)
     except ApiError as exc:  # refused before any answer: counted under the tier, if any
-        state.stats.request_done("-", getattr(request.state, "tier", "-"), "-", exc.status)
+        route = ctx.route if ctx is not None else "-"
+        state.stats.request_done(route, getattr(request.state, "tier", "-"), "-", exc.status)
         raise
-    state.stats.first_token(served.tier, time.perf_counter() - started)
-    call = Call(state.stats, served, decision.route or "-", features, started)
-    shape = shape_of(served.model)
-    if body.stream:
-        stream = _stream(call, shape, body.include_usage)
-        return ClosingStreamingResponse(stream, upstream=served.pieces)
-    return await _whole(call, shape, request)
-
-
-async def _collect(call: Call, request: Request) -> tuple[list[str], Piece] | None:
-    """All pieces of a non-streamed answer; None (upstream aborted) if the client leaves."""
-    texts: list[str] = []
-    last, finished, error = Piece(), False, None
-
-    async def watch_disconnect() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-        group.cancel_scope.cancel()
-
-    try:
-        async with anyio.create_task_group() as group:
-            group.start_soon(watch_disconnect)
-            try:
-                async for piece in call.served.pieces:
-                    texts.append(piece.text)
-                    last = _merge(last, piece)
-                finished = True
-            except BackendError as exc:  # raised out here, not as a task group's ExceptionGroup
-                error = exc
-            group.cancel_scope.cancel()
-    finally:
-        with anyio.CancelScope(shield=True):
-            await call.served.pieces.aclose()
-    if error is not None:
-        raise error
-    return (texts, last) if finished else None
-
-
-def _merge(last: Piece, piece: Piece) -> Piece:
-    """What is known so far about the end of an answer: its finish reason and usage."""
-    return Piece("", piece.finish_reason or last.finish_reason, piece.usage or last.usage)
-
-
-async def _drain(call: Call, request: Request) -> tuple[list[str], Piece]:
-    texts, last = [], Piece()
-    try:
-        async for piece in call.served.pieces:  # already received: this does not wait
-            texts.append(piece.text)
-            last = _merge(last, piece)
-    finally:
-        await call.served.pieces.aclose()  # lets the upstream connection go back to its pool
-    return texts, last
-
-
-async def _whole(call: Call, shape: Shape, request: Request) -> Response:
-    try:
-        # An answer that came whole (a non-streamed remote) needs no disconnect watcher.
-        collect = _drain if call.served.complete else _collect
-        collected = await collect(call, request)
-    except BackendError as exc:
-        call.done(exc.status)
-        raise backend_error(exc) from None
-    if collected is None:
-        call.done(_CLIENT_CLOSED)
-        return Response(status_code=_CLIENT_CLOSED)  # nobody is left to read it
-    texts, last = collected
-    text = "".join(texts)
-    usage = call.usage_or_estimate(last.usage, text)
-    call.done(200, usage)
-    body = shape.whole(text, last.finish_reason or "stop", usage)
-    return Response(body, media_type="application/json")
-
-
-async def _stream(call: Call, shape: Shape, include_usage: bool) -> AsyncIterator[bytes]:
-    """SSE pieces as they come; a disconnect cancels this generator, which aborts upstream."""
-    status, texts, last = _CLIENT_CLOSED, [], Piece()
-    try:
-        if (opening := shape.opening()) is not None:
-            yield opening
-        async for piece in call.served.pieces:
-            if piece.text:
-                texts.append(piece.text)
-                yield shape.delta(piece.text)
-            last = _merge(last, piece)
-        yield shape.finish(last.finish_reason or "stop")
-        if include_usage:
-            yield shape.usage(call.usage_or_estimate(last.usage, "".join(texts)))
-        status = 200
-        yield sse("[DONE]")
-    except BackendError as exc:  # headers are gone already: the error travels in the stream
-        status = exc.status
-        yield sse(json.dumps(error_response_body(exc.status, exc.message)))
-        yield sse("[DONE]")
-    finally:
-        # Starlette cancels this task on disconnect; shield so the abort itself can run.
-        with anyio.CancelScope(shield=True):
-            await call.served.pieces.aclose()
-        call.done(status, call.usage_or_estimate(last.usage, "".join(texts)))
-
-
-class ClosingStreamingResponse(StreamingResponse):
-    """Closes its body iterator and the upstream answer however the response ends.
-
-    On a disconnect Starlette cancels the sending task; if that happens while the body
-    waits at a `yield`, the generator would be left to the garbage collector and the
-    engine would keep generating. A body that never started cannot run its own cleanup,
-    so the upstream answer (`upstream`) is closed here too.
-    """
-
-    def __init__(self, content: AsyncIterator[bytes], upstream: AsyncIterator[Piece]) -> None:
-        super().__init__(content, media_type="text/event-stream", headers=_SSE_HEADERS)
-        self._upstream = upstream
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            with anyio.CancelScope(shield=True):
-                await self.body_iterator.aclose()
-                await self._upstream.aclose()  # a no-op when the body already closed it
+    shape = shape_of(call.served.model)
+    if ctx.body.stream:
+        return streamed(call, shape, ctx.body.include_usage)
+    return await whole(call, shape, request)
 
 
 @router.post("/v1/chat/completions")

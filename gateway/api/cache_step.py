@@ -1,0 +1,185 @@
+"""The semantic cache's place in a request: scope, client controls, lookup, replay, store.
+
+A request is cacheable when its last turn is the user's (or it is a text prompt). Its scope
+hashes everything besides that text which changes the answer, so a hit is only ever served
+from the same tenant, requested model, system prompt, earlier turns, tools, response format
+and sampling settings. The matched text is the last user message (or the prompt).
+"""
+
+import asyncio
+import hashlib
+import json
+import logging
+import re
+from dataclasses import dataclass
+
+import numpy as np
+from starlette.datastructures import Headers
+
+from engine.protocol import ChatCompletionRequest, Usage
+from gateway.api.respond import Answer
+from gateway.backends.base import OpenAIRequest, Piece
+from gateway.backends.fallback import Served
+from gateway.cache.embedder import Embedder
+from gateway.cache.semantic import CachedAnswer, CacheQuery, Lookup, SemanticCache
+from gateway.errors import ApiError
+from gateway.policy import Policy, Price
+
+logger = logging.getLogger("tiergate.cache")
+
+# Request fields that change what an answer may be; everything else (stream, user,
+# max_tokens, stream_options...) does not. max_tokens is checked per entry (`serves`).
+_ANSWER_FIELDS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "stop",
+    "presence_penalty",
+    "frequency_penalty",
+    "tools",
+    "tool_choice",
+    "response_format",
+    "logit_bias",
+    "echo",
+    "suffix",
+)
+TTL_HEADER = "x-tiergate-cache-ttl"
+_MAX_TTL_S = 365 * 24 * 3600.0
+
+
+@dataclass(frozen=True)
+class CacheControl:
+    """What the client asked of the cache: `Cache-Control: no-cache|no-store`, a TTL header."""
+
+    no_cache: bool = False  # do not answer from the cache (the answer may still be stored)
+    no_store: bool = False  # do not store this answer
+    ttl_s: float | None = None
+
+    @classmethod
+    def from_headers(cls, headers: Headers) -> "CacheControl":
+        directives = {d.strip().lower() for d in headers.get("cache-control", "").split(",")}
+        ttl = headers.get(TTL_HEADER)
+        return cls("no-cache" in directives, "no-store" in directives, _ttl(ttl))
+
+
+def _ttl(value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        ttl = float(value)
+    except ValueError:
+        ttl = -1.0
+    if not 0 < ttl <= _MAX_TTL_S:  # also refuses nan and inf
+        message = f"{TTL_HEADER} must be a number of seconds in (0, {_MAX_TTL_S:g}]"
+        raise ApiError(400, message, param=TTL_HEADER)
+    return ttl
+
+
+def matched_text(body: OpenAIRequest) -> str | None:
+    """The text a cache entry is keyed by; None when the request is not cacheable."""
+    if not isinstance(body, ChatCompletionRequest):
+        return body.prompt if isinstance(body.prompt, str) else None
+    last = body.messages[-1]
+    return last.text() if last.role == "user" and last.text().strip() else None
+
+
+def scope_of(tenant: str, body: OpenAIRequest) -> str:
+    """A hash of everything but the matched text that decides the answer."""
+    fields = body.model_dump(include=set(_ANSWER_FIELDS), exclude_none=True, mode="json")
+    parts: dict = {"tenant": tenant, "model": body.model, "fields": fields}
+    if isinstance(body, ChatCompletionRequest):
+        parts["chat"] = [m.template_dict() for m in body.messages[:-1]]
+    else:
+        parts["text"] = True  # a completion never answers a chat request, nor back
+    canonical = json.dumps(parts, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+class EmbeddingMemo:
+    """The request's one embedding, computed on first use and shared by cache and router."""
+
+    def __init__(self, embedder: Embedder, text: str) -> None:
+        self._embedder, self._text = embedder, text
+        self._vector: asyncio.Future | None = None
+
+    async def __call__(self) -> np.ndarray:
+        if self._vector is None:
+            self._vector = asyncio.ensure_future(self._embedder.embed(self._text))
+        return await asyncio.shield(self._vector)
+
+
+class _Replay:
+    """A stored answer as pieces: words, then the finish reason and usage."""
+
+    def __init__(self, answer: CachedAnswer) -> None:
+        usage = Usage.of(answer.prompt_tokens, answer.completion_tokens, answer.prompt_tokens)
+        words = re.findall(r"\s*\S+\s*|\s+", answer.text) or [""]
+        self._pieces = [Piece(w) for w in words[:-1]]
+        self._pieces.append(Piece(words[-1], answer.finish_reason, usage))
+
+    def __aiter__(self) -> "_Replay":
+        return self
+
+    async def __anext__(self) -> Piece:
+        if not self._pieces:
+            raise StopAsyncIteration
+        return self._pieces.pop(0)
+
+    async def aclose(self) -> None:
+        self._pieces.clear()
+
+
+@dataclass
+class CacheStep:
+    """One request's use of the cache; built only for requests the cache may serve."""
+
+    cache: SemanticCache
+    policy: Policy
+    query: CacheQuery
+    control: CacheControl
+    embed: EmbeddingMemo
+    lookup_result: Lookup | None = None
+
+    async def lookup(self) -> Lookup:
+        settings = self.policy.cache.for_route(self.query.route)
+        if self.control.no_cache:
+            self.lookup_result = Lookup("bypass", reason="no-cache")
+        else:
+            self.lookup_result = await self.cache.lookup(self.query, self.embed, settings)
+        return self.lookup_result
+
+    def served(self) -> Served:
+        """A hit as a deployment's answer: the tier and model that first gave it."""
+        assert self.lookup_result is not None and self.lookup_result.answer is not None
+        answer = self.lookup_result.answer
+        tier = self.policy.tiers.get(answer.tier)
+        price = tier.price if tier is not None else Price()  # a tier since removed
+        return Served(answer.tier, answer.model, price, _Replay(answer), complete=True)
+
+    def store_hook(self, tier: str, model: str, tasks: set[asyncio.Task]):
+        """The after-response hook that stores a complete answer (in the background)."""
+
+        def store(answer: Answer) -> None:
+            if answer.finish_reason not in ("stop", "length"):
+                return
+            cached = CachedAnswer(
+                answer.text,
+                answer.finish_reason,
+                answer.usage.prompt_tokens,
+                answer.usage.completion_tokens,
+                tier,
+                model,
+                self.query.max_tokens,
+            )
+            task = asyncio.ensure_future(self._store(cached))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+
+        return store
+
+    async def _store(self, answer: CachedAnswer) -> None:
+        try:
+            await self.cache.store(self.query, self.embed, answer, self.control.ttl_s)
+        except Exception:  # a failed store loses a future hit, never the answer already sent
+            logger.exception("cache store failed")

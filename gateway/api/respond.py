@@ -1,0 +1,202 @@
+"""Writing an answer back: whole (JSON) or streamed (SSE), from any `Served` source.
+
+A deployment's answer and a cache hit are both a `Served` with pieces, so shaping,
+streaming and the per-call record are one code path. The `Call` record sees every piece;
+when an answer completes it hands the whole text to the after-response hooks (the cache
+stores it there), and whatever the outcome it counts the request in the stats.
+"""
+
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+import anyio
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from engine.protocol import Usage, error_response_body
+from gateway.api.shapes import Shape, sse
+from gateway.backends.base import BackendError, Piece
+from gateway.backends.fallback import Served
+from gateway.errors import ApiError
+from gateway.stats import Stats
+
+CLIENT_CLOSED = 499  # nginx's status for "client closed the request", used in stats only
+_CHARS_PER_TOKEN = 4
+# Proxies (nginx) buffer responses unless told otherwise; a buffered stream is no stream.
+_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A complete, successful answer: what after-response hooks receive."""
+
+    text: str
+    finish_reason: str
+    usage: Usage
+
+
+AfterHook = Callable[[Answer], None]
+
+
+@dataclass
+class Call:
+    """One request's bookkeeping, from the first piece to the last byte."""
+
+    stats: Stats
+    served: Served
+    route: str
+    approx_prompt_tokens: int
+    started: float
+    cached: bool = False  # answered from the semantic cache: no tier was paid
+    after: list[AfterHook] = field(default_factory=list)
+
+    def usage_or_estimate(self, usage: Usage | None, text: str) -> Usage:
+        # A remote that reports no usage still gets counted (roughly) rather than for free.
+        if usage is not None:
+            return usage
+        return Usage.of(self.approx_prompt_tokens, -(-len(text) // _CHARS_PER_TOKEN))
+
+    def done(self, status: int, usage: Usage | None = None) -> None:
+        served = self.served
+        if usage is not None and not self.cached:
+            self.stats.usage(served.tier, served.model, usage, served.price)
+        self.stats.latency(served.tier, time.perf_counter() - self.started)
+        self.stats.request_done(self.route, served.tier, served.model, status)
+
+    def completed(self, text: str, last: Piece) -> Usage:
+        """The answer ended well: count it and hand it to the hooks."""
+        usage = self.usage_or_estimate(last.usage, text)
+        self.done(200, usage)
+        answer = Answer(text, last.finish_reason or "stop", usage)
+        for hook in self.after:
+            hook(answer)
+        return usage
+
+
+def backend_error(exc: BackendError) -> ApiError:
+    headers = {}
+    if exc.retry_after is not None:
+        headers["retry-after"] = str(max(1, round(exc.retry_after)))
+    return ApiError(exc.status, exc.message, headers=headers)
+
+
+def _merge(last: Piece, piece: Piece) -> Piece:
+    """What is known so far about the end of an answer: its finish reason and usage."""
+    return Piece("", piece.finish_reason or last.finish_reason, piece.usage or last.usage)
+
+
+async def _collect(call: Call, request: Request) -> tuple[list[str], Piece] | None:
+    """All pieces of a non-streamed answer; None (upstream aborted) if the client leaves."""
+    texts: list[str] = []
+    last, finished, error = Piece(), False, None
+
+    async def watch_disconnect() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        group.cancel_scope.cancel()
+
+    try:
+        async with anyio.create_task_group() as group:
+            group.start_soon(watch_disconnect)
+            try:
+                async for piece in call.served.pieces:
+                    texts.append(piece.text)
+                    last = _merge(last, piece)
+                finished = True
+            except BackendError as exc:  # raised out here, not as a task group's ExceptionGroup
+                error = exc
+            group.cancel_scope.cancel()
+    finally:
+        with anyio.CancelScope(shield=True):
+            await call.served.pieces.aclose()
+    if error is not None:
+        raise error
+    return (texts, last) if finished else None
+
+
+async def _drain(call: Call, request: Request) -> tuple[list[str], Piece]:
+    texts, last = [], Piece()
+    try:
+        async for piece in call.served.pieces:  # already received: this does not wait
+            texts.append(piece.text)
+            last = _merge(last, piece)
+    finally:
+        await call.served.pieces.aclose()  # lets the upstream connection go back to its pool
+    return texts, last
+
+
+async def whole(call: Call, shape: Shape, request: Request) -> Response:
+    try:
+        # An answer that came whole (a non-streamed remote, a cache hit) needs no watcher.
+        collect = _drain if call.served.complete else _collect
+        collected = await collect(call, request)
+    except BackendError as exc:
+        call.done(exc.status)
+        raise backend_error(exc) from None
+    if collected is None:
+        call.done(CLIENT_CLOSED)
+        return Response(status_code=CLIENT_CLOSED)  # nobody is left to read it
+    texts, last = collected
+    text = "".join(texts)
+    usage = call.completed(text, last)
+    body = shape.whole(text, last.finish_reason or "stop", usage)
+    return Response(body, media_type="application/json")
+
+
+async def _stream(call: Call, shape: Shape, include_usage: bool) -> AsyncIterator[bytes]:
+    """SSE pieces as they come; a disconnect cancels this generator, which aborts upstream."""
+    status, texts, last = CLIENT_CLOSED, [], Piece()
+    try:
+        if (opening := shape.opening()) is not None:
+            yield opening
+        async for piece in call.served.pieces:
+            if piece.text:
+                texts.append(piece.text)
+                yield shape.delta(piece.text)
+            last = _merge(last, piece)
+        yield shape.finish(last.finish_reason or "stop")
+        if include_usage:
+            yield shape.usage(call.usage_or_estimate(last.usage, "".join(texts)))
+        status = 200
+        yield sse("[DONE]")
+    except BackendError as exc:  # headers are gone already: the error travels in the stream
+        status = exc.status
+        yield sse(json.dumps(error_response_body(exc.status, exc.message)))
+        yield sse("[DONE]")
+    finally:
+        # Starlette cancels this task on disconnect; shield so the abort itself can run.
+        with anyio.CancelScope(shield=True):
+            await call.served.pieces.aclose()
+        if status == 200:  # only an answer the client received whole is complete
+            call.completed("".join(texts), last)
+        else:
+            call.done(status, call.usage_or_estimate(last.usage, "".join(texts)))
+
+
+def streamed(call: Call, shape: Shape, include_usage: bool) -> Response:
+    return ClosingStreamingResponse(_stream(call, shape, include_usage), call.served.pieces)
+
+
+class ClosingStreamingResponse(StreamingResponse):
+    """Closes its body iterator and the upstream answer however the response ends.
+
+    On a disconnect Starlette cancels the sending task; if that happens while the body
+    waits at a `yield`, the generator would be left to the garbage collector and the
+    engine would keep generating. A body that never started cannot run its own cleanup,
+    so the upstream answer (`upstream`) is closed here too.
+    """
+
+    def __init__(self, content: AsyncIterator[bytes], upstream: AsyncIterator[Piece]) -> None:
+        super().__init__(content, media_type="text/event-stream", headers=_SSE_HEADERS)
+        self._upstream = upstream
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.body_iterator.aclose()
+                await self._upstream.aclose()  # a no-op when the body already closed it
