@@ -21,6 +21,7 @@ tiers:
   b:
     deployments: [{model: hosted_vllm/b1, api_base: "http://b1"}]
     retries: 0
+auth: {mode: none}
 """
 REQUEST = GenerationRequest(
     "req-1",

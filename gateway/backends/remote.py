@@ -160,7 +160,7 @@ class RemoteBackend:
                 piece = _stream_piece(chunk, request.is_chat, self._salted)
                 if piece is not None:
                     yield piece
-        except Exception as exc:
+        except Exception as exc:  # litellm's own check of a cut stream lands here too
             raise to_backend_error(exc, self.name) from exc
         finally:
             await _close_stream(response)  # the client went away or we are done: free upstream
