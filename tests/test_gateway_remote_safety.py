@@ -73,6 +73,10 @@ tiers:
 {tier("hosted_vllm/ratelimit-99999999999999999999999")}
   rl_superscript:
 {tier("hosted_vllm/ratelimit-²")}
+  rl_seven:
+{tier("hosted_vllm/ratelimit-7")}
+  rl_seven_litellm:
+{tier("hosted_vllm/ratelimit-7", "litellm")}
 """
 
 
@@ -212,6 +216,16 @@ def test_absurd_retry_after_is_a_429_not_a_500(url: str, tier: str) -> None:
     assert set(response.json()["error"]) == {"message", "type", "param", "code"}
     wait = response.headers.get("retry-after")
     assert wait is None or 1 <= int(wait) <= 3600
+
+
+@pytest.mark.parametrize("tier", ["rl_seven", "rl_seven_litellm"])
+def test_a_sane_retry_after_is_passed_on(url: str, tier: str) -> None:
+    response = httpx.post(
+        f"{url}/v1/chat/completions",
+        json={"model": tier, "messages": HELLO},
+        headers={"Authorization": f"Bearer {KEY_A}"},
+    )
+    assert response.status_code == 429 and response.headers["retry-after"] == "7"
 
 
 def stream_events(url: str, tier: str) -> list[str]:

@@ -69,8 +69,8 @@ MAX_RETRY_AFTER_S = 3600.0  # an upstream asking for more is capped, not obeyed 
 
 
 def sane_wait(seconds: float | None) -> float | None:
-    """A wait fit for a header and a cooldown: finite, 0..MAX_RETRY_AFTER_S, else None."""
-    if seconds is None or math.isnan(seconds):
+    """A wait fit for a header and a cooldown: 0..MAX_RETRY_AFTER_S; inf and nan: None."""
+    if seconds is None or not math.isfinite(seconds):
         return None
     return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
 

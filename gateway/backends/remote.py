@@ -80,8 +80,8 @@ def _status_of(exc: Exception) -> int | None:
 
 
 def _retry_after(exc: Exception) -> float | None:
-    response = getattr(exc, "response", None)
-    headers = getattr(response, "headers", None) or {}
+    # litellm keeps the upstream's headers apart; its `response` is a stand-in without them.
+    headers = getattr(exc, "litellm_response_headers", None) or {}
     return parse_retry_after(headers.get("retry-after"))
 
 
