@@ -59,6 +59,10 @@ def serve(args: argparse.Namespace) -> int:
     app = create_app(policy, policy_path=args.policy)
     host = args.host or policy.server.host
     port = args.port or policy.server.port
+    if policy.auth.mode == "none" and host not in ("127.0.0.1", "localhost", "::1"):
+        logging.getLogger("tiergate").warning(
+            "auth mode none on %s: anyone who reaches this port can use every tier", host
+        )
     uvicorn.run(app, host=host, port=port, log_level=args.log_level)
     return 0
 
