@@ -15,6 +15,7 @@ import pytest
 from fastapi import FastAPI
 
 from gateway.app import create_app
+from gateway.backends.local import _engine_error
 from gateway.policy import key_digest, parse_policy
 from tests.servers import run_uvicorn
 from tests.upstream_stub import LEAK, upstream_stub
@@ -270,3 +271,9 @@ def test_error_bodies_name_what_failed_without_internals(url: str, tier: str) ->
     for secret in ("internal-db-7", "Traceback", "TIERGATE_", "127.0.0.1", "Error:", "Exception"):
         assert secret not in message, message
     assert LEAK not in response.text
+
+
+def test_local_engine_errors_keep_their_text_in_the_log(caplog: pytest.LogCaptureFixture) -> None:
+    error = _engine_error(RuntimeError("CUDA-less box /srv/secret/model.gguf exploded"), "small")
+    assert (error.status, error.message) == (502, "small: the engine failed")
+    assert "/srv/secret/model.gguf" in caplog.text
