@@ -34,6 +34,10 @@ def policy_text(stub: str) -> str:
 
     with_key = f", api_key_env: {STUB_KEY_ENV}"  # litellm's openai/ insists on a key
 
+    slowbomb = tier(
+        "hosted_vllm/slowbomb",
+        extra="    timeout_s: 0.5\n    cooldown_s: 600\n    fallback: direct\n",
+    )
     seedbomb = tier("hosted_vllm/seedbomb", extra="    cooldown_s: 600\n    fallback: direct\n")
     return f"""
 auth:
@@ -60,6 +64,8 @@ tiers:
 {tier("hosted_vllm/leaky500", "litellm")}
   seedbomb:
 {seedbomb}
+  slowbomb:
+{slowbomb}
   nokey:
     deployments: [{{model: openai/echo, api_base: '{stub}', api_key_env: TIERGATE_TEST_UNSET_VAR}}]
   rl_inf:
@@ -187,11 +193,16 @@ def test_vllm_fields_do_not_reach_other_providers(url: str, stub: tuple[FastAPI,
 # ------------------------------------------------- defect 8: the request's own failures
 
 
-def served_by(url: str, key: str, **extra: object) -> str:
+def served_by(url: str, key: str, tier: str = "seedbomb", **extra: object) -> str:
     raw = client(url, key).chat.completions.with_raw_response.create(
-        model="seedbomb", messages=HELLO, **extra
+        model=tier, messages=HELLO, **extra
     )
     return raw.headers["x-tiergate-model"]
+
+
+def test_a_timeout_one_tenant_caused_does_not_cool_the_deployment_for_others(url: str) -> None:
+    assert served_by(url, KEY_A, "slowbomb", max_tokens=5000) == "hosted_vllm/echo"
+    assert served_by(url, KEY_B, "slowbomb", max_tokens=5) == "hosted_vllm/slowbomb"
 
 
 def test_one_tenants_bad_request_does_not_cool_the_deployment_down_for_others(url: str) -> None:

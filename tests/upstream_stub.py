@@ -9,9 +9,11 @@ picks the behaviour:
   badpiece      a good piece, then a piece that is not JSON
   nofinish      pieces, then [DONE] without any finish_reason
   seedbomb      500 when the request's seed is 666, else like echo
+  slowbomb      stalls 5 s when the request asks for more than 1000 tokens, else like echo
   leaky500      500 whose body names internal hosts
 """
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -75,6 +77,8 @@ def upstream_stub() -> FastAPI:
             return _error(429, "slow down", {"Retry-After": model.removeprefix("ratelimit-")})
         if model == "leaky500" or (model == "seedbomb" and body.get("seed") == 666):
             return _error(500, LEAK)
+        if model == "slowbomb" and (body.get("max_tokens") or 0) > 1000:
+            await asyncio.sleep(5)
         if body.get("stream"):
             return StreamingResponse(_events(model, model), media_type="text/event-stream")
         return _whole(model)
