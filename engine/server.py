@@ -7,6 +7,7 @@ error body; nothing answers 422.
 
 import dataclasses
 import json
+import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -20,6 +21,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
+from engine.api_key import RequireApiKey
 from engine.config import EngineConfig
 from engine.engine import AsyncEngine
 from engine.errors import EngineDeadError, EngineError, PromptTooLongError, QueueFullError
@@ -45,6 +47,8 @@ from engine.protocol import (
     to_sampling_params,
     validation_error_message,
 )
+
+logger = logging.getLogger("tiergate.engine.server")
 
 RETRY_AFTER_SECONDS = 1
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away first"
@@ -112,8 +116,9 @@ def install_error_handlers(app: FastAPI) -> None:
         )
 
     async def on_unexpected(_: Request, exc: Exception) -> Response:
-        # Starlette logs the exception after this; the client still gets OpenAI's shape.
-        return OpenAIError(500, f"Internal server error: {exc!r}").response()
+        # Starlette logs the exception after this; the client gets OpenAI's shape without
+        # the exception's text, which may name internals.
+        return OpenAIError(500, "Internal server error.").response()
 
     app.add_exception_handler(OpenAIError, on_openai_error)
     app.add_exception_handler(Exception, on_unexpected)
@@ -357,10 +362,15 @@ def check_model(requested: str, served_name: str) -> None:
         raise OpenAIError(404, message, param="model", code="model_not_found")
 
 
-def create_engine_app(engine: AsyncEngine, served_name: str) -> FastAPI:
-    """The OpenAI-compatible API over one running engine (started and stopped by the caller)."""
+def create_engine_app(engine: AsyncEngine, served_name: str, api_key: str | None = None) -> FastAPI:
+    """The OpenAI-compatible API over one running engine (started and stopped by the caller).
+
+    With `api_key` every route but /health (for load-balancer probes) needs it as a bearer.
+    """
     app = FastAPI(title="tiergate engine", docs_url=None, redoc_url=None)
     install_error_handlers(app)
+    if api_key is not None:
+        app.add_middleware(RequireApiKey, key=api_key, open_paths=frozenset({"/health"}))
 
     @app.post("/v1/chat/completions")
     async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
@@ -391,11 +401,17 @@ def create_engine_app(engine: AsyncEngine, served_name: str) -> FastAPI:
 
 
 def run_engine_server(
-    config: EngineConfig, host: str, port: int, served_name: str | None = None
+    config: EngineConfig,
+    host: str,
+    port: int,
+    served_name: str | None = None,
+    api_key: str | None = None,
 ) -> None:
     """Load the model, start the engine and serve it until interrupted (`tiergate engine`)."""
+    if api_key is None and host not in ("127.0.0.1", "localhost", "::1"):
+        logger.warning("serving on %s without --api-key: anyone who reaches it can use it", host)
     engine = AsyncEngine(config)
-    app = create_engine_app(engine, served_name or config.model)
+    app = create_engine_app(engine, served_name or config.model, api_key)
     engine.start()
     try:
         # lifespan off: the engine's life is managed here, and a Ctrl-C would otherwise

@@ -1,4 +1,4 @@
-"""The `tiergate` command: serve | engine | check-policy.
+"""The `tiergate` command: serve | engine | check-policy | hash-key.
 
 Heavy imports (uvicorn, the app, the engine and torch) happen inside each subcommand, so
 `tiergate check-policy` answers in well under a second.
@@ -6,11 +6,12 @@ Heavy imports (uvicorn, the app, the engine and torch) happen inside each subcom
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
 from engine.config import EngineConfig
-from gateway.policy import PolicyError, load_policy
+from gateway.policy import PolicyError, key_digest, load_policy
 
 _MB = 1024 * 1024
 
@@ -58,6 +59,10 @@ def serve(args: argparse.Namespace) -> int:
     app = create_app(policy, policy_path=args.policy)
     host = args.host or policy.server.host
     port = args.port or policy.server.port
+    if policy.auth.mode == "none" and host not in ("127.0.0.1", "localhost", "::1"):
+        logging.getLogger("tiergate").warning(
+            "auth mode none on %s: anyone who reaches this port can use every tier", host
+        )
     uvicorn.run(app, host=host, port=port, log_level=args.log_level)
     return 0
 
@@ -79,10 +84,21 @@ def engine(args: argparse.Namespace) -> int:
     try:
         from engine.server import run_engine_server
 
-        run_engine_server(config, args.host, args.port, args.served_name)
+        run_engine_server(config, args.host, args.port, args.served_name, args.api_key or None)
     except ModelNotFoundError as exc:
         print(f"tiergate: {exc}", file=sys.stderr)
         return 1
+    return 0
+
+
+def hash_key(args: argparse.Namespace) -> int:
+    """Print the SHA-256 a policy stores as `key_sha256` instead of the key itself."""
+    key = args.key if args.key is not None else sys.stdin.read().removesuffix("\n")
+    key = key.removesuffix("\r")
+    if not key.strip():
+        print("tiergate: hash-key needs a non-empty key (argument or stdin)", file=sys.stderr)
+        return 1
+    print(key_digest(key.encode()))
     return 0
 
 
@@ -134,8 +150,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="KV cache budget in MiB",
     )
     p.add_argument("--served-name", help="model name in the API (default: the model's)")
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("TIERGATE_ENGINE_API_KEY"),
+        help="bearer key every route but /health needs (default: $TIERGATE_ENGINE_API_KEY)",
+    )
     _add_engine_tuning(p)
     p.set_defaults(func=engine)
+
+    p = sub.add_parser("hash-key", help="print a key's SHA-256 for `key_sha256:` in a policy")
+    p.add_argument("key", nargs="?", help="the key (default: read from stdin, kept out of history)")
+    p.set_defaults(func=hash_key)
     return parser
 
 

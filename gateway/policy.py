@@ -4,12 +4,14 @@ The schema is the single source of truth for what a policy file may say. Loading
 three passes, each reporting errors as `yaml.path: reason`:
 
 1. YAML parsing (errors carry a line and column; duplicate keys are refused),
-2. `${ENV}` / `${ENV:-default}` expansion of every string value,
+2. `${ENV}` / `${ENV:-default}` expansion of every string value (as in the shell, the
+   default also replaces a variable that is set but empty),
 3. schema validation, then the checks that span several sections (tier references,
    fallback cycles, local engines), which pydantic cannot place on a path by itself.
 """
 
 import asyncio
+import hashlib
 import logging
 import os
 import re
@@ -19,7 +21,14 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from engine.model_registry import BUNDLED
 
@@ -67,20 +76,72 @@ class ServerSettings(_Strict):
 
 
 class ApiKey(_Strict):
-    key: str
+    """One bearer key: the key itself, or its SHA-256 (`tiergate hash-key`) so the policy
+    file holds no usable secret."""
+
+    key: str | None = None
+    key_sha256: str | None = None
     tenant: str
 
     @field_validator("key")
     @classmethod
-    def _non_empty(cls, value: str) -> str:
-        if not value.strip():
+    def _non_empty(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
             raise ValueError("must not be empty")
         return value
 
+    @field_validator("key_sha256")
+    @classmethod
+    def _hex_digest(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", value):
+            raise ValueError("must be 64 hex digits (the output of `tiergate hash-key`)")
+        return value.lower() if value is not None else None
+
+    @model_validator(mode="after")
+    def _one_of(self) -> "ApiKey":
+        if (self.key is None) == (self.key_sha256 is None):
+            raise ValueError("set exactly one of key and key_sha256")
+        return self
+
+    def digest(self) -> str:
+        return self.key_sha256 or key_digest(self.key.encode())  # type: ignore[union-attr]
+
+
+def key_digest(key: bytes) -> str:
+    """How keys are compared: by SHA-256, so a stored hash and a plain key work alike."""
+    return hashlib.sha256(key).hexdigest()
+
+
+def _secret(value: str | None) -> str | None:
+    # An empty secret would match an empty bearer token: refuse it rather than open the door.
+    if value is not None and not value.strip():
+        raise ValueError("must not be empty (leave the key out to disable what it guards)")
+    return value
+
 
 class AuthSettings(_Strict):
-    keys: list[ApiKey] = []  # empty: no auth, every caller is tenant "default"
+    # keys: every caller needs one of `keys`. none: no auth, every caller is tenant
+    # "default"; it must be said explicitly, so an edit that empties `keys` cannot open it.
+    mode: Literal["keys", "none"] = "keys"
+    keys: list[ApiKey] = []
     admin_key: str | None = None  # None: the /admin API is disabled
+    metrics_key: str | None = None  # bearer key for /metrics (the admin key works too)
+    # Secret mixed into the cache salt sent to remote engines (HMAC of the tenant), so a
+    # salt cannot be guessed from a tenant's name. None: a random one per process.
+    cache_salt_secret: str | None = None
+
+    _check_secrets = field_validator("admin_key", "metrics_key", "cache_salt_secret")(_secret)
+
+    @model_validator(mode="after")
+    def _keys_match_mode(self) -> "AuthSettings":
+        if self.mode == "keys" and not self.keys:
+            raise ValueError(
+                "no keys: list at least one under auth.keys, or set `mode: none` to serve "
+                "without authentication"
+            )
+        if self.mode == "none" and self.keys:
+            raise ValueError("mode none takes no keys: remove them or the mode")
+        return self
 
 
 class CacheSettings(_Strict):
@@ -203,7 +264,7 @@ class Route(_Strict):
 
 class Policy(_Strict):
     server: ServerSettings = ServerSettings()
-    auth: AuthSettings = AuthSettings()
+    auth: AuthSettings  # required: serving without keys must be a choice, not an omission
     cache: CacheSettings = CacheSettings()
     embedder: EmbedderSettings = EmbedderSettings()
     engines: dict[str, EngineSettings] = {}
@@ -292,10 +353,10 @@ def _expand_env(value: Any, env: dict[str, str], loc: tuple, issues: list[Policy
 
     def substitute(match: re.Match) -> str:
         name, default = match.group(1), match.group(2)
+        if default is not None:  # like the shell's ${X:-d}: d when X is unset or empty
+            return env.get(name) or default
         if name in env:
             return env[name]
-        if default is not None:
-            return default
         issues.append(PolicyIssue(_format_path(loc), f"environment variable {name} is not set"))
         return ""
 
@@ -317,6 +378,8 @@ def _schema_issues(exc: ValidationError) -> list[PolicyIssue]:
         # Dict keys are strings already; validator-function names never appear in a path.
         loc = tuple(p for p in err["loc"] if not str(p).startswith("function-"))
         message = _PYDANTIC_MESSAGES.get(err["type"], err["msg"])
+        if loc == ("auth",) and err["type"] == "missing":
+            message = "required: list keys under auth.keys, or write `auth: {mode: none}`"
         message = message.removeprefix("Value error, ")
         issues.append(PolicyIssue(_format_path(loc), message))
     return issues

@@ -28,7 +28,7 @@ class Runtime:
     policy: Policy
     router: Router
     chain: FallbackChain
-    tenants: dict[str, str]  # bearer key -> tenant; empty: no auth
+    tenants: dict[str, str]  # SHA-256 hex of a bearer key -> tenant
     loaded_at: float = field(default_factory=time.time)
 
 
@@ -80,9 +80,10 @@ def _backend(
     if policy.is_local(dep):
         return LocalBackend(dep.model, engines[dep.model])
     timeout_s = dep.timeout_s or tier_timeout
+    salt_secret = policy.auth.cache_salt_secret
     if _uses_litellm(policy, dep):
-        return RemoteBackend(dep, timeout_s)
-    return OpenAICompatBackend(dep, timeout_s, http)
+        return RemoteBackend(dep, timeout_s, salt_secret)
+    return OpenAICompatBackend(dep, timeout_s, http, salt_secret)
 
 
 def build_runtime(
@@ -107,5 +108,5 @@ def build_runtime(
         stats.deployment_failed(tier, model, error.status)
 
     chain = FallbackChain(tiers, cooldowns, on_failure)
-    tenants = {k.key: k.tenant for k in policy.auth.keys}
+    tenants = {k.digest(): k.tenant for k in policy.auth.keys}
     return Runtime(policy, Router(policy, prepared.scorer), chain, tenants)

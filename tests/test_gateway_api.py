@@ -250,7 +250,7 @@ def test_health_ready_metrics(url: str, client: openai.OpenAI) -> None:
     client.chat.completions.create(model="small", messages=HELLO, max_tokens=2)
     assert httpx.get(f"{url}/health").json() == {"status": "ok"}
     assert httpx.get(f"{url}/ready").json() == {"status": "ready"}
-    metrics = httpx.get(f"{url}/metrics").text
+    metrics = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {ADMIN}"}).text
     assert 'tiergate_requests_total{model="smollm2-135m",route="-",status="200",tier="small"}' in (
         metrics
     )

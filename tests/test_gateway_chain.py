@@ -21,6 +21,7 @@ tiers:
   b:
     deployments: [{model: hosted_vllm/b1, api_base: "http://b1"}]
     retries: 0
+auth: {mode: none}
 """
 REQUEST = GenerationRequest(
     "req-1",
@@ -133,3 +134,37 @@ async def test_status_when_all_fail() -> None:
         await chain.open(REQUEST, "a")
     assert caught.value.status == 504
     assert caught.value.message == "all deployments failed: slow; slow; slow"
+
+
+def other_tenant(request: GenerationRequest, tenant: str) -> GenerationRequest:
+    return GenerationRequest(request.request_id, request.body, tenant)
+
+
+async def test_a_requests_own_failure_cools_the_deployment_for_its_tenant_only() -> None:
+    bs = backends(a1=[down(), down(), down()])
+    chain, _ = make_chain(bs)
+    assert (await chain.open(REQUEST, "a")).model == "hosted_vllm/a2"
+    assert (await chain.open(REQUEST, "a")).model == "hosted_vllm/a2"  # cooling for "tenant"
+    assert (await chain.open(other_tenant(REQUEST, "other"), "a")).model == "hosted_vllm/a1"
+
+
+async def test_a_deployment_fault_cools_it_for_everyone() -> None:
+    refused = BackendError(502, "refused", retry=False, fallback=True, deployment_fault=True)
+    bs = backends(a1=[refused])
+    chain, _ = make_chain(bs)
+    assert (await chain.open(REQUEST, "a")).model == "hosted_vllm/a2"
+    assert (await chain.open(other_tenant(REQUEST, "other"), "a")).model == "hosted_vllm/a2"
+    assert bs["hosted_vllm/a1"].calls == 1
+
+
+async def test_an_empty_answer_is_a_failure_not_a_stop() -> None:
+    class Empty(Scripted):
+        async def generate(self, request: GenerationRequest) -> AsyncIterator[Piece]:
+            self.calls += 1
+            return
+            yield Piece()
+
+    bs = backends()
+    bs["hosted_vllm/a1"] = Empty("hosted_vllm/a1", [])
+    chain, _ = make_chain(bs)
+    assert (await chain.open(REQUEST, "a")).model == "hosted_vllm/a2"

@@ -15,7 +15,9 @@ def test_engine_with_unknown_model(capsys: pytest.CaptureFixture) -> None:
 
 def test_serve_refuses_an_invalid_policy(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     bad = tmp_path / "bad.yaml"
-    bad.write_text("tiers:\n  a: {deployments: [{model: smollm2-135m}], fallback: b}\n")
+    bad.write_text(
+        "tiers:\n  a: {deployments: [{model: smollm2-135m}], fallback: b}\nauth: {mode: none}\n"
+    )
     assert main(["serve", "--policy", str(bad)]) == 1
     assert capsys.readouterr().err == f"{bad}:2: tiers.a.fallback: unknown tier 'b'\n"
 
@@ -24,7 +26,7 @@ def test_serve_with_a_missing_model(tmp_path: Path, capsys: pytest.CaptureFixtur
     policy = tmp_path / "policy.yaml"
     policy.write_text(
         "engines:\n  mine: {model: /nowhere/model.gguf}\n"
-        "tiers:\n  a: {deployments: [{model: mine}]}\n"
+        "tiers:\n  a: {deployments: [{model: mine}]}\nauth: {mode: none}\n"
     )
     assert main(["serve", "--policy", str(policy)]) == 1
     err = capsys.readouterr().err

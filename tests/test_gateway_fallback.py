@@ -118,6 +118,7 @@ tiers:
     deployments: [{{model: hosted_vllm/flaky, api_base: "{stub}"}}]
     retries: 2
     backoff_s: 0.01
+auth: {{mode: none}}
 """
 
 

@@ -131,7 +131,7 @@ def test_reload_with_a_missing_model_is_refused(url: str, policy_file: Path) -> 
 
 
 def test_reload_metrics(url: str) -> None:
-    metrics = httpx.get(f"{url}/metrics").text
+    metrics = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {ADMIN}"}).text
     assert 'tiergate_policy_reloads_total{result="ok"}' in metrics
     assert 'tiergate_policy_reloads_total{result="error"}' in metrics
 

@@ -12,7 +12,7 @@ from gateway.routing.router import Router, choose_tier, extract_features
 ROOT = Path(__file__).resolve().parent.parent
 POLICY_FILES = sorted((ROOT / "router_policies").rglob("*.yaml"))
 
-BASE = """
+TIERS = """
 tiers:
   small:
     deployments: [{model: smollm2-135m}]
@@ -20,11 +20,17 @@ tiers:
     deployments: [{model: hosted_vllm/big, api_base: "http://127.0.0.1:1/v1"}]
     fallback: small
 """
+NO_AUTH = "auth: {mode: none}\n"
+BASE = TIERS + NO_AUTH
 
 
 def issues_of(text: str, env: dict[str, str] | None = None) -> list[str]:
+    """Issues of a policy; one that says nothing about auth gets `auth: {mode: none}`."""
+    text = textwrap.dedent(text)
+    if "auth:" not in text and text.lstrip().startswith(("tiers", "server")):
+        text += NO_AUTH
     with pytest.raises(PolicyError) as caught:
-        parse_policy(textwrap.dedent(text), env=env or {})
+        parse_policy(text, env=env or {})
     return [str(i) for i in caught.value.issues]
 
 
@@ -56,7 +62,7 @@ def test_unknown_fallback_tier() -> None:
 
 
 def test_fallback_cycle() -> None:
-    self_loop = BASE + "  tiny:\n    deployments: [{model: smollm2-135m}]\n    fallback: tiny\n"
+    self_loop = TIERS + "  tiny:\n    deployments: [{model: smollm2-135m}]\n    fallback: tiny\n"
     assert issues_of(self_loop) == ["tiers.tiny.fallback: fallback cycle: tiny -> tiny"]
     two = BASE.replace("[{model: smollm2-135m}]", "[{model: smollm2-135m}]\n    fallback: large")
     assert issues_of(two) == ["tiers.small.fallback: fallback cycle: small -> large -> small"]
@@ -108,7 +114,7 @@ def test_deployment_that_is_neither_local_nor_litellm() -> None:
 def test_issues_know_their_line() -> None:
     text = (
         "tiers:\n  a:\n    deployments: [{model: smollm2-135m}]\n    retries: -2\n"
-        "routes:\n  r: {}\n"
+        "routes:\n  r: {}\n" + NO_AUTH
     )
     with pytest.raises(PolicyError) as caught:
         parse_policy(text, env={})
@@ -122,7 +128,7 @@ def test_self_hosted_models_need_an_api_base() -> None:
 
 
 def test_env_expansion() -> None:
-    text = BASE + "auth:\n  keys: [{key: '${KEY}', tenant: t}]\n  admin_key: '${ADMIN:-adm}'\n"
+    text = TIERS + "auth:\n  keys: [{key: '${KEY}', tenant: t}]\n  admin_key: '${ADMIN:-adm}'\n"
     policy = parse_policy(text, env={"KEY": "sk-from-env"})
     assert policy.auth.keys[0].key == "sk-from-env"
     assert policy.auth.admin_key == "adm"
@@ -133,7 +139,7 @@ def test_env_expansion() -> None:
 def test_shipped_policies_pass_check_policy(
     path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
-    for name in ("TIERGATE_API_KEY", "TIERGATE_ADMIN_KEY"):
+    for name in ("TIERGATE_API_KEY", "TIERGATE_ADMIN_KEY", "TIERGATE_SALT_SECRET"):
         monkeypatch.setenv(name, "sk-test-value")
     assert main(["check-policy", str(path)]) == 0
     assert ": ok (" in capsys.readouterr().out
@@ -145,7 +151,7 @@ def test_check_policy_prints_each_error(tmp_path: Path, capsys: pytest.CaptureFi
     assert main(["check-policy", str(bad)]) == 1
     err = capsys.readouterr().err.splitlines()
     assert err == [
-        f"{bad}:8: server.port: must be between 1 and 65535",
+        f"{bad}:9: server.port: must be between 1 and 65535",
         f"1 error(s) in {bad}",
     ]  # schema errors first; cross-references are checked once the schema holds
     bad.write_text(BASE.replace("fallback: small", "fallback: huge"))

@@ -1,11 +1,12 @@
 """Operator endpoints: the running policy, its reload, stats, and /metrics for Prometheus."""
 
-import hmac
 from typing import Annotated, Any
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
+from engine.api_key import bearer_token, same_key
 from gateway.errors import ApiError
 from gateway.policy import PolicyError
 from gateway.state import GatewayState
@@ -21,26 +22,64 @@ async def get_state(request: Request) -> GatewayState:
 State = Annotated[GatewayState, Depends(get_state)]
 
 
+def _bearer_matches(request: Request, *keys: str | None) -> bool:
+    token = bearer_token(request.headers.get("authorization", ""))
+    # Constant-time compare on bytes: these keys guard policy reloads and the stats.
+    return token is not None and any(k is not None and same_key(token, k) for k in keys)
+
+
 async def require_admin(request: Request, state: State) -> None:
     admin_key = state.runtime.policy.auth.admin_key
     if admin_key is None:
         raise ApiError(403, "The admin API is disabled: set auth.admin_key in the policy.")
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    # Constant-time compare: the admin key guards policy reloads.
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip(), admin_key):
+    if not _bearer_matches(request, admin_key):
         message = "This endpoint needs the admin key as a bearer token."
         raise ApiError(401, message, code="invalid_api_key")
 
 
+async def require_metrics(request: Request, state: State) -> None:
+    auth = state.runtime.policy.auth
+    if auth.metrics_key is None and auth.admin_key is None:
+        raise ApiError(403, "/metrics is disabled: set auth.metrics_key in the policy.")
+    if not _bearer_matches(request, auth.metrics_key, auth.admin_key):
+        message = "/metrics needs the metrics key (auth.metrics_key) or the admin key."
+        raise ApiError(401, message, code="invalid_api_key")
+
+
 Admin = Annotated[None, Depends(require_admin)]
+Metrics = Annotated[None, Depends(require_metrics)]
+
+
+def redact_url(url: str | None) -> str | None:
+    """`scheme://user:password@host/path?token=x` -> `scheme://***@host/path?token=***`."""
+    if not url:
+        return url
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = "***@" + netloc.rpartition("@")[2]
+    # Any query value may be a credential (?key=, ?token=, ?sig=): none is shown.
+    names = [name for name, _ in parse_qsl(parts.query, keep_blank_values=True)]
+    query = "&".join(f"{name}=***" for name in names)
+    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
 
 
 def _redacted(policy_json: dict[str, Any]) -> dict[str, Any]:
     auth = policy_json.get("auth", {})
     for entry in auth.get("keys", []):
-        entry["key"] = f"{entry['key'][:6]}..." if len(entry["key"]) > 12 else "***"
-    if auth.get("admin_key"):
-        auth["admin_key"] = "***"
+        if entry.get("key"):
+            entry["key"] = f"{entry['key'][:6]}..." if len(entry["key"]) > 12 else "***"
+        if entry.get("key_sha256"):  # a hash of a weak key can be brute-forced
+            entry["key_sha256"] = entry["key_sha256"][:8] + "..."
+    for name in ("admin_key", "metrics_key", "cache_salt_secret"):
+        if auth.get(name):
+            auth[name] = "***"
+    for tier in policy_json.get("tiers", {}).values():
+        for deployment in tier.get("deployments", []):
+            deployment["api_base"] = redact_url(deployment.get("api_base"))
+    cache = policy_json.get("cache", {})
+    if "redis_url" in cache:
+        cache["redis_url"] = redact_url(cache["redis_url"])
     return policy_json
 
 
@@ -86,7 +125,7 @@ async def show_stats(state: State, _: Admin) -> dict[str, Any]:
 
 
 @router.get("/metrics")
-async def metrics(state: State) -> Response:
+async def metrics(state: State, _: Metrics) -> Response:
     engine_registries = [
         e.metrics.registry for e in state.engines.all().values() if hasattr(e, "metrics")
     ]

@@ -17,6 +17,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
+from engine.api_key import bearer_token
 from engine.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -32,6 +33,7 @@ from gateway.backends.base import BackendError, GenerationRequest, OpenAIRequest
 from gateway.backends.fallback import Served
 from gateway.cache.semantic import CacheQuery
 from gateway.errors import ApiError
+from gateway.policy import key_digest
 from gateway.routing.router import PromptFeatures, extract_features
 from gateway.state import GatewayState, Runtime
 
@@ -51,20 +53,21 @@ def _mask(key: str) -> str:
 
 
 def authenticate(request: Request, runtime: Runtime) -> str:
-    """The caller's tenant; with no keys in the policy everyone is tenant "default"."""
-    if not runtime.tenants:
+    """The caller's tenant; with `auth: {mode: none}` everyone is tenant "default"."""
+    if runtime.policy.auth.mode == "none":
         return "default"
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    token = token.strip()
-    if scheme.lower() != "bearer" or not token:
+    token = bearer_token(request.headers.get("authorization", ""))
+    if token is None:
         raise ApiError(
             401,
             "You didn't provide an API key. Send it as 'Authorization: Bearer YOUR_KEY'.",
             code="missing_api_key",
         )
-    tenant = runtime.tenants.get(token)
+    # Keys are looked up by their SHA-256, so policies may store hashes instead of keys.
+    tenant = runtime.tenants.get(key_digest(token))
     if tenant is None:
-        raise ApiError(401, f"Incorrect API key provided: {_mask(token)}.", code="invalid_api_key")
+        shown = _mask(token.decode("latin-1"))
+        raise ApiError(401, f"Incorrect API key provided: {shown}.", code="invalid_api_key")
     return tenant
 
 

@@ -5,6 +5,7 @@ finish reason and the usage. Closing the generator early aborts the request upst
 (the engine frees its pages, an HTTP stream is closed).
 """
 
+import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
@@ -38,6 +39,12 @@ class BackendError(Exception):
     retry: the same deployment may succeed on a later attempt (timeouts, 5xx, 429).
     fallback: another deployment or tier may succeed; False means the request itself is
     at fault (400) and goes straight back to the caller.
+    deployment_fault: the failure says the deployment is unwell whoever calls it (refused
+    connection, overloaded, misconfigured), so it cools down for every tenant. Otherwise
+    (timeouts, 5xx) the request may have caused it, and only its tenant skips the deployment.
+
+    `message` reaches the caller: it names the deployment and what failed, never upstream
+    bodies, exception texts, hosts or environment variables (those go to the log).
     """
 
     def __init__(
@@ -47,13 +54,33 @@ class BackendError(Exception):
         retry: bool,
         fallback: bool,
         retry_after: float | None = None,
+        deployment_fault: bool = False,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.retry = retry
         self.fallback = fallback
-        self.retry_after = retry_after
+        self.retry_after = sane_wait(retry_after)
+        self.deployment_fault = deployment_fault
+
+
+MAX_RETRY_AFTER_S = 3600.0  # an upstream asking for more is capped, not obeyed for days
+
+
+def sane_wait(seconds: float | None) -> float | None:
+    """A wait fit for a header and a cooldown: 0..MAX_RETRY_AFTER_S; inf and nan: None."""
+    if seconds is None or not math.isfinite(seconds):
+        return None
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """Seconds from an upstream `Retry-After` (HTTP dates and garbage: None)."""
+    try:
+        return sane_wait(float(value)) if value is not None else None
+    except ValueError:
+        return None
 
 
 class Backend(Protocol):

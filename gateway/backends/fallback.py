@@ -7,12 +7,15 @@ answer is committed to that deployment; a later failure ends the answer with an 
 """
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from gateway.backends.base import Backend, BackendError, GenerationRequest, Piece
 from gateway.policy import Deployment, Price, Tier
+
+logger = logging.getLogger("tiergate.fallback")
 
 OnFailure = Callable[[str, str, BackendError], None]  # (tier, model, error)
 
@@ -37,18 +40,43 @@ class Served:
 
 
 class Cooldowns:
-    """Deployments that failed recently are skipped until their cooldown ends."""
+    """Deployments that failed recently are skipped until their cooldown ends.
+
+    A failure the request may have caused itself (a timeout, a 5xx) cools the deployment
+    down for that tenant only: one tenant's bad requests must not take a deployment away
+    from everyone. Once a second tenant sees such a failure within the cooldown, or on a
+    failure that is the deployment's own (`deployment_fault`), it cools down for all.
+    """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
-        self._until: dict[str, float] = {}
+        self._until: dict[str, float] = {}  # deployment key -> end of its cooldown
+        self._tenant_until: dict[tuple[str, str], float] = {}
 
-    def cooling(self, key: str) -> bool:
-        return self._until.get(key, 0.0) > self._clock()
+    def cooling(self, key: str, tenant: str | None = None) -> bool:
+        now = self._clock()
+        if self._until.get(key, 0.0) > now:
+            return True
+        return tenant is not None and self._tenant_until.get((key, tenant), 0.0) > now
 
-    def trip(self, key: str, seconds: float) -> None:
-        if seconds > 0:
-            self._until[key] = self._clock() + seconds
+    def trip(self, key: str, seconds: float, tenant: str | None = None) -> None:
+        """Cool `key` down for everyone, or with `tenant` for that tenant (see above)."""
+        if seconds <= 0:
+            return
+        now = self._clock()
+        until = now + seconds
+        if tenant is not None:
+            others = [t for (k, t), end in self._tenant_until.items() if k == key and end > now]
+            if not others or others == [tenant]:
+                self._drop_expired(now)
+                self._tenant_until[(key, tenant)] = until
+                return
+        self._until[key] = until
+
+    def _drop_expired(self, now: float) -> None:
+        # Bounded by the tenants that failed lately; cleaned as new ones arrive.
+        for entry in [e for e, end in self._tenant_until.items() if end <= now]:
+            del self._tenant_until[entry]
 
 
 def deployment_key(deployment: Deployment) -> str:
@@ -63,7 +91,8 @@ async def _first_piece(
         async with asyncio.timeout(timeout_s):  # cheaper than wait_for: no extra task
             first = await anext(pieces)
     except StopAsyncIteration:
-        first = Piece(finish_reason="stop")
+        # Every backend ends an answer with a finish reason: nothing at all is a cut answer.
+        raise BackendError(502, f"{backend.name}: ended without an answer", True, True) from None
     except TimeoutError:
         await pieces.aclose()
         raise BackendError(
@@ -74,9 +103,8 @@ async def _first_piece(
         raise
     except Exception as exc:  # a backend bug must not take the whole chain down
         await pieces.aclose()
-        raise BackendError(
-            502, f"{backend.name}: {type(exc).__name__}: {exc}", False, True
-        ) from exc
+        logger.exception("%s failed", backend.name)
+        raise BackendError(502, f"{backend.name}: failed", False, True) from exc
     return pieces, first
 
 
@@ -84,7 +112,10 @@ class _Answer:
     """The first piece, then the others, each within the timeout.
 
     A class rather than a generator: `aclose` must abort upstream even when iteration
-    never started (a client that left before the first byte went out).
+    never started (a client that left before the first byte went out). Whatever goes
+    wrong after the first piece leaves as a BackendError, which the API turns into an SSE
+    error event; so does an upstream that ends without a finish reason (a cut stream is
+    not an answer that stopped).
     """
 
     def __init__(
@@ -92,6 +123,7 @@ class _Answer:
     ) -> None:
         self._pieces, self._first, self._name, self._timeout_s = pieces, first, name, timeout_s
         self.complete = first.finish_reason is not None and first.usage is not None
+        self._finished = first.finish_reason is not None
 
     def __aiter__(self) -> "_Answer":
         return self
@@ -104,10 +136,22 @@ class _Answer:
             raise StopAsyncIteration
         try:
             async with asyncio.timeout(self._timeout_s):
-                return await anext(self._pieces)
+                piece = await anext(self._pieces)
+        except StopAsyncIteration:
+            if not self._finished:
+                logger.warning("%s: the answer ended without a finish reason", self._name)
+                raise BackendError(502, f"{self._name}: the answer was cut", False, False) from None
+            raise
         except TimeoutError:
             message = f"{self._name}: stalled for {self._timeout_s:g}s"
             raise BackendError(504, message, False, False) from None
+        except BackendError:
+            raise
+        except Exception as exc:  # a backend bug mid-answer: an error event, not a cut
+            logger.exception("%s failed mid-answer", self._name)
+            raise BackendError(502, f"{self._name}: failed mid-answer", False, False) from exc
+        self._finished = self._finished or piece.finish_reason is not None
+        return piece
 
     async def aclose(self) -> None:
         await self._pieces.aclose()
@@ -161,7 +205,8 @@ class FallbackChain:
     ) -> Served:
         """Find a deployment that starts answering; raises BackendError when none does."""
         candidates = self._candidates(tier_name, deployment)
-        ready = [c for c in candidates if not self._cooldowns.cooling(deployment_key(c[1]))]
+        tenant = request.tenant
+        ready = [c for c in candidates if not self._cooldowns.cooling(deployment_key(c[1]), tenant)]
         # When everything is cooling down, trying anyway beats a certain error.
         failures: list[BackendError] = []
         for tier, dep, backend in ready or candidates:
@@ -180,6 +225,7 @@ class FallbackChain:
     ) -> Served | None:
         timeout_s = dep.timeout_s or tier.tier.timeout_s
         cooldown_s = tier.tier.cooldown_s
+        blamed: str | None = request.tenant  # None once a failure is the deployment's own
         for attempt in range(tier.tier.retries + 1):
             if attempt:
                 await self._sleep(tier.tier.backoff_s * 2 ** (attempt - 1))
@@ -190,6 +236,8 @@ class FallbackChain:
                 if not exc.fallback:
                     raise
                 failures.append(exc)
+                if exc.deployment_fault:
+                    blamed = None
                 # An overloaded deployment says when to come back (a local engine's queue
                 # drains in about a second); waiting the full cooldown would idle it.
                 if exc.retry_after is not None:
@@ -200,5 +248,5 @@ class FallbackChain:
             answer = _Answer(pieces, first, backend.name, timeout_s)
             price = tier.tier.price
             return Served(tier.name, backend.name, price, answer, failures, answer.complete)
-        self._cooldowns.trip(deployment_key(dep), cooldown_s)
+        self._cooldowns.trip(deployment_key(dep), cooldown_s, blamed)
         return None

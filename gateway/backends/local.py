@@ -131,10 +131,11 @@ def _engine_error(exc: Exception, name: str) -> BackendError:
     if isinstance(exc, PromptTooLongError | ValueError):  # the request's fault: no fallback
         return BackendError(400, str(exc), retry=False, fallback=False)
     if isinstance(exc, QueueFullError):
-        return BackendError(429, f"{name}: queue full", retry=True, fallback=True, retry_after=1)
+        return BackendError(429, f"{name}: queue full", True, True, 1, deployment_fault=True)
     if isinstance(exc, EngineDeadError):
-        return BackendError(503, f"{name}: engine stopped", retry=False, fallback=True)
-    return BackendError(502, f"{name}: {type(exc).__name__}: {exc}", retry=False, fallback=True)
+        return BackendError(503, f"{name}: engine stopped", False, True, deployment_fault=True)
+    logger.error("%s failed: %s: %s", name, type(exc).__name__, exc)  # the caller sees less
+    return BackendError(502, f"{name}: the engine failed", retry=False, fallback=True)
 
 
 class LocalBackend:

@@ -2,11 +2,12 @@
 
 litellm translates between providers; for a server that already speaks OpenAI there is
 nothing to translate, and litellm's per-call work (~2 ms CPU here) would be most of the
-gateway's overhead. This client forwards the validated body as is over one shared
-httpx pool and reads the answer or the SSE stream directly.
+gateway's overhead. This client sends the validated body's allowed fields (forward.py)
+over one shared httpx pool and reads the answer or the SSE stream directly.
 """
 
 import json
+import logging
 import os
 from collections.abc import AsyncIterator
 from typing import Any
@@ -14,8 +15,16 @@ from typing import Any
 import httpx
 
 from engine.protocol import Usage
-from gateway.backends.base import BackendError, GenerationRequest, Piece
+from gateway.backends.base import BackendError, GenerationRequest, Piece, parse_retry_after
+from gateway.backends.forward import (
+    SALTED_PROVIDERS,
+    forwarded_messages,
+    sampling_fields,
+    tenant_cache_salt,
+)
 from gateway.policy import Deployment
+
+logger = logging.getLogger("tiergate.remote")
 
 NATIVE_PROVIDERS = {"hosted_vllm", "openai"}  # litellm prefixes of OpenAI-speaking servers
 _OPENAI_BASE = "https://api.openai.com/v1"
@@ -23,30 +32,33 @@ _OPENAI_BASE = "https://api.openai.com/v1"
 
 def status_error(status: int, text: str, model: str, retry_after: str | None) -> BackendError:
     """Sort an upstream HTTP error: the caller's fault, retry here, or try elsewhere."""
-    message = f"{model}: HTTP {status}: {text[:300]}"
-    wait = float(retry_after) if retry_after and retry_after.isdigit() else None
+    logger.warning("%s answered HTTP %d: %s", model, status, text[:1000])
+    message = f"{model}: upstream answered HTTP {status}"
+    wait = parse_retry_after(retry_after)
     if status in (400, 413, 422):
-        return BackendError(400, _upstream_message(text) or message, retry=False, fallback=False)
-    if status == 429:
-        return BackendError(429, message, retry=True, fallback=True, retry_after=wait)
-    if status == 503:
-        return BackendError(503, message, retry=True, fallback=True, retry_after=wait)
+        return BackendError(400, upstream_message(text) or message, retry=False, fallback=False)
+    if status in (429, 503):  # overloaded whoever asks: everyone waits
+        return BackendError(status, message, True, True, wait, deployment_fault=True)
     if status >= 500 or status == 408:
         return BackendError(502, message, retry=True, fallback=True)
-    return BackendError(502, message, retry=False, fallback=True)  # 401/403/404: misconfigured
+    # 401/403/404: misconfigured (key, model name, api_base)
+    return BackendError(502, message, retry=False, fallback=True, deployment_fault=True)
 
 
-def _upstream_message(text: str) -> str | None:
+def upstream_message(text: str) -> str | None:
+    """The `error.message` of an upstream's OpenAI error body (the caller's own mistake)."""
     try:
-        return json.loads(text)["error"]["message"]
+        message = json.loads(text)["error"]["message"]
     except (ValueError, KeyError, TypeError):
         return None
+    return message[:500] if isinstance(message, str) else None
 
 
-def _usage(raw: dict[str, Any] | None) -> Usage | None:
+def usage_of(raw: dict[str, Any] | None, salted: bool) -> Usage | None:
     if not raw or raw.get("prompt_tokens") is None:
         return None
-    cached = (raw.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    # Unsalted, an upstream's cached-token count would tell a tenant what others sent.
+    cached = (raw.get("prompt_tokens_details") or {}).get("cached_tokens") or 0 if salted else 0
     return Usage.of(raw["prompt_tokens"], raw.get("completion_tokens") or 0, cached)
 
 
@@ -56,28 +68,47 @@ def _choice_text(choice: dict[str, Any], is_chat: bool) -> str:
     return (choice.get("delta") or choice.get("message") or {}).get("content") or ""
 
 
+def missing_key(model: str, env: str) -> BackendError:
+    logger.error("%s: environment variable %s is not set", model, env)
+    return BackendError(502, f"{model}: not configured (no API key)", False, True, None, True)
+
+
 class OpenAICompatBackend:
-    def __init__(self, deployment: Deployment, timeout_s: float, client: httpx.AsyncClient) -> None:
+    def __init__(
+        self,
+        deployment: Deployment,
+        timeout_s: float,
+        client: httpx.AsyncClient,
+        salt_secret: str | None = None,
+    ) -> None:
         self.name = deployment.model
         self._served_name = deployment.model.split("/", 1)[1]
         self._base = (deployment.api_base or _OPENAI_BASE).rstrip("/")
         self._key_env = deployment.api_key_env
         self._timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0))
         self._client = client
+        self._salted = deployment.model.split("/", 1)[0] in SALTED_PROVIDERS
+        self._salt_secret = salt_secret
 
     def _headers(self) -> dict[str, str]:
         if self._key_env is None:
             return {}
         key = os.environ.get(self._key_env)
         if not key:
-            message = f"{self.name}: environment variable {self._key_env} is not set"
-            raise BackendError(502, message, retry=False, fallback=True)
+            raise missing_key(self.name, self._key_env)
         return {"Authorization": f"Bearer {key}"}
 
     def _payload(self, request: GenerationRequest) -> dict[str, Any]:
-        payload = request.body.model_dump(exclude_unset=True, exclude_none=True)
-        payload["model"] = self._served_name
-        if request.body.stream:
+        body = request.body
+        payload: dict[str, Any] = {"model": self._served_name, "stream": body.stream}
+        if request.is_chat:
+            payload["messages"] = forwarded_messages(request)
+        else:
+            payload["prompt"] = body.prompt  # type: ignore[union-attr]
+        payload |= sampling_fields(request, vllm=self._salted)
+        if self._salted:
+            payload["cache_salt"] = tenant_cache_salt(request.tenant, self._salt_secret)
+        if body.stream:
             payload["stream_options"] = {"include_usage": True}  # tokens and cost are counted
         return payload
 
@@ -94,8 +125,13 @@ class OpenAICompatBackend:
             response = await self._client.send(http_request, stream=True)
         except httpx.TimeoutException:
             raise BackendError(504, f"{self.name}: timed out", retry=True, fallback=True) from None
+        except httpx.ConnectError as exc:  # nothing listening: down for everyone
+            logger.warning("%s: cannot connect to %s: %s", self.name, self._base, exc)
+            message = f"{self.name}: could not be reached"
+            raise BackendError(502, message, True, True, deployment_fault=True) from None
         except httpx.HTTPError as exc:
-            message = f"{self.name}: {type(exc).__name__}: {exc}"
+            logger.warning("%s: %s: %s", self.name, type(exc).__name__, exc)
+            message = f"{self.name}: the connection failed"
             raise BackendError(502, message, retry=True, fallback=True) from None
         try:
             if response.status_code >= 400:
@@ -106,16 +142,27 @@ class OpenAICompatBackend:
                 async for piece in self._stream(response, request.is_chat):
                     yield piece
             else:
-                answer = json.loads(await response.aread())
-                choice = answer["choices"][0]
-                text = _choice_text(choice, request.is_chat)
-                finish = choice.get("finish_reason") or "stop"
-                yield Piece(text, finish, _usage(answer.get("usage")))
+                yield self._whole(await response.aread(), request.is_chat)
         except httpx.HTTPError as exc:
-            message = f"{self.name}: {type(exc).__name__}: {exc}"
+            logger.warning("%s: %s: %s", self.name, type(exc).__name__, exc)
+            message = f"{self.name}: the connection failed"
             raise BackendError(502, message, retry=False, fallback=True) from None
         finally:
             await response.aclose()  # done or abandoned: closing the connection aborts upstream
+
+    def _whole(self, raw: bytes, is_chat: bool) -> Piece:
+        try:
+            answer = json.loads(raw)
+            choice = answer["choices"][0]
+            text = _choice_text(choice, is_chat)
+            finish = choice.get("finish_reason") or "stop"
+            return Piece(text, finish, usage_of(answer.get("usage"), self._salted))
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+            raise self._malformed(exc, raw) from None
+
+    def _malformed(self, exc: Exception, raw: bytes | str) -> BackendError:
+        logger.warning("%s sent a malformed answer (%s): %r", self.name, exc, raw[:300])
+        return BackendError(502, f"{self.name}: malformed answer", retry=False, fallback=True)
 
     async def _stream(self, response: httpx.Response, is_chat: bool) -> AsyncIterator[Piece]:
         async for line in response.aiter_lines():
@@ -124,17 +171,23 @@ class OpenAICompatBackend:
             data = line[5:].strip()
             if data == "[DONE]":
                 continue  # read on to the body's end, so the connection returns to the pool
-            chunk = json.loads(data)
-            if "error" in chunk:
-                message = f"{self.name}: {chunk['error'].get('message', 'stream error')}"
-                raise BackendError(502, message, retry=False, fallback=False)
-            usage = _usage(chunk.get("usage"))
-            choices = chunk.get("choices") or []
-            if not choices:
-                if usage is not None:
-                    yield Piece(usage=usage)
-                continue
-            text = _choice_text(choices[0], is_chat)
-            finish = choices[0].get("finish_reason")
-            if text or finish or usage:
-                yield Piece(text, finish, usage)
+            try:
+                piece = self._stream_piece(json.loads(data), is_chat)
+            except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+                # Before the first piece the chain may still try elsewhere; after it, the
+                # error ends the caller's stream with an SSE error event.
+                raise self._malformed(exc, data) from None
+            if piece is not None:
+                yield piece
+
+    def _stream_piece(self, chunk: dict[str, Any], is_chat: bool) -> Piece | None:
+        if "error" in chunk:
+            logger.warning("%s: error in stream: %s", self.name, chunk["error"])
+            raise BackendError(502, f"{self.name}: failed mid-stream", False, False)
+        usage = usage_of(chunk.get("usage"), self._salted)
+        choices = chunk.get("choices") or []
+        if not choices:
+            return Piece(usage=usage) if usage is not None else None
+        text = _choice_text(choices[0], is_chat)
+        finish = choices[0].get("finish_reason")
+        return Piece(text, finish, usage) if text or finish or usage else None

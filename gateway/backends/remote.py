@@ -6,40 +6,26 @@ only when a policy has litellm deployments, and a policy without them never pays
 
 import asyncio
 import functools
+import logging
 import os
 from collections.abc import AsyncIterator
 from types import ModuleType
 from typing import Any
 
 from engine.protocol import Usage
-from gateway.backends.base import BackendError, GenerationRequest, Piece
+from gateway.backends.base import BackendError, GenerationRequest, Piece, parse_retry_after
+from gateway.backends.forward import (
+    OPENAI_FIELDS,
+    SALTED_PROVIDERS,
+    forwarded_messages,
+    sampling_fields,
+    tenant_cache_salt,
+)
+from gateway.backends.openai_compat import missing_key, upstream_message
 from gateway.policy import Deployment
 
-# Request fields litellm maps for every provider; anything else goes in extra_body.
-_OPENAI_PARAMS = {
-    "temperature",
-    "top_p",
-    "max_tokens",
-    "max_completion_tokens",
-    "stop",
-    "seed",
-    "presence_penalty",
-    "frequency_penalty",
-    "user",
-    "tools",
-    "tool_choice",
-    "response_format",
-}
-_NOT_FORWARDED = {
-    "model",
-    "messages",
-    "prompt",
-    "stream",
-    "stream_options",
-    "n",
-    "logprobs",
-    "echo",
-}
+logger = logging.getLogger("tiergate.remote")
+
 # Providers that speak OpenAI's /v1/completions natively; litellm would otherwise turn a
 # text prompt into a chat message, which applies a chat template the caller did not ask for.
 _NATIVE_TEXT_PROVIDERS = {"hosted_vllm", "openai", "text-completion-openai"}
@@ -61,11 +47,31 @@ async def _litellm_loaded() -> ModuleType:
     return await asyncio.to_thread(load_litellm)
 
 
-def _split_params(body: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    fields = body.model_dump(exclude_unset=True, exclude_none=True, exclude=_NOT_FORWARDED)
-    known = {k: v for k, v in fields.items() if k in _OPENAI_PARAMS}
-    extra = {k: v for k, v in fields.items() if k not in _OPENAI_PARAMS}
-    return known, extra
+def to_backend_error(exc: Exception, model: str) -> BackendError:
+    """Sort litellm's exceptions into: the caller's fault, retry here, or try elsewhere.
+
+    litellm's messages name hosts and wrap upstream bodies: they go to the log only.
+    """
+    llm_errors = load_litellm().exceptions
+    logger.warning("%s failed: %s: %s", model, type(exc).__name__, exc)
+    if isinstance(exc, llm_errors.Timeout | asyncio.TimeoutError):
+        return BackendError(504, f"{model}: timed out", retry=True, fallback=True)
+    if isinstance(exc, llm_errors.RateLimitError):
+        wait = _retry_after(exc)
+        return BackendError(429, f"{model}: rate limited", True, True, wait, deployment_fault=True)
+    if isinstance(exc, llm_errors.ContextWindowExceededError | llm_errors.BadRequestError):
+        text = getattr(getattr(exc, "response", None), "text", "")
+        message = upstream_message(text) or f"{model}: the request was refused as invalid"
+        return BackendError(400, message, retry=False, fallback=False)
+    if isinstance(exc, llm_errors.ServiceUnavailableError):
+        wait = _retry_after(exc)
+        return BackendError(503, f"{model}: unavailable", True, True, wait, deployment_fault=True)
+    status = _status_of(exc)
+    if isinstance(exc, llm_errors.APIConnectionError) or (status and status >= 500):
+        return BackendError(502, f"{model}: failed", retry=True, fallback=True)
+    # Auth, not found, unknown: this deployment is misconfigured; others may work.
+    message = f"{model}: failed (misconfigured?)"
+    return BackendError(502, message, retry=False, fallback=True, deployment_fault=True)
 
 
 def _status_of(exc: Exception) -> int | None:
@@ -73,42 +79,24 @@ def _status_of(exc: Exception) -> int | None:
     return status if isinstance(status, int) else None
 
 
-def to_backend_error(exc: Exception, model: str) -> BackendError:
-    """Sort litellm's exceptions into: the caller's fault, retry here, or try elsewhere."""
-    llm_errors = load_litellm().exceptions
-    where = f"{model}: {type(exc).__name__}: {exc}"
-    if isinstance(exc, llm_errors.Timeout | asyncio.TimeoutError):
-        return BackendError(504, f"{model}: timed out", retry=True, fallback=True)
-    if isinstance(exc, llm_errors.RateLimitError):
-        return BackendError(429, where, retry=True, fallback=True, retry_after=_retry_after(exc))
-    if isinstance(exc, llm_errors.ContextWindowExceededError | llm_errors.BadRequestError):
-        return BackendError(400, str(exc), retry=False, fallback=False)
-    if isinstance(exc, llm_errors.ServiceUnavailableError):
-        return BackendError(503, where, retry=True, fallback=True)
-    status = _status_of(exc)
-    if isinstance(exc, llm_errors.APIConnectionError) or (status and status >= 500):
-        return BackendError(502, where, retry=True, fallback=True)
-    # Auth, not found, unknown: this deployment is misconfigured; others may work.
-    return BackendError(502, where, retry=False, fallback=True)
-
-
 def _retry_after(exc: Exception) -> float | None:
-    response = getattr(exc, "response", None)
-    value = getattr(response, "headers", {}).get("retry-after") if response is not None else None
-    try:
-        return float(value) if value is not None else None
-    except ValueError:
-        return None
+    # litellm keeps the upstream's headers apart; its `response` is a stand-in without them.
+    headers = getattr(exc, "litellm_response_headers", None) or {}
+    return parse_retry_after(headers.get("retry-after"))
 
 
 class RemoteBackend:
     """Calls litellm's acompletion / atext_completion; streams pass through piece by piece."""
 
-    def __init__(self, deployment: Deployment, timeout_s: float) -> None:
+    def __init__(
+        self, deployment: Deployment, timeout_s: float, salt_secret: str | None = None
+    ) -> None:
         self.name = deployment.model
         self._deployment = deployment
         self._timeout_s = timeout_s
         self._provider = deployment.model.split("/", 1)[0]
+        self._salted = self._provider in SALTED_PROVIDERS
+        self._salt_secret = salt_secret
 
     def _api_key(self) -> str | None:
         env = self._deployment.api_key_env
@@ -116,13 +104,16 @@ class RemoteBackend:
             return None
         key = os.environ.get(env)
         if not key:
-            raise BackendError(
-                502, f"{self.name}: environment variable {env} is not set", False, True
-            )
+            raise missing_key(self.name, env)
         return key
 
     def _call_kwargs(self, request: GenerationRequest) -> dict[str, Any]:
-        known, extra = _split_params(request.body)
+        fields = sampling_fields(request, vllm=self._salted)
+        known = {k: v for k, v in fields.items() if k in OPENAI_FIELDS}
+        # vLLM's own fields travel in the body litellm sends as is; other providers get none.
+        extra = {k: v for k, v in fields.items() if k not in OPENAI_FIELDS}
+        if self._salted:
+            extra["cache_salt"] = tenant_cache_salt(request.tenant, self._salt_secret)
         kwargs: dict[str, Any] = {
             "model": self.name,
             "api_base": self._deployment.api_base,
@@ -142,8 +133,7 @@ class RemoteBackend:
         litellm = await _litellm_loaded()
         kwargs = self._call_kwargs(request)
         if request.is_chat:
-            messages = [m.model_dump(exclude_none=True) for m in request.body.messages]
-            return await litellm.acompletion(messages=messages, **kwargs)
+            return await litellm.acompletion(messages=forwarded_messages(request), **kwargs)
         if self._provider in _NATIVE_TEXT_PROVIDERS and self._deployment.api_base:
             kwargs["model"] = "text-completion-openai/" + self.name.split("/", 1)[1]
             # Self-hosted servers take any key, but litellm's OpenAI client insists on one.
@@ -158,14 +148,19 @@ class RemoteBackend:
         except Exception as exc:
             raise to_backend_error(exc, self.name) from exc
         if not request.body.stream:
-            yield _whole_answer(response, request.is_chat)
+            try:
+                piece = _whole_answer(response, request.is_chat, self._salted)
+            except (AttributeError, IndexError, TypeError) as exc:
+                logger.warning("%s sent a malformed answer: %r", self.name, exc)
+                raise BackendError(502, f"{self.name}: malformed answer", False, True) from exc
+            yield piece
             return
         try:
             async for chunk in response:
-                piece = _stream_piece(chunk, request.is_chat)
+                piece = _stream_piece(chunk, request.is_chat, self._salted)
                 if piece is not None:
                     yield piece
-        except Exception as exc:
+        except Exception as exc:  # litellm's own check of a cut stream lands here too
             raise to_backend_error(exc, self.name) from exc
         finally:
             await _close_stream(response)  # the client went away or we are done: free upstream
@@ -179,22 +174,24 @@ async def _close_stream(stream: Any) -> None:
         await stream.aclose()
 
 
-def _usage(raw: Any) -> Usage | None:
+def _usage(raw: Any, salted: bool) -> Usage | None:
     if raw is None or getattr(raw, "prompt_tokens", None) is None:
         return None
     details = getattr(raw, "prompt_tokens_details", None)
-    cached = getattr(details, "cached_tokens", 0) or 0
+    # Unsalted, an upstream's cached-token count would tell a tenant what others sent.
+    cached = (getattr(details, "cached_tokens", 0) or 0) if salted else 0
     return Usage.of(raw.prompt_tokens, raw.completion_tokens or 0, cached)
 
 
-def _whole_answer(response: Any, is_chat: bool) -> Piece:
+def _whole_answer(response: Any, is_chat: bool, salted: bool) -> Piece:
     choice = response.choices[0]
     text = choice.message.content if is_chat else choice.text
-    return Piece(text or "", choice.finish_reason or "stop", _usage(response.usage))
+    usage = _usage(response.usage, salted)
+    return Piece(text or "", choice.finish_reason or "stop", usage)
 
 
-def _stream_piece(chunk: Any, is_chat: bool) -> Piece | None:
-    usage = _usage(getattr(chunk, "usage", None))
+def _stream_piece(chunk: Any, is_chat: bool, salted: bool) -> Piece | None:
+    usage = _usage(getattr(chunk, "usage", None), salted)
     if not chunk.choices:
         return Piece(usage=usage) if usage else None
     choice = chunk.choices[0]
