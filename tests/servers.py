@@ -47,37 +47,47 @@ def run_uvicorn(app: object, port: int | None = None) -> Iterator[str]:
         thread.join(timeout=30)
 
 
-@contextlib.contextmanager
-def run_redis() -> Iterator[str]:
-    """A real redis-server on a free loopback port; yields redis://127.0.0.1:PORT/0."""
+def start_redis_server(port: int, workdir: str) -> subprocess.Popen:
+    """A redis-server on 127.0.0.1:`port` with no persistence; tests may kill and restart it."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise RuntimeError(
             "redis-server is not installed; run `make test` (apt-get install redis-server)"
         )
+    proc = subprocess.Popen(
+        [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            workdir,
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--protected-mode",
+            "yes",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for_port(port)
+    except TimeoutError:
+        proc.kill()
+        raise
+    return proc
+
+
+@contextlib.contextmanager
+def run_redis() -> Iterator[str]:
+    """A real redis-server on a free loopback port; yields redis://127.0.0.1:PORT/0."""
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="tiergate-redis-") as workdir:
-        proc = subprocess.Popen(
-            [
-                binary,
-                "--port",
-                str(port),
-                "--bind",
-                "127.0.0.1",
-                "--dir",
-                workdir,
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--protected-mode",
-                "yes",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        proc = start_redis_server(port, workdir)
         try:
-            wait_for_port(port)
             yield f"redis://127.0.0.1:{port}/0"
         finally:
             proc.terminate()
