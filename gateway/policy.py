@@ -26,6 +26,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -144,25 +145,72 @@ class AuthSettings(_Strict):
         return self
 
 
+Strictness = Literal["strict", "balanced", "lenient", "off"]  # "off": the floor alone decides
+
+
+def default_cache_path() -> Path:
+    root = os.environ.get("TIERGATE_CACHE_DIR") or Path.home() / ".cache" / "tiergate"
+    return Path(root) / "semantic-cache.sqlite3"
+
+
+class RouteCacheSettings(_Strict):
+    """Per-route overrides under `routes.<name>.cache`; an unset key takes `cache.<key>`."""
+
+    enabled: bool | None = None
+    min_similarity: float | None = None  # cosine a candidate needs before the verifier sees it
+    verifier: Strictness | None = None
+    ttl_s: float | None = None
+
+    _check_similarity = field_validator("min_similarity")(_between_0_and_1)
+    _check_ttl = field_validator("ttl_s")(_positive)
+
+
 class CacheSettings(_Strict):
-    # The semantic cache lands in a later issue; the section exists so policies keep working.
     enabled: bool = False
-    similarity_threshold: float = 0.9
-    ttl_s: float = 3600.0
-    max_entries: int = 100_000
     store: Literal["embedded", "redis"] = "embedded"
-    redis_url: str | None = None
+    path: str | None = None  # embedded store's SQLite file; None: default_cache_path()
+    redis_url: str | None = Field(None, validate_default=True)  # required when store is redis
+    redis_prefix: str = "tiergate:cache"  # key prefix: gateways sharing it share entries
+    ttl_s: float | None = 3600.0  # default entry lifetime; None: entries never expire
+    max_entries: int = 100_000  # beyond it the least recently used entries are evicted
+    approximate_above: int = 20_000  # a scope's index turns from exact to IVF above this
+    min_similarity: float = 0.8  # default cosine floor for candidates
+    verifier: Strictness = "balanced"
+    candidates: int = 3  # most candidates the verifier sees per lookup, best first
+    max_temperature: float = 1.0  # answers sampled hotter are not stored
 
-    _check_threshold = field_validator("similarity_threshold")(_between_0_and_1)
-    _check_positive = field_validator("ttl_s", "max_entries")(_positive)
+    _check_similarity = field_validator("min_similarity")(_between_0_and_1)
+    _check_positive = field_validator("ttl_s", "max_entries", "approximate_above", "candidates")(
+        _positive
+    )
+    _check_temperature = field_validator("max_temperature")(_not_negative)
 
-    @field_validator("enabled")
+    @field_validator("redis_url")
     @classmethod
-    def _not_yet(cls, value: bool) -> bool:
-        # Accepting `true` would silently serve every request uncached.
-        if value:
-            raise ValueError("the semantic cache is not available in this release yet")
+    def _redis_needs_url(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if info.data.get("store") == "redis" and not value:
+            raise ValueError("required when store is redis")
         return value
+
+    def sqlite_path(self) -> Path:
+        return Path(self.path).expanduser() if self.path else default_cache_path()
+
+    def for_route(self, route: "Route | None") -> RouteCacheSettings:
+        """A route's effective settings: its overrides, every unset key from this section."""
+        overrides = route.cache if route is not None else RouteCacheSettings()
+        return RouteCacheSettings(
+            enabled=self.enabled and overrides.enabled is not False,
+            min_similarity=_first(overrides.min_similarity, self.min_similarity),
+            verifier=overrides.verifier or self.verifier,
+            ttl_s=_first(overrides.ttl_s, self.ttl_s),
+        )
+
+    def stores_temperature(self, temperature: float | None) -> bool:
+        return temperature is None or temperature <= self.max_temperature
+
+
+def _first(value: Any, default: Any) -> Any:
+    return default if value is None else value
 
 
 class EmbedderSettings(_Strict):
@@ -260,6 +308,7 @@ class Rule(_Strict):
 class Route(_Strict):
     rules: list[Rule] = []  # first match wins
     default: str  # tier when no rule matches
+    cache: RouteCacheSettings = RouteCacheSettings()
 
 
 class Policy(_Strict):

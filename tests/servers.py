@@ -89,6 +89,14 @@ def redis_server() -> Iterator[RedisServer]:
             server.stop()
 
 
+def start_redis_server(port: int, workdir: str) -> subprocess.Popen:
+    """A redis-server on 127.0.0.1:`port` with no persistence; tests may kill and restart it."""
+    server = RedisServer(workdir, port)
+    server.start()
+    assert server.proc is not None
+    return server.proc
+
+
 @contextlib.contextmanager
 def run_redis() -> Iterator[str]:
     """A real redis-server on a free loopback port; yields redis://127.0.0.1:PORT/0."""

@@ -223,10 +223,3 @@ async def test_router_names_routes_tiers_and_deployments() -> None:
     assert (pinned.tier, pinned.deployment) == ("large", "hosted_vllm/big")
     assert await router.decide("nope", features) is None
     assert router.model_names() == ["auto", "small", "large", "smollm2-135m", "hosted_vllm/big"]
-
-
-def test_enabling_the_unbuilt_cache_is_refused() -> None:
-    text = BASE + "routes: {auto: {default: small}}\ncache: {enabled: true}\n"
-    assert issues_of(text) == [
-        "cache.enabled: the semantic cache is not available in this release yet"
-    ]

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from engine.protocol import validation_error_message
 from gateway.api.admin import Admin, State
 from gateway.cache.semantic import SemanticCache
+from gateway.cache.store import StoreUnavailable
 from gateway.errors import ApiError
 
 router = APIRouter()
@@ -29,6 +30,10 @@ def _cache(state: Any) -> SemanticCache:
     if state.cache is None:
         raise ApiError(404, "The semantic cache is off in the running policy.", code="cache_off")
     return state.cache
+
+
+def _store_down() -> ApiError:
+    return ApiError(503, "The cache store is unreachable; nothing was removed. Try again.")
 
 
 @router.post("/admin/cache/purge")
@@ -49,7 +54,11 @@ async def purge(request: Request, state: State, _: Admin) -> dict[str, Any]:
 
 @router.delete("/admin/cache/entries/{entry_id}")
 async def invalidate(entry_id: str, state: State, _: Admin) -> dict[str, Any]:
-    if not await _cache(state).invalidate(entry_id):
+    try:
+        found = await _cache(state).invalidate(entry_id)
+    except StoreUnavailable:
+        raise _store_down() from None
+    if not found:
         raise ApiError(404, f"No cache entry {entry_id!r}.", code="entry_not_found")
     audit.info("admin invalidated cache entry %s", entry_id)
     return {"invalidated": entry_id}

@@ -23,7 +23,7 @@ from gateway.backends.fallback import Served
 from gateway.cache.embedder import Embedder
 from gateway.cache.semantic import CachedAnswer, CacheQuery, Lookup, SemanticCache
 from gateway.errors import ApiError
-from gateway.policy import Policy, Price
+from gateway.policy import Policy, Price, RouteCacheSettings
 
 logger = logging.getLogger("tiergate.cache")
 
@@ -141,12 +141,15 @@ class CacheStep:
     embed: EmbeddingMemo
     lookup_result: Lookup | None = None
 
+    @property
+    def settings(self) -> RouteCacheSettings:
+        return self.policy.cache.for_route(self.policy.routes.get(self.query.route))
+
     async def lookup(self) -> Lookup:
-        settings = self.policy.cache.for_route(self.query.route)
         if self.control.no_cache:
             self.lookup_result = Lookup("bypass", reason="no-cache")
         else:
-            self.lookup_result = await self.cache.lookup(self.query, self.embed, settings)
+            self.lookup_result = await self.cache.lookup(self.query, self.embed, self.settings)
         return self.lookup_result
 
     def served(self) -> Served:
@@ -180,6 +183,8 @@ class CacheStep:
 
     async def _store(self, answer: CachedAnswer) -> None:
         try:
-            await self.cache.store(self.query, self.embed, answer, self.control.ttl_s)
+            await self.cache.store(
+                self.query, self.embed, answer, self.control.ttl_s, self.settings
+            )
         except Exception:  # a failed store loses a future hit, never the answer already sent
             logger.exception("cache store failed")

@@ -122,8 +122,7 @@ def _not_found(model: str) -> ApiError:
 def _cache_step(ctx: RequestContext) -> CacheStep | None:
     """The request's use of the cache, or None (header `off` or `bypass` says why)."""
     cache, policy = ctx.state.cache, ctx.runtime.policy
-    settings = policy.cache.for_route(ctx.route) if cache is not None else None
-    if cache is None or settings is None or not settings.enabled:
+    if cache is None or not policy.cache.for_route(policy.routes.get(ctx.route)).enabled:
         return None
     ctx.mark(cache="bypass")
     text = matched_text(ctx.body)
@@ -134,7 +133,8 @@ def _cache_step(ctx: RequestContext) -> CacheStep | None:
     if control.no_cache and control.no_store:
         return None
     max_tokens = getattr(ctx.body, "max_completion_tokens", None) or ctx.body.max_tokens
-    query = CacheQuery(scope_of(ctx.tenant, ctx.body), ctx.tenant, ctx.route, text, max_tokens)
+    scope = scope_of(ctx.tenant, ctx.body)
+    query = CacheQuery(scope, ctx.tenant, ctx.route, text, max_tokens, temperature)
     return CacheStep(cache, policy, query, control, EmbeddingMemo(ctx.state.embedder, text))
 
 

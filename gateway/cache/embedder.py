@@ -59,7 +59,7 @@ class Embedder:
         from sentence_transformers import SentenceTransformer  # torch: import on use only
 
         self._model = SentenceTransformer(str(resolve_model_path(model)), device="cpu")
-        self.dim: int = self._model.get_sentence_embedding_dimension()
+        self.dim: int = self._model.get_embedding_dimension()
         self.batch_size = batch_size
         self.max_wait_s = max_wait_ms / 1000
         self.texts_embedded = 0  # counted so tests can check "one embedding per request"

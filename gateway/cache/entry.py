@@ -1,0 +1,66 @@
+"""What the cache keeps: an answer, and the entry that files it under a scope and a question."""
+
+import re
+import unicodedata
+from dataclasses import dataclass
+
+import numpy as np
+
+STORABLE_FINISH_REASONS = ("stop", "length")  # errors and cut streams are never stored
+
+
+@dataclass(frozen=True)
+class CachedAnswer:
+    text: str
+    finish_reason: str  # "stop" or "length"
+    prompt_tokens: int
+    completion_tokens: int
+    tier: str
+    model: str
+    max_tokens: int | None  # the limit of the request that produced it (None: none)
+
+    def serves(self, max_tokens: int | None) -> bool:
+        return answer_serves(
+            self.finish_reason, self.completion_tokens, self.max_tokens, max_tokens
+        )
+
+
+def answer_serves(
+    finish_reason: str, completion_tokens: int, produced_under: int | None, wanted: int | None
+) -> bool:
+    """Whether an answer may serve a request limited to `wanted` tokens.
+
+    An answer longer than the request allows would have been cut: it does not serve. An
+    answer cut by its own limit does not serve a request that allows more, since the model
+    would have gone on.
+    """
+    if wanted is not None and completion_tokens > wanted:
+        return False
+    if finish_reason == "length":
+        cut_at = completion_tokens if produced_under is None else produced_under
+        return wanted is not None and wanted <= cut_at
+    return True
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One stored question and answer; the vector is the question's embedding."""
+
+    id: str
+    scope: str
+    tenant: str
+    route: str
+    question: str
+    vector: np.ndarray  # float32, L2-normalised
+    answer: CachedAnswer
+    created_at: float  # unix time
+    expires_at: float | None  # unix time; None: never
+
+
+_SPACES = re.compile(r"\s+")
+
+
+def normalise(text: str) -> str:
+    """The exact-match form of a question: case, spacing and closing punctuation ignored."""
+    text = unicodedata.normalize("NFKC", text).casefold()
+    return _SPACES.sub(" ", text).strip().rstrip("?!.。？！ ")

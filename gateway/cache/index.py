@@ -1,0 +1,163 @@
+"""FAISS vectors per scope: exact inner product while small, IVF above a size the policy sets.
+
+Each scope has its own index, so a search can only ever return that scope's entries. Entry
+ids are strings (shared by replicas); FAISS labels are per-process integers mapped to them.
+Nothing here is thread-safe: the cache runs every call on one worker thread.
+"""
+
+import math
+from dataclasses import dataclass
+
+import faiss
+import numpy as np
+
+MIN_LISTS = 16
+PROBES = 16  # inverted lists searched per query: recall against speed
+POINTS_PER_LIST = 64  # training sample per list: k-means cost stays well under a second
+RETRAIN_GROWTH = 4  # an IVF trained at n is retrained (more lists) once it holds 4n
+
+
+@dataclass(frozen=True)
+class Hit:
+    entry_id: str
+    similarity: float
+
+
+class ScopeIndex:
+    def __init__(self, dim: int, approximate_above: int) -> None:
+        self.dim = dim
+        self.approximate_above = approximate_above
+        self._labels: dict[str, int] = {}
+        self._ids: dict[int, str] = {}
+        self._next_label = 0
+        self._trained_at = 0  # size the IVF was trained at; 0: the index is flat
+        self._index: faiss.Index = self._flat()
+
+    def __len__(self) -> int:
+        return len(self._labels)
+
+    def __contains__(self, entry_id: str) -> bool:
+        return entry_id in self._labels
+
+    @property
+    def kind(self) -> str:
+        return "ivf" if self._trained_at else "flat"
+
+    def add(self, ids: list[str], vectors: np.ndarray) -> None:
+        """Add (or replace) vectors; rows of `vectors` are float32, L2-normalised."""
+        self.remove([i for i in ids if i in self._labels])
+        labels = np.arange(self._next_label, self._next_label + len(ids), dtype=np.int64)
+        self._next_label += len(ids)
+        for entry_id, label in zip(ids, labels.tolist(), strict=True):
+            self._labels[entry_id] = label
+            self._ids[label] = entry_id
+        self._index.add_with_ids(_rows(vectors, self.dim), labels)
+        n = len(self)
+        if n > self.approximate_above and (
+            not self._trained_at or n > RETRAIN_GROWTH * self._trained_at
+        ):
+            self._rebuild(approximate=True)
+
+    def remove(self, ids: list[str]) -> int:
+        labels = [self._labels.pop(i) for i in ids if i in self._labels]
+        for label in labels:
+            del self._ids[label]
+        if labels:
+            self._index.remove_ids(np.asarray(labels, dtype=np.int64))
+        if self._trained_at and len(self) < self.approximate_above // 2:
+            self._rebuild(approximate=False)
+        return len(labels)
+
+    def search(self, vector: np.ndarray, k: int) -> list[Hit]:
+        if not self._labels:
+            return []
+        scores, labels = self._index.search(_rows(vector, self.dim), min(k, len(self)))
+        return [
+            Hit(self._ids[label], float(score))
+            for score, label in zip(scores[0].tolist(), labels[0].tolist(), strict=True)
+            if label >= 0
+        ]
+
+    def bytes_per_entry(self) -> int:
+        """FAISS storage per vector plus the id maps (measured figures: bench/cache_lookup.py)."""
+        vector = 4 * self.dim + 8  # the float32 row and its int64 label
+        if self._trained_at:
+            vector += 16  # the direct map's hash-table slot, needed for deletes
+        return vector + 2 * 100  # two dict items with a 32-character id string
+
+    # --- internals ---------------------------------------------------------------------
+
+    def _flat(self) -> faiss.Index:
+        return faiss.IndexIDMap2(faiss.IndexFlatIP(self.dim))
+
+    def _rebuild(self, approximate: bool) -> None:
+        labels = np.fromiter(self._ids, dtype=np.int64, count=len(self._ids))
+        vectors = self._index.reconstruct_batch(labels) if len(labels) else None
+        if approximate:
+            index = self._ivf(vectors)
+            self._trained_at = len(labels)
+        else:
+            index, self._trained_at = self._flat(), 0
+        if vectors is not None:
+            index.add_with_ids(vectors, labels)
+        self._index = index
+
+    def _ivf(self, vectors: np.ndarray) -> faiss.Index:
+        n_lists = max(MIN_LISTS, int(math.sqrt(len(vectors))))
+        quantizer = faiss.IndexFlatIP(self.dim)
+        index = faiss.IndexIVFFlat(quantizer, self.dim, n_lists, faiss.METRIC_INNER_PRODUCT)
+        index.cp.max_points_per_centroid = POINTS_PER_LIST
+        index.cp.seed = 1234
+        index.train(vectors)
+        index.set_direct_map_type(faiss.DirectMap.Hashtable)
+        index.nprobe = min(PROBES, n_lists)
+        return index
+
+
+class CacheIndex:
+    """Every scope's index; a scope's index is dropped when its last entry goes."""
+
+    def __init__(self, dim: int, approximate_above: int) -> None:
+        self.dim = dim
+        self.approximate_above = approximate_above
+        self._scopes: dict[str, ScopeIndex] = {}
+
+    def add(self, scope: str, ids: list[str], vectors: np.ndarray) -> None:
+        index = self._scopes.get(scope)
+        if index is None:
+            index = self._scopes[scope] = ScopeIndex(self.dim, self.approximate_above)
+        index.add(ids, vectors)
+
+    def remove(self, scope: str, ids: list[str]) -> int:
+        index = self._scopes.get(scope)
+        if index is None:
+            return 0
+        removed = index.remove(ids)
+        if not len(index):
+            del self._scopes[scope]
+        return removed
+
+    def search(self, scope: str, vector: np.ndarray, k: int) -> list[Hit]:
+        index = self._scopes.get(scope)
+        return index.search(vector, k) if index is not None else []
+
+    def clear(self) -> None:
+        self._scopes.clear()
+
+    def stats(self) -> dict:
+        kinds = {"flat": 0, "ivf": 0}
+        total_bytes = 0
+        for index in self._scopes.values():
+            kinds[index.kind] += len(index)
+            total_bytes += index.bytes_per_entry() * len(index)
+        entries = sum(kinds.values())
+        return {
+            "scopes": len(self._scopes),
+            "vectors": entries,
+            "vectors_by_index_kind": kinds,
+            "index_bytes_per_entry": round(total_bytes / entries) if entries else 0,
+        }
+
+
+def _rows(vectors: np.ndarray, dim: int) -> np.ndarray:
+    return np.ascontiguousarray(np.asarray(vectors, dtype=np.float32).reshape(-1, dim))

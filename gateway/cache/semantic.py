@@ -1,0 +1,305 @@
+"""The semantic cache: exact-then-semantic lookup per scope, over a store and FAISS indexes.
+
+A lookup first tries the exact table (scope + normalised question: no embedding needed),
+then embeds the question through the caller's memoised `embed` and searches the scope's
+index. Candidates at or above the route's similarity floor go to the verifier best first;
+the first it accepts is a semantic hit. The store holds answers; this object keeps what a
+lookup needs to decide (questions, vectors, a few answer facts) in memory, and a shared
+store keeps those tables in step across replicas. A store that is down makes lookups
+`bypass` and stores no-ops: nothing here raises to a request.
+"""
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import numpy as np
+
+from gateway.cache.entry import (
+    STORABLE_FINISH_REASONS,
+    CachedAnswer,
+    Entry,
+)
+from gateway.cache.store import Store, StoreUnavailable
+from gateway.cache.tables import EntryTables
+from gateway.policy import CacheSettings, RouteCacheSettings
+
+__all__ = [
+    "CacheQuery",
+    "CachedAnswer",
+    "Embed",
+    "Lookup",
+    "SemanticCache",
+    "Verdict",
+    "Verifier",
+]
+
+logger = logging.getLogger("tiergate.cache")
+
+Embed = Callable[[], Awaitable[np.ndarray]]  # the request's embedding, memoised by the caller
+SWEEP_INTERVAL_S = 1.0  # how often expired entries leave memory and the store
+SEARCH_SLACK = 4  # search this many times `candidates`: some hits may not serve the request
+
+
+@dataclass(frozen=True)
+class CacheQuery:
+    scope: str  # opaque hash from the caller (tenant, route, system prompt, ...)
+    tenant: str
+    route: str
+    text: str  # the last user message: what is matched
+    max_tokens: int | None
+    temperature: float | None = None  # answers sampled above cache.max_temperature: not stored
+
+
+@dataclass
+class Lookup:
+    outcome: Literal["exact", "semantic", "miss", "bypass"]
+    answer: CachedAnswer | None = None
+    entry_id: str | None = None
+    similarity: float | None = None  # 1.0 for an exact hit; a miss: the best candidate's
+    refused: int = 0  # candidates the verifier refused
+    reason: str | None = None  # why a bypass / the first refusal
+
+
+@dataclass(frozen=True)
+class Verdict:
+    accept: bool
+    probability: float
+    reason: str
+
+
+class Verifier(Protocol):
+    def verify(self, query: str, candidate: str, cosine: float, strictness: str) -> Verdict: ...
+
+
+class SemanticCache:
+    def __init__(
+        self, settings: CacheSettings, store: Store, dim: int, verifier: Verifier | None
+    ) -> None:
+        self.settings = settings
+        self._store = store
+        self._verifier = verifier
+        self.tables = EntryTables(dim, settings.approximate_above)
+        # Verifying has its own thread: it must not wait behind an index rebuild.
+        self._verify_thread = ThreadPoolExecutor(1, thread_name_prefix="cache-verify")
+        self._sweeper: asyncio.Task | None = None
+
+    @classmethod
+    async def open(
+        cls,
+        settings: CacheSettings,
+        embedder: object,
+        verifier: Verifier | None,
+        store: Store | None = None,
+    ) -> "SemanticCache":
+        """Open the policy's store and load its entries; a store that is down is not fatal."""
+        cache = cls(settings, store or _make_store(settings), embedder.dim, verifier)
+        try:
+            await cache.tables.replace_all(await cache._store.load())
+        except StoreUnavailable as exc:
+            logger.warning("semantic cache store unavailable at start, bypassing: %s", exc)
+        follow = getattr(cache._store, "follow", None)
+        if follow is not None:
+            follow(cache.tables)  # replicas: apply other gateways' inserts and deletes
+        cache._sweeper = asyncio.create_task(cache._sweep_forever())
+        return cache
+
+    # --- the request path --------------------------------------------------------------
+
+    async def lookup(
+        self, query: CacheQuery, embed: Embed, route_settings: RouteCacheSettings
+    ) -> Lookup:
+        if route_settings.enabled is False:
+            return Lookup("bypass", reason="disabled")
+        if not self._store.healthy:
+            return Lookup("bypass", reason="store_unavailable")
+        try:
+            return await self._lookup(query, embed, route_settings)
+        except StoreUnavailable:
+            return Lookup("bypass", reason="store_unavailable")
+
+    async def _lookup(self, query: CacheQuery, embed: Embed, rs: RouteCacheSettings) -> Lookup:
+        now = time.time()
+        entry_id = self.tables.exact(query.scope, query.text)
+        held = self.tables.get(entry_id)
+        if held and held.live(now) and held.serves(query.max_tokens):
+            answer = await self._fetch(entry_id)
+            if answer is not None:
+                return Lookup("exact", answer, entry_id, 1.0)
+        try:
+            vector = await embed()
+        except Exception as exc:  # the embedder failing degrades to a bypass
+            logger.exception("embedding for the cache failed")
+            return Lookup("bypass", reason=f"embed_failed: {type(exc).__name__}")
+        k = self.settings.candidates * SEARCH_SLACK
+        hits = await self.tables.search(query.scope, vector, k)
+        floor = _setting(rs.min_similarity, self.settings.min_similarity)
+        strictness = _setting(rs.verifier, self.settings.verifier)
+        candidates = [
+            (hit, held)
+            for hit in hits
+            if hit.similarity >= floor
+            and (held := self.tables.get(hit.entry_id)) is not None
+            and held.live(now)
+            and held.serves(query.max_tokens)
+        ][: self.settings.candidates]
+        refused, reason = 0, None
+        for hit, held in candidates:
+            if self._verifier is not None and strictness != "off":
+                verdict = await self._verify(query.text, held.question, hit.similarity, strictness)
+                if not verdict.accept:
+                    refused += 1
+                    reason = reason or verdict.reason
+                    continue
+            answer = await self._fetch(hit.entry_id)
+            if answer is not None:
+                return Lookup("semantic", answer, hit.entry_id, hit.similarity, refused, reason)
+        best = hits[0].similarity if hits else None
+        return Lookup("miss", similarity=best, refused=refused, reason=reason)
+
+    async def store(
+        self,
+        query: CacheQuery,
+        embed: Embed,
+        answer: CachedAnswer,
+        ttl_s: float | None,
+        route_settings: RouteCacheSettings | None = None,
+    ) -> str | None:
+        """Store a complete answer; returns its entry id, or None when it was not stored.
+
+        `ttl_s`: the request's own TTL; None takes the route's, then the policy's. A TTL of
+        0 or less stores nothing.
+        """
+        if not self._storable(query, answer, route_settings) or not self._store.healthy:
+            return None
+        if ttl_s is None:
+            ttl_s = route_settings.ttl_s if route_settings else self.settings.ttl_s
+        if ttl_s is not None and ttl_s <= 0:
+            return None
+        try:
+            vector = await embed()
+        except Exception:
+            logger.exception("embedding for the cache failed; answer not stored")
+            return None
+        now = time.time()
+        entry = Entry(
+            id=uuid.uuid4().hex,
+            scope=query.scope,
+            tenant=query.tenant,
+            route=query.route,
+            question=query.text,
+            vector=np.asarray(vector, dtype=np.float32).reshape(-1),
+            answer=answer,
+            created_at=now,
+            expires_at=None if ttl_s is None else now + ttl_s,
+        )
+        try:
+            replaced = self.tables.exact(query.scope, query.text)
+            if replaced is not None:  # the newer answer to the same question wins
+                await self._store.delete([replaced])
+                await self.tables.delete([replaced])
+            evicted = await self._store.put(entry, self.settings.max_entries)
+        except StoreUnavailable:
+            return None
+        await self.tables.put(entry)
+        await self.tables.delete(evicted)
+        return entry.id
+
+    def _storable(
+        self, query: CacheQuery, answer: CachedAnswer, rs: RouteCacheSettings | None
+    ) -> bool:
+        return (
+            (rs is None or rs.enabled is not False)
+            and answer.finish_reason in STORABLE_FINISH_REASONS
+            and self.settings.stores_temperature(query.temperature)
+        )
+
+    # --- admin ---------------------------------------------------------------------------
+
+    async def invalidate(self, entry_id: str) -> bool:
+        """Remove one entry everywhere. Raises StoreUnavailable when the store is down."""
+        deleted = await self._store.delete([entry_id])
+        held = self.tables.get(entry_id) is not None
+        await self.tables.delete([entry_id])
+        return bool(deleted) or held
+
+    async def purge(self, tenant: str | None = None, route: str | None = None) -> int:
+        """Remove every entry of a tenant and/or route; None matches any. Raises
+        StoreUnavailable when the store is down."""
+        ids = set(await self._store.purge(tenant, route))
+        ids.update(self.tables.matching(tenant, route))
+        await self.tables.delete(list(ids))
+        return len(ids)
+
+    def info(self) -> dict:
+        return {
+            **self.tables.stats(),
+            "store": self._store.info(),
+        }
+
+    async def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+        await self._store.close()
+        self.tables.close()
+        self._verify_thread.shutdown(wait=False)
+
+    # --- helpers -----------------------------------------------------------------------
+
+    async def _fetch(self, entry_id: str) -> CachedAnswer | None:
+        answer = await self._store.get(entry_id)
+        if answer is None:  # gone from the store (evicted, expired, deleted elsewhere)
+            await self.tables.delete([entry_id])
+            return None
+        with contextlib.suppress(StoreUnavailable):
+            await self._store.touch(entry_id, time.time())
+        return answer
+
+    async def _verify(self, query: str, candidate: str, cosine: float, strictness: str) -> Verdict:
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(
+                self._verify_thread, self._verifier.verify, query, candidate, cosine, strictness
+            )
+        except Exception as exc:  # a broken verifier refuses: a miss, never a wrong hit
+            logger.exception("cache verifier failed")
+            return Verdict(False, 0.0, f"verifier_failed: {type(exc).__name__}")
+
+    async def sweep(self) -> int:
+        """Remove expired entries from memory and the store; returns how many."""
+        expired = self.tables.expired(time.time())
+        if expired:
+            await self.tables.delete(expired)
+            with contextlib.suppress(StoreUnavailable):
+                await self._store.forget_expired(expired)
+        return len(expired)
+
+    async def _sweep_forever(self) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_INTERVAL_S)
+            try:
+                await self.sweep()
+            except Exception:  # one failed sweep must not end sweeping
+                logger.exception("cache sweep failed")
+
+
+def _setting(value: object, default: object) -> object:
+    return default if value is None else value
+
+
+def _make_store(settings: CacheSettings) -> Store:
+    if settings.store == "redis":
+        from gateway.cache.store_redis import RedisStore
+
+        return RedisStore(settings.redis_url, settings.redis_prefix)
+    from gateway.cache.store_sqlite import SqliteStore
+
+    return SqliteStore(settings.sqlite_path())

@@ -1,0 +1,287 @@
+"""The shared store: Redis (`cache.store: redis`), for gateways that run as replicas.
+
+Layout under `cache.redis_prefix` (P):
+  P:e:<id>    hash: one entry (scope, tenant, route, question, vector, answer JSON, times);
+              it carries its TTL, so Redis itself drops an expired answer
+  P:lru       sorted set: id -> last use; beyond `max_entries` the oldest are evicted
+  P:events    stream of inserts and deletes; every replica follows it to keep its in-memory
+              tables and FAISS indexes in step, and rebuilds them from the hashes at start
+              and after every reconnect (events may have been missed meanwhile)
+
+Any Redis error marks the store down: lookups bypass, stores are skipped, and the follower
+task reconnects and resyncs by itself.
+"""
+
+import asyncio
+import contextlib
+import logging
+import uuid
+
+import numpy as np
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from gateway.cache.entry import CachedAnswer, Entry
+from gateway.cache.store import StoreListener, StoreUnavailable, answer_from_json, answer_to_json
+
+logger = logging.getLogger("tiergate.cache")
+
+STREAM_LENGTH = 100_000  # events kept; a replica further behind than this resyncs anyway
+BLOCK_MS = 1000  # longest wait for new events: also how soon a lost sync is noticed
+REQUEST_TIMEOUT_S = 1.0  # a hung Redis costs a request at most this before it bypasses
+RECONNECT_S = (0.1, 2.0)  # backoff between reconnect attempts: first, most
+SCAN_BATCH = 1000
+_ERRORS = (RedisError, OSError)
+
+
+class RedisStore:
+    kind = "redis"
+
+    def __init__(self, url: str, prefix: str = "tiergate:cache") -> None:
+        self.url = url
+        self.prefix = prefix
+        self._lru = f"{prefix}:lru"
+        self._events = f"{prefix}:events"
+        self._origin = uuid.uuid4().hex  # our own events are applied already: skip them
+        retry = Retry(NoBackoff(), 1)  # one retry: a pooled connection may predate a restart
+        self._client = Redis.from_url(
+            url,
+            socket_timeout=REQUEST_TIMEOUT_S,
+            socket_connect_timeout=REQUEST_TIMEOUT_S,
+            retry=retry,
+        )
+        self._reader = Redis.from_url(
+            url,
+            socket_timeout=BLOCK_MS / 1000 + 5,
+            socket_connect_timeout=REQUEST_TIMEOUT_S,
+            retry=retry,
+        )
+        self._synced = False
+        self._last_id: bytes | str = "0-0"
+        self._error: str | None = "not connected yet"
+        self._follower: asyncio.Task | None = None
+        self._listener: StoreListener | None = None
+        self.resyncs = 0  # counted so tests and /admin can see reconnects
+
+    @property
+    def healthy(self) -> bool:
+        return self._synced
+
+    # --- start-up and following other replicas ------------------------------------------
+
+    async def load(self) -> list[Entry]:
+        try:
+            newest = await self._client.xrevrange(self._events, count=1)
+            last_id = newest[0][0] if newest else "0-0"
+            entries = await self._scan()
+        except _ERRORS as exc:
+            raise self._down(exc) from exc
+        self._last_id, self._synced, self._error = last_id, True, None
+        return [e for e in entries if e is not None]
+
+    def follow(self, listener: StoreListener) -> None:
+        self._listener = listener
+        self._follower = asyncio.create_task(self._follow())
+
+    async def _follow(self) -> None:
+        pause = RECONNECT_S[0]
+        while True:
+            try:
+                if not self._synced:
+                    entries = await self.load()
+                    await self._listener.replace_all(entries)
+                    self.resyncs += 1
+                    logger.info("semantic cache resynced from redis: %d entries", len(entries))
+                await self._read_events()
+                pause = RECONNECT_S[0]
+            except (StoreUnavailable, *_ERRORS) as exc:
+                self._down(exc)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, RECONNECT_S[1])
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a bug in one event must not end following for good
+                logger.exception("semantic cache: applying a redis event failed")
+                self._synced = False
+                await asyncio.sleep(pause)
+
+    async def _read_events(self) -> None:
+        reply = await self._reader.xread({self._events: self._last_id}, count=500, block=BLOCK_MS)
+        for _stream, messages in reply or []:
+            for message_id, fields in messages:
+                if not self._synced:  # a request saw Redis fail: resync before going on
+                    return
+                if fields.get(b"origin") != self._origin.encode():
+                    await self._apply(fields)
+                self._last_id = message_id
+
+    async def _apply(self, fields: dict[bytes, bytes]) -> None:
+        ids = fields[b"ids"].decode().split()
+        if fields[b"op"] == b"put":
+            for entry in await self._fetch_entries(ids):
+                if entry is not None:
+                    await self._listener.put(entry)
+        elif fields[b"op"] == b"del":
+            await self._listener.delete(ids)
+
+    # --- the request path ---------------------------------------------------------------
+
+    async def put(self, entry: Entry, max_entries: int) -> list[str]:
+        key = self._key(entry.id)
+        try:
+            async with self._client.pipeline(transaction=True) as pipe:
+                pipe.hset(key, mapping=_fields(entry))
+                if entry.expires_at is not None:
+                    pipe.pexpireat(key, int(entry.expires_at * 1000))
+                pipe.zadd(self._lru, {entry.id: entry.created_at})
+                self._announce(pipe, "put", [entry.id])
+                pipe.zcard(self._lru)
+                count = (await pipe.execute())[-1]
+            if count <= max_entries:
+                return []
+            oldest = await self._client.zpopmin(self._lru, count - max_entries)
+            evicted = [m.decode() for m, _ in oldest if m.decode() != entry.id]
+            return await self._delete(evicted)
+        except _ERRORS as exc:
+            raise self._down(exc) from exc
+
+    async def get(self, entry_id: str) -> CachedAnswer | None:
+        try:
+            answer = await self._client.hget(self._key(entry_id), "answer")
+        except _ERRORS as exc:
+            raise self._down(exc) from exc
+        return answer_from_json(answer) if answer is not None else None
+
+    async def touch(self, entry_id: str, now: float) -> None:
+        try:
+            await self._client.zadd(self._lru, {entry_id: now}, xx=True)
+        except _ERRORS as exc:
+            raise self._down(exc) from exc
+
+    async def delete(self, ids: list[str]) -> list[str]:
+        try:
+            return await self._delete(ids)
+        except _ERRORS as exc:
+            raise self._down(exc) from exc
+
+    async def purge(self, tenant: str | None, route: str | None) -> list[str]:
+        try:
+            keys = [k async for k in self._client.scan_iter(f"{self.prefix}:e:*", SCAN_BATCH)]
+            async with self._client.pipeline(transaction=False) as pipe:
+                for key in keys:
+                    pipe.hmget(key, "tenant", "route")
+                owners = await pipe.execute()
+            ids = [
+                key.decode().rpartition(":")[2]
+                for key, (t, r) in zip(keys, owners, strict=True)
+                if t is not None and tenant in (None, t.decode()) and route in (None, r.decode())
+            ]
+            return await self._delete(ids)
+        except _ERRORS as exc:
+            raise self._down(exc) from exc
+
+    async def forget_expired(self, ids: list[str]) -> None:
+        try:
+            await self._client.zrem(self._lru, *ids)  # the hashes expired by themselves
+        except _ERRORS as exc:
+            raise self._down(exc) from exc
+
+    def info(self) -> dict:
+        return {
+            "kind": self.kind,
+            "url": _without_password(self.url),
+            "healthy": self.healthy,
+            "error": self._error,
+            "resyncs": self.resyncs,
+        }
+
+    async def close(self) -> None:
+        if self._follower is not None:
+            self._follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._follower
+        for client in (self._client, self._reader):
+            with contextlib.suppress(*_ERRORS):
+                await client.aclose()
+
+    # --- internals -----------------------------------------------------------------------
+
+    def _key(self, entry_id: str) -> str:
+        return f"{self.prefix}:e:{entry_id}"
+
+    def _announce(self, pipe: object, op: str, ids: list[str]) -> None:
+        event = {"op": op, "ids": " ".join(ids), "origin": self._origin}
+        pipe.xadd(self._events, event, maxlen=STREAM_LENGTH, approximate=True)
+
+    async def _delete(self, ids: list[str]) -> list[str]:
+        if not ids:
+            return []
+        async with self._client.pipeline(transaction=True) as pipe:
+            for entry_id in ids:
+                pipe.delete(self._key(entry_id))
+            pipe.zrem(self._lru, *ids)
+            self._announce(pipe, "del", ids)
+            results = await pipe.execute()
+        return [i for i, existed in zip(ids, results, strict=False) if existed]
+
+    async def _scan(self) -> list[Entry | None]:
+        keys = [k async for k in self._client.scan_iter(f"{self.prefix}:e:*", SCAN_BATCH)]
+        ids = [k.decode().rpartition(":")[2] for k in keys]
+        return await self._fetch_entries(ids)
+
+    async def _fetch_entries(self, ids: list[str]) -> list[Entry | None]:
+        entries: list[Entry | None] = []
+        for start in range(0, len(ids), SCAN_BATCH):
+            batch = ids[start : start + SCAN_BATCH]
+            async with self._client.pipeline(transaction=False) as pipe:
+                for entry_id in batch:
+                    pipe.hgetall(self._key(entry_id))
+                rows = await pipe.execute()
+            entries += [_entry(i, row) for i, row in zip(batch, rows, strict=True)]
+        return entries
+
+    def _down(self, exc: BaseException) -> StoreUnavailable:
+        if self._synced:
+            logger.warning("semantic cache: redis unavailable, bypassing: %s", exc)
+        self._synced = False
+        self._error = f"{type(exc).__name__}: {exc}"
+        return StoreUnavailable(self._error)
+
+
+def _fields(entry: Entry) -> dict[str, str | bytes | float]:
+    return {
+        "scope": entry.scope,
+        "tenant": entry.tenant,
+        "route": entry.route,
+        "question": entry.question,
+        "vector": np.asarray(entry.vector, dtype=np.float32).tobytes(),
+        "answer": answer_to_json(entry.answer),
+        "created_at": entry.created_at,
+        "expires_at": "" if entry.expires_at is None else entry.expires_at,
+    }
+
+
+def _entry(entry_id: str, row: dict[bytes, bytes]) -> Entry | None:
+    if not row or b"answer" not in row:  # deleted or expired since it was listed
+        return None
+    expires_at = row[b"expires_at"].decode()
+    return Entry(
+        id=entry_id,
+        scope=row[b"scope"].decode(),
+        tenant=row[b"tenant"].decode(),
+        route=row[b"route"].decode(),
+        question=row[b"question"].decode(),
+        vector=np.frombuffer(row[b"vector"], dtype=np.float32),
+        answer=answer_from_json(row[b"answer"]),
+        created_at=float(row[b"created_at"]),
+        expires_at=float(expires_at) if expires_at else None,
+    )
+
+
+def _without_password(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    if "@" not in rest:
+        return url
+    return f"{scheme}{sep}***@{rest.rpartition('@')[2]}"

@@ -1,0 +1,221 @@
+"""The embedded store: one SQLite file, no server, survives restarts (`cache.store: embedded`).
+
+Every call runs on one worker thread that owns the connection, so SQLite never blocks the
+event loop. WAL journaling with synchronous=NORMAL: a commit costs no fsync, and a crash
+loses at most the last few entries, never the file.
+"""
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TypeVar
+
+import numpy as np
+
+from gateway.cache.entry import CachedAnswer, Entry
+from gateway.cache.store import StoreUnavailable, answer_from_json, answer_to_json
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS entries (
+    id TEXT PRIMARY KEY,
+    scope TEXT NOT NULL,
+    tenant TEXT NOT NULL,
+    route TEXT NOT NULL,
+    question TEXT NOT NULL,
+    vector BLOB NOT NULL,
+    answer TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    expires_at REAL,
+    last_used REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS entries_by_last_used ON entries (last_used);
+CREATE INDEX IF NOT EXISTS entries_by_tenant_route ON entries (tenant, route);
+"""
+T = TypeVar("T")
+COLUMNS = "id, scope, tenant, route, question, vector, answer, created_at, expires_at"
+
+
+class SqliteStore:
+    kind = "embedded"
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="cache-sqlite")
+        self._db: sqlite3.Connection | None = None
+        self._count = 0
+        self._error: str | None = None
+
+    @property
+    def healthy(self) -> bool:
+        return self._db is not None and self._error is None
+
+    async def load(self) -> list[Entry]:
+        return await self._call(self._open_and_load)
+
+    async def put(self, entry: Entry, max_entries: int) -> list[str]:
+        return await self._call(self._put, entry, max_entries)
+
+    async def put_many(self, entries: list[Entry]) -> None:
+        """Bulk insert with no eviction (benchmarks, imports)."""
+        await self._call(self._put_many, entries)
+
+    async def get(self, entry_id: str) -> CachedAnswer | None:
+        row = await self._call(self._one, "SELECT answer FROM entries WHERE id = ?", entry_id)
+        return answer_from_json(row[0]) if row else None
+
+    async def touch(self, entry_id: str, now: float) -> None:
+        await self._call(
+            self._write, "UPDATE entries SET last_used = ? WHERE id = ?", now, entry_id
+        )
+
+    async def delete(self, ids: list[str]) -> list[str]:
+        return await self._call(self._delete, ids)
+
+    async def forget_expired(self, ids: list[str]) -> None:
+        await self._call(self._delete, ids)
+
+    async def purge(self, tenant: str | None, route: str | None) -> list[str]:
+        return await self._call(self._purge, tenant, route)
+
+    def info(self) -> dict:
+        return {
+            "kind": self.kind,
+            "path": str(self.path),
+            "healthy": self.healthy,
+            "error": self._error,
+        }
+
+    async def close(self) -> None:
+        if self._db is not None:
+            await self._call(self._db.close)
+            self._db = None
+        self._executor.shutdown(wait=True)
+
+    # --- on the worker thread ----------------------------------------------------------
+
+    async def _call(self, fn: Callable[..., T], *args: object) -> T:
+        loop = asyncio.get_running_loop()
+        try:
+            result = await loop.run_in_executor(self._executor, fn, *args)
+        except sqlite3.Error as exc:  # a full disk or a broken file: bypass, never corrupt
+            self._error = f"{type(exc).__name__}: {exc}"
+            raise StoreUnavailable(self._error) from exc
+        self._error = None
+        return result
+
+    def _open_and_load(self) -> list[Entry]:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        db.execute("PRAGMA journal_mode = WAL")
+        db.execute("PRAGMA synchronous = NORMAL")
+        db.executescript(SCHEMA)
+        self._db = db
+        db.execute(
+            "DELETE FROM entries WHERE expires_at IS NOT NULL AND expires_at <= ?", (time.time(),)
+        )
+        rows = db.execute(f"SELECT {COLUMNS} FROM entries").fetchall()
+        self._count = len(rows)
+        return [_entry(row) for row in rows]
+
+    def _put(self, entry: Entry, max_entries: int) -> list[str]:
+        db = self._connection()
+        with _transaction(db):
+            existed = db.execute("SELECT 1 FROM entries WHERE id = ?", (entry.id,)).fetchone()
+            db.execute(
+                f"INSERT OR REPLACE INTO entries VALUES ({', '.join('?' * 10)})",
+                (*_row(entry), entry.created_at),
+            )
+            self._count += 0 if existed else 1
+            if self._count <= max_entries:
+                return []
+            evicted = db.execute(
+                "DELETE FROM entries WHERE id IN "
+                "(SELECT id FROM entries WHERE id != ? ORDER BY last_used LIMIT ?) RETURNING id",
+                (entry.id, self._count - max_entries),
+            ).fetchall()
+        self._count -= len(evicted)
+        return [row[0] for row in evicted]
+
+    def _put_many(self, entries: list[Entry]) -> None:
+        db = self._connection()
+        with _transaction(db):
+            db.executemany(
+                f"INSERT OR REPLACE INTO entries VALUES ({', '.join('?' * 10)})",
+                [(*_row(e), e.created_at) for e in entries],
+            )
+        self._count = db.execute("SELECT count(*) FROM entries").fetchone()[0]
+
+    def _delete(self, ids: list[str]) -> list[str]:
+        db = self._connection()
+        deleted = []
+        with _transaction(db):
+            for entry_id in ids:
+                row = db.execute("DELETE FROM entries WHERE id = ? RETURNING id", (entry_id,))
+                deleted += [r[0] for r in row.fetchall()]
+        self._count -= len(deleted)
+        return deleted
+
+    def _purge(self, tenant: str | None, route: str | None) -> list[str]:
+        conditions = [(c, v) for c, v in (("tenant", tenant), ("route", route)) if v is not None]
+        where = " AND ".join(f"{c} = ?" for c, _ in conditions) or "1"
+        rows = self._connection().execute(
+            f"DELETE FROM entries WHERE {where} RETURNING id", [v for _, v in conditions]
+        )
+        deleted = [r[0] for r in rows.fetchall()]
+        self._count -= len(deleted)
+        return deleted
+
+    def _one(self, sql: str, *args: object) -> tuple | None:
+        return self._connection().execute(sql, args).fetchone()
+
+    def _write(self, sql: str, *args: object) -> None:
+        self._connection().execute(sql, args)
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._db is None:
+            raise sqlite3.OperationalError("the cache store is closed")
+        return self._db
+
+
+class _transaction:
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+
+    def __enter__(self) -> None:
+        self.db.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+
+
+def _row(entry: Entry) -> tuple:
+    vector = np.asarray(entry.vector, dtype=np.float32).tobytes()
+    return (
+        entry.id,
+        entry.scope,
+        entry.tenant,
+        entry.route,
+        entry.question,
+        vector,
+        answer_to_json(entry.answer),
+        entry.created_at,
+        entry.expires_at,
+    )
+
+
+def _entry(row: tuple) -> Entry:
+    entry_id, scope, tenant, route, question, vector, answer, created_at, expires_at = row
+    return Entry(
+        entry_id,
+        scope,
+        tenant,
+        route,
+        question,
+        np.frombuffer(vector, np.float32),
+        answer_from_json(answer),
+        created_at,
+        expires_at,
+    )
