@@ -1,17 +1,22 @@
 """What a gateway adds in front of a backend: ours vs LiteLLM's proxy, over one stub backend.
 
-Three targets get the same chat requests in the same run: the stub backend directly, our
-gateway (cache off, one tier pointing at the stub through litellm `openai/<name>`), and
-LiteLLM's proxy (`litellm --config`, one worker, master key) over the same stub.
+The targets get the same chat requests in the same run: the stub backend directly, our
+gateway (cache off, one tier pointing at the stub through litellm `openai/<name>`), our
+gateway with the semantic cache on, and LiteLLM's proxy (`litellm --config`, one worker,
+master key, no cache) over the same stub. The cached gateway gets a new question every
+request, so each one pays the whole cache path and still goes to the stub: embed, exact
+and semantic lookup, store (and the verifier whenever a neighbour is close enough).
 Figures: added latency p50/p99 at concurrency 1 (stream and not), requests/s at
 concurrency 16, and CPU seconds per request of each gateway's server process tree.
-Goals: our added p50 and CPU/request <= 1/3 of LiteLLM's, our requests/s >= 3x.
+Goals: our added p50 and CPU/request <= 1/3 of LiteLLM's, our requests/s >= 3x, and our
+CPU/request with the cache on (all misses) <= LiteLLM's without a cache.
 All traffic stays on 127.0.0.1; every loop is bounded by a count or a deadline.
 """
 
 import argparse
 import asyncio
 import contextlib
+import itertools
 import os
 import signal
 import socket
@@ -29,7 +34,12 @@ import common
 
 HERE = Path(__file__).resolve().parent
 KEY = "sk-bench-0123456789"  # the same bearer key for both gateways
-GOALS = {"added_p50_share": 1 / 3, "cpu_per_request_share": 1 / 3, "rps_ratio": 3.0}
+GOALS = {
+    "added_p50_share": 1 / 3,
+    "cpu_per_request_share": 1 / 3,
+    "rps_ratio": 3.0,
+    "cache_cpu_per_request_share": 1.0,
+}
 MESSAGES = [{"role": "user", "content": "Say hello in one short sentence."}]
 
 
@@ -39,6 +49,7 @@ class Target:
     url: str  # base URL ending in /v1
     model: str
     pid: int | None  # the server process whose CPU time is counted (None: not a gateway)
+    unique: bool = False  # a new question each request (every one a cache miss)
 
 
 def free_port() -> int:
@@ -114,13 +125,13 @@ def tree_cpu_seconds(pid: int) -> float:
 # ---------------------------------------------------------------- configs
 
 
-def tiergate_policy(stub_port: int, port: int) -> str:
+def tiergate_policy(stub_port: int, port: int, cache: str = "{enabled: false}") -> str:
     return f"""
 server: {{host: 127.0.0.1, port: {port}, reload_interval_s: 0}}
 auth:
   keys:
     - {{key: {KEY}, tenant: bench}}
-cache: {{enabled: false}}
+cache: {cache}
 tiers:
   stub:
     deployments:
@@ -150,8 +161,18 @@ general_settings:
 # ---------------------------------------------------------------- load
 
 
-def body(model: str, stream: bool) -> dict[str, Any]:
-    req: dict[str, Any] = {"model": model, "messages": MESSAGES, "max_tokens": 32}
+_QUESTIONS = itertools.count()
+
+
+def body(target: Target, stream: bool) -> dict[str, Any]:
+    messages = MESSAGES
+    if target.unique:
+        n = next(_QUESTIONS)
+        text = (
+            f"Question {n}: what is {n} times {n + 7}, and why is it {'odd' if n % 2 else 'even'}?"
+        )
+        messages = [{"role": "user", "content": text}]
+    req: dict[str, Any] = {"model": target.model, "messages": messages, "max_tokens": 32}
     if stream:
         req["stream"] = True
     return req
@@ -160,7 +181,7 @@ def body(model: str, stream: bool) -> dict[str, Any]:
 async def one_request(session: aiohttp.ClientSession, target: Target, stream: bool) -> float:
     """Seconds to the full answer (last byte of the stream); raises on a non-200."""
     start = time.perf_counter()
-    async with session.post(f"{target.url}/chat/completions", json=body(target.model, stream)) as r:
+    async with session.post(f"{target.url}/chat/completions", json=body(target, stream)) as r:
         data = await r.read()
         if r.status != 200:
             raise RuntimeError(f"{target.name}: HTTP {r.status}: {data[:300]!r}")
@@ -243,8 +264,12 @@ def goals(lat: dict[str, Any], tput: dict[str, Any]) -> dict[str, Any]:
     if lite is None:
         return {"skipped": "LiteLLM proxy not measured"}
     cpu_o, cpu_l = tput["tiergate"]["cpu_ms_per_request"], tput["litellm"]["cpu_ms_per_request"]
+    cpu_cache = tput["tiergate-cache"]["cpu_ms_per_request"]
     rps = tput["tiergate"]["requests_per_s"] / tput["litellm"]["requests_per_s"]
     return {
+        "cache_cpu_per_request_share": common.goal(
+            share(cpu_cache, cpu_l), GOALS["cache_cpu_per_request_share"], False
+        ),
         "added_p50_share": common.goal(
             share(ours["added_p50_ms"], lite["added_p50_ms"]), GOALS["added_p50_share"], False
         ),
@@ -291,9 +316,12 @@ async def measure(targets: list[Target], n_latency: int, n_tput: int) -> dict[st
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     n_latency, n_tput = (60, 240) if args.quick else (300, 1200)
     venv = lite_venv(args)
-    stub_port, tg_port, lite_port = free_port(), free_port(), free_port()
+    stub_port, tg_port, lite_port, cache_port = free_port(), free_port(), free_port(), free_port()
     policy, config = work / "policy.yaml", work / "litellm.yaml"
     policy.write_text(tiergate_policy(stub_port, tg_port))
+    cached = work / "policy-cache.yaml"
+    store = f"{{enabled: true, path: {work / 'cache.sqlite3'}}}"
+    cached.write_text(tiergate_policy(stub_port, cache_port, store))
     config.write_text(litellm_config(stub_port))
     env = {"STUB_API_KEY": "sk-stub", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
     stub_cmd = [sys.executable, str(HERE / "stub_backend.py"), "--port", str(stub_port)]
@@ -301,9 +329,12 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     with contextlib.ExitStack() as stack:
         stack.enter_context(server(stub_cmd, work / "stub.log"))
         tg_pid = stack.enter_context(server(tiergate_cmd(policy, tg_port), work / "tg.log", env))
+        cache_cmd = tiergate_cmd(cached, cache_port)
+        cache_pid = stack.enter_context(server(cache_cmd, work / "tg-cache.log", env))
         targets = [
             Target("direct", f"http://127.0.0.1:{stub_port}/v1", "stub-model", None),
             Target("tiergate", f"http://127.0.0.1:{tg_port}/v1", "auto", tg_pid),
+            Target("tiergate-cache", f"http://127.0.0.1:{cache_port}/v1", "auto", cache_pid, True),
         ]
         lite_cmd = litellm_cmd(venv, config, lite_port) if venv.python else None
         if lite_cmd:
