@@ -31,6 +31,7 @@ def engine_config(name: str, settings: EngineSettings) -> EngineConfig:
         max_num_seqs=settings.max_num_seqs,
         max_num_batched_tokens=settings.max_num_batched_tokens,
         max_waiting=settings.max_waiting,
+        max_waiting_per_tenant=settings.max_waiting_per_tenant,
         max_model_len=settings.max_model_len,
         enable_prefix_caching=settings.enable_prefix_caching,
         num_threads=settings.num_threads,
