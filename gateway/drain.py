@@ -8,6 +8,7 @@ an SSE error event and a whole answer with a 503, through the handlers' usual er
 """
 
 import contextlib
+import inspect
 from collections.abc import Awaitable, Iterator
 from typing import Protocol, TypeVar
 
@@ -37,9 +38,9 @@ class Drain:
 
     @contextlib.contextmanager
     def _guard(self) -> Iterator[None]:
+        if self.expired:  # even one that would not have to wait
+            raise _Expired
         scope = anyio.CancelScope()
-        if self.expired:
-            scope.cancel()
         self._scopes.add(scope)
         try:
             with scope:
@@ -55,6 +56,8 @@ class Drain:
             with self._guard():
                 return await opened
         except _Expired:
+            if inspect.iscoroutine(opened):
+                opened.close()  # never started: no "was never awaited" warning
             raise ApiError(503, SHUTTING_DOWN, code="shutting_down") from None
 
     def pieces(self, upstream: "Pieces") -> "DrainedPieces":
