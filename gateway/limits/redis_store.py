@@ -8,6 +8,8 @@ Key names are built inside the scripts, which is fine for one Redis (not Redis C
 """
 
 from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from gateway.limits.window import WINDOW_S, Denial, Scope
 
@@ -99,8 +101,11 @@ class RedisStore:
 
     def __init__(self, url: str) -> None:
         self.url = url
-        # Short timeouts: a request waits on the limiter at most this long when Redis hangs.
-        self._redis = Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=0.5)
+        # Short timeouts and one immediate retry (a pooled connection that Redis dropped):
+        # redis-py's default backoff would hold every request for seconds while it is down.
+        self._redis = Redis.from_url(
+            url, socket_connect_timeout=0.5, socket_timeout=0.5, retry=Retry(NoBackoff(), 1)
+        )
         self._admit = self._redis.register_script(_ADMIT)
         self._finish = self._redis.register_script(_FINISH)
 
