@@ -9,7 +9,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
-from engine.errors import PromptTooLongError, QueueFullError
+from engine.errors import PromptTooLongError, QueueFullError, TenantQueueFullError
 from engine.kv import KVManager
 from engine.metrics import EngineMetrics
 from engine.model_registry import ModelNotFoundError, resolve_model
@@ -101,7 +101,7 @@ class LLMEngine:
         # A scan, not a counter: the queue is short (max_waiting) and preemption re-queues.
         waiting = sum(1 for s in self.scheduler.waiting if s.cache_salt == tenant)
         if waiting >= cap:
-            raise QueueFullError(
+            raise TenantQueueFullError(
                 f"this tenant has {waiting} requests waiting, its share of the queue "
                 f"(max_waiting_per_tenant={cap})"
             )

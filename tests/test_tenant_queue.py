@@ -1,5 +1,6 @@
 """max_waiting_per_tenant: one tenant (cache salt) cannot take an engine's whole queue."""
 
+import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
@@ -7,10 +8,15 @@ import openai
 import pytest
 
 from engine.config import EngineConfig
+from engine.engine import AsyncEngine
 from engine.errors import QueueFullError
 from engine.llm_engine import LLMEngine
+from engine.protocol import CompletionRequest
 from engine.sampling_params import SamplingParams
 from gateway.app import create_app
+from gateway.backends.base import BackendError, GenerationRequest
+from gateway.backends.fallback import Cooldowns, FallbackChain, TierBackends, deployment_key
+from gateway.backends.local import LocalBackend
 from gateway.policy import parse_policy
 from tests.fake_runner import FakeRunner
 from tests.limits_helpers import KEY_A, KEY_A2, KEY_B, POLICY, client, complete, fake_engine
@@ -89,3 +95,38 @@ def wait_for(check, deadline_s: float = 30.0) -> None:
     while not check():
         assert time.monotonic() < end, "condition not reached"
         time.sleep(0.02)
+
+
+async def test_a_full_tenant_share_cools_nothing_down_for_other_tenants() -> None:
+    config = EngineConfig(model="fake", max_num_seqs=1, max_waiting=4, max_waiting_per_tenant=1)
+    engine = AsyncEngine(config, FakeRunner(delay=0.01))
+    backend = LocalBackend("fake", engine)
+    policy = parse_policy(POLICY, env={})
+    deployment = policy.tiers["small"].deployments[0]
+    tier = policy.tiers["small"].model_copy(update={"retries": 1})
+    cooldowns = Cooldowns()
+    tiers = {"small": TierBackends("small", tier, [(deployment, backend)])}
+    chain = FallbackChain(tiers, cooldowns)
+    running = backend.generate(_request("a1", "one"))
+    try:
+        await anext(running)  # the engine's only slot
+        waiting = asyncio.create_task(anext(backend.generate(_request("a2", "one"))))
+        async with asyncio.timeout(30):  # tenant one's share of the line is taken
+            while engine.metrics.snapshot().waiting < 1:
+                await asyncio.sleep(0.01)
+        with pytest.raises(BackendError) as caught:
+            await chain.open(_request("a3", "one"), "small")
+        assert caught.value.status == 429 and caught.value.retry_after == 1
+        assert not cooldowns.cooling(deployment_key(deployment))
+        await running.aclose()  # the queue moves on; tenant two is served
+        served = await chain.open(_request("b1", "two"), "small")
+        await served.pieces.aclose()
+        waiting.cancel()
+    finally:
+        await running.aclose()
+        await asyncio.to_thread(engine.shutdown)
+
+
+def _request(rid: str, tenant: str) -> GenerationRequest:
+    body = CompletionRequest(model="small", prompt="go", max_tokens=100)
+    return GenerationRequest(rid, body, tenant)

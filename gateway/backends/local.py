@@ -12,7 +12,13 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from engine.config import EngineConfig
-from engine.errors import EngineDeadError, EngineError, PromptTooLongError, QueueFullError
+from engine.errors import (
+    EngineDeadError,
+    EngineError,
+    PromptTooLongError,
+    QueueFullError,
+    TenantQueueFullError,
+)
 from engine.protocol import Usage, to_sampling_params
 from gateway.backends.base import BackendError, GenerationRequest, Piece
 from gateway.policy import EngineSettings
@@ -131,6 +137,8 @@ async def _stop(engine: Any) -> None:
 def _engine_error(exc: Exception, name: str) -> BackendError:
     if isinstance(exc, PromptTooLongError | ValueError):  # the request's fault: no fallback
         return BackendError(400, str(exc), retry=False, fallback=False)
+    if isinstance(exc, TenantQueueFullError):  # this tenant's doing: no cooldown for others
+        return BackendError(429, f"{name}: {exc}", retry=False, fallback=False, retry_after=1)
     if isinstance(exc, QueueFullError):
         return BackendError(429, f"{name}: queue full", retry=True, fallback=True, retry_after=1)
     if isinstance(exc, EngineDeadError):
