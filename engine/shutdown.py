@@ -21,7 +21,7 @@ import uvicorn
 logger = logging.getLogger("tiergate.shutdown")
 
 # After on_expire: time for aborted requests to write their error and close.
-ABORT_MARGIN_S = 5.0
+ABORT_MARGIN_S = 3.0
 FORCED_EXIT_CODE = 128 + signal.SIGTERM
 
 OnExpire = Callable[[], Awaitable[None] | None]

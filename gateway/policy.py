@@ -56,8 +56,9 @@ class ServerSettings(_Strict):
     host: str = "127.0.0.1"
     port: int = 8000
     reload_interval_s: float = 1.0  # how often the policy file's mtime is polled; 0 turns it off
-    # SIGTERM: in-flight requests get this long to finish, then the rest are aborted.
-    shutdown_grace_s: float = 30.0
+    # SIGTERM: in-flight requests get this long to finish, then the rest are aborted. 25 s:
+    # with the abort margin that fits Kubernetes' default 30 s before it kills the pod.
+    shutdown_grace_s: float = 25.0
 
     _check_interval = field_validator("reload_interval_s", "shutdown_grace_s")(_not_negative)
 

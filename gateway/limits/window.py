@@ -2,8 +2,8 @@
 
 The window is the sliding-window counter (Cloudflare's, also Redis' usual recipe): a count
 for the current minute and one for the previous minute, the previous one weighted by how
-much of it still overlaps the last 60 seconds. Two integers per counter, no per-request
-log, and at most a few percent off a true sliding log. The Redis store runs the same
+much of it still overlaps the last 60 seconds (exact when that minute's requests came
+evenly). Two integers per counter and no per-request log. The Redis store runs the same
 arithmetic in Lua; both report a refusal as a `Denial` so Retry-After is computed once.
 """
 
