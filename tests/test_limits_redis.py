@@ -30,7 +30,8 @@ from tests.servers import free_port, wait_for_port
 class RedisProcess:
     """A redis-server that a test can kill and start again on the same port."""
 
-    def __init__(self) -> None:
+    def __init__(self, persistent: bool = False) -> None:
+        self.persistent = persistent  # keeps its data across a kill (append-only file)
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self._dir = tempfile.TemporaryDirectory(prefix="tiergate-limits-redis-")
@@ -40,7 +41,8 @@ class RedisProcess:
         binary = shutil.which("redis-server")
         assert binary, "redis-server is not installed (make test installs it)"
         args = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self._dir.name]
-        args += ["--save", "", "--appendonly", "no"]
+        args += ["--save", ""]
+        args += ["--appendonly", "yes", "--appendfsync", "always"] if self.persistent else []
         self._proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_for_port(self.port)
 
@@ -160,3 +162,31 @@ def test_a_hung_redis_is_not_waited_for(own_redis: RedisProcess) -> None:
             assert fallbacks(url) == 1
         finally:
             own_redis.resume()
+
+
+def test_a_release_redis_missed_is_sent_when_it_answers() -> None:
+    """Redis restarts (with its data) while a request ends: the slot is freed once it is back."""
+    own_redis = RedisProcess(persistent=True)
+    own_redis.start()
+    with (
+        contextlib.closing(own_redis),
+        gateway(limits_on(own_redis.url, "default: {max_concurrent: 1}\n"), 0.02) as url,
+    ):
+        stream = client(url, KEY_A).completions.create(
+            model="small", prompt="go", max_tokens=100, stream=True
+        )
+        next(iter(stream))  # its slot is in Redis
+        own_redis.kill()
+        for _ in stream:  # ends while Redis is away
+            pass
+        own_redis.start()
+        r = redis.Redis.from_url(own_redis.url)
+        assert r.zcard("tiergate:limits:tenant:one:c") == 1  # still held there
+        wait_for(lambda: _answered_in_redis(url))
+        assert r.zcard("tiergate:limits:tenant:one:c") == 0
+
+
+def _answered_in_redis(url: str) -> bool:
+    before = fallbacks(url)
+    complete(url, KEY_A)  # with the slot leaked in Redis, this would be a 429
+    return fallbacks(url) == before

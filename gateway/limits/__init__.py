@@ -89,18 +89,19 @@ class Limiter:
         if not scopes:
             return NOT_LIMITED
         member = uuid.uuid4().hex
-        store = await self._store(policy.limits_redis_url())
+        url = policy.limits_redis_url()
+        store = await self._store(url)
         denial: Denial | None = None
         if store is not None:
             try:
+                await self._resend(store)  # first: a slot it frees may be what this one needs
                 denial = await store.admit(scopes, prompt_tokens, member)
             except RedisError as exc:
                 self._redis_failed(exc)
                 store = None
-            else:
-                await self._resend(store)
         if store is None:
-            self.fallbacks.inc()
+            if url is not None:
+                self.fallbacks.inc()
             denial = self.memory.admit(scopes, prompt_tokens)
         if denial is not None:
             self.refused.labels(denial.scope.kind, denial.limit).inc()
@@ -120,14 +121,16 @@ class Limiter:
                 self._unsent.append((admission, token_delta))
 
     async def _resend(self, store: RedisStore) -> None:
-        try:
-            while self._unsent:
-                admission, delta = self._unsent[-1]
-                if admission.store is store:
-                    await store.finish(admission.scopes, delta, admission.member)
-                self._unsent.pop()
-        except RedisError as exc:
-            self._redis_failed(exc)
+        while self._unsent:
+            # Taken off first: a concurrent admission must not send the same one again.
+            admission, delta = self._unsent.pop()
+            if admission.store is not store:
+                continue  # counted in a Redis the policy no longer names
+            try:
+                await store.finish(admission.scopes, delta, admission.member)
+            except RedisError:
+                self._unsent.append((admission, delta))
+                raise
 
     async def _store(self, url: str | None) -> RedisStore | None:
         """The Redis store for `url`, or None: no Redis, or it failed a moment ago."""
