@@ -15,7 +15,9 @@ from gateway.api.headers import TiergateHeaders
 from gateway.api.openapi import install_openapi
 from gateway.backends.fallback import Cooldowns
 from gateway.backends.local import EngineFactory, LocalEngines, default_engine_factory
+from gateway.drain import Drain
 from gateway.errors import install_error_handlers
+from gateway.limits import Limiter
 from gateway.policy import Policy, PolicyError, PolicyIssue, PolicyWatcher
 from gateway.routing.router import ScorerFactory
 from gateway.state import GatewayState, build_runtime, prepare
@@ -67,6 +69,8 @@ def create_app(
         path = Path(policy_path) if policy_path is not None else None
         state = GatewayState(runtime, stats, engines, cooldowns, http, scorer_factory, path)
         app.state.gateway = state
+        app.state.limiter = Limiter(stats.registry)
+        app.state.drain = Drain()
         watch_task = None
         if path is not None:
             interval = policy.server.reload_interval_s
@@ -81,6 +85,7 @@ def create_app(
                 with contextlib.suppress(asyncio.CancelledError):
                     await watch_task
             await http.aclose()
+            await app.state.limiter.close()
             await engines.shutdown()
 
     app = FastAPI(title="tiergate", lifespan=lifespan, docs_url=None, redoc_url=None)

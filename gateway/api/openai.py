@@ -31,6 +31,7 @@ from gateway.api.shapes import ChatShape, Shape, TextShape, sse
 from gateway.backends.base import BackendError, GenerationRequest, OpenAIRequest, Piece
 from gateway.backends.fallback import Served
 from gateway.errors import ApiError
+from gateway.limits import NOT_LIMITED, Admission
 from gateway.policy import key_digest
 from gateway.routing.router import Decision, PromptFeatures, extract_features
 from gateway.state import GatewayState, Runtime
@@ -68,10 +69,12 @@ def authenticate(request: Request, runtime: Runtime) -> str:
             code="missing_api_key",
         )
     # Keys are looked up by their SHA-256, so policies may store hashes instead of keys.
-    tenant = runtime.tenants.get(key_digest(token))
+    digest = key_digest(token)
+    tenant = runtime.tenants.get(digest)
     if tenant is None:
         shown = _mask(token.decode("latin-1"))
         raise ApiError(401, f"Incorrect API key provided: {shown}.", code="invalid_api_key")
+    request.state.key_digest = digest  # per-key limits
     return tenant
 
 
@@ -107,6 +110,7 @@ class Call:
     route: str
     features: PromptFeatures
     started: float
+    admission: Admission
 
     def usage_or_estimate(self, usage: Usage | None, text: str) -> Usage:
         # A remote that reports no usage still gets counted (roughly) rather than for free.
@@ -114,12 +118,13 @@ class Call:
             return usage
         return Usage.of(self.features.approx_tokens, -(-len(text) // _CHARS_PER_TOKEN))
 
-    def done(self, status: int, usage: Usage | None = None) -> None:
+    async def done(self, status: int, usage: Usage | None = None) -> None:
         served = self.served
         if usage is not None:
             self.stats.usage(served.tier, served.model, usage, served.price)
         self.stats.latency(served.tier, time.perf_counter() - self.started)
         self.stats.request_done(self.route, served.tier, served.model, status)
+        await self.admission.finish(usage.total_tokens if usage is not None else None)
 
 
 async def _open(
@@ -152,16 +157,27 @@ async def _complete(
 ) -> Response:
     started = time.perf_counter()
     runtime = state.runtime  # one policy for the whole request, even across a reload
+    limiter, drain = request.app.state.limiter, request.app.state.drain
+    admission = NOT_LIMITED
     try:
         tenant = authenticate(request, runtime)
         body = await parse_body(request, model)
         features = _features(body)
-        served, decision = await _open(request, runtime, body, tenant, features)
+        digest = getattr(request.state, "key_digest", None)
+        admission = await limiter.admit(runtime.policy, tenant, digest, features.approx_tokens)
+        opened = _open(request, runtime, body, tenant, features)
+        served, decision = await drain.opening(opened)
     except ApiError as exc:  # refused before any answer: counted under the tier, if any
+        await admission.finish()
         state.stats.request_done("-", getattr(request.state, "tier", "-"), "-", exc.status)
         raise
+    except BaseException:  # a bug or a cancellation must not keep the request's slot
+        with anyio.CancelScope(shield=True):
+            await admission.finish()
+        raise
+    served.pieces = drain.pieces(served.pieces)  # ends with an error if shutdown expires
     state.stats.first_token(served.tier, time.perf_counter() - started)
-    call = Call(state.stats, served, decision.route or "-", features, started)
+    call = Call(state.stats, served, decision.route or "-", features, started, admission)
     shape = shape_of(served.model)
     if body.stream:
         stream = _stream(call, shape, body.include_usage)
@@ -220,15 +236,15 @@ async def _whole(call: Call, shape: Shape, request: Request) -> Response:
         collect = _drain if call.served.complete else _collect
         collected = await collect(call, request)
     except BackendError as exc:
-        call.done(exc.status)
+        await call.done(exc.status)
         raise backend_error(exc) from None
     if collected is None:
-        call.done(_CLIENT_CLOSED)
+        await call.done(_CLIENT_CLOSED)
         return Response(status_code=_CLIENT_CLOSED)  # nobody is left to read it
     texts, last = collected
     text = "".join(texts)
     usage = call.usage_or_estimate(last.usage, text)
-    call.done(200, usage)
+    await call.done(200, usage)
     body = shape.whole(text, last.finish_reason or "stop", usage)
     return Response(body, media_type="application/json")
 
@@ -257,7 +273,7 @@ async def _stream(call: Call, shape: Shape, include_usage: bool) -> AsyncIterato
         # Starlette cancels this task on disconnect; shield so the abort itself can run.
         with anyio.CancelScope(shield=True):
             await call.served.pieces.aclose()
-        call.done(status, call.usage_or_estimate(last.usage, "".join(texts)))
+            await call.done(status, call.usage_or_estimate(last.usage, "".join(texts)))
 
 
 class ClosingStreamingResponse(StreamingResponse):
