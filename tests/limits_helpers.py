@@ -4,6 +4,7 @@ import contextlib
 import textwrap
 from collections.abc import Iterator
 
+import httpx
 import openai
 
 from engine.config import EngineConfig
@@ -14,8 +15,10 @@ from tests.fake_runner import FakeRunner
 from tests.servers import run_uvicorn
 
 KEY_A, KEY_A2, KEY_B = "sk-limits-a-0001", "sk-limits-a-0002", "sk-limits-b-0001"
+METRICS_KEY = "sk-limits-metrics-key"
 POLICY = f"""
 auth:
+  metrics_key: {METRICS_KEY}
   keys:
     - {{key: {KEY_A}, tenant: one}}
     - {{key: {KEY_A2}, tenant: one}}
@@ -26,6 +29,11 @@ tiers:
   small: {{deployments: [{{model: fake}}], retries: 0}}
 """
 HASH_A = key_digest(KEY_A.encode())
+
+
+def metrics_text(url: str) -> str:
+    headers = {"Authorization": f"Bearer {METRICS_KEY}"}
+    return httpx.get(f"{url}/metrics", headers=headers).text
 
 
 def fake_engine(step_delay_s: float = 0.0):

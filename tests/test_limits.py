@@ -3,7 +3,6 @@ requests, tokens and concurrency, over HTTP with the openai client."""
 
 import time
 
-import httpx
 import openai
 import pytest
 
@@ -19,6 +18,7 @@ from tests.limits_helpers import (
     client,
     complete,
     gateway,
+    metrics_text,
     refused,
 )
 
@@ -35,7 +35,7 @@ def test_requests_per_minute_per_tenant() -> None:
         assert retry_after > 1  # the minute must slide: not "try again at once"
         for _ in range(4):  # tenant two overrides the default with "no limit"
             complete(url, KEY_B)
-        metrics = httpx.get(f"{url}/metrics").text
+        metrics = metrics_text(url)
         assert 'tiergate_rate_limited_total{limit="requests_per_minute",scope="tenant"} 1.0' in (
             metrics
         )

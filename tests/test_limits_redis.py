@@ -9,7 +9,6 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 
-import httpx
 import openai
 import pytest
 import redis
@@ -22,6 +21,7 @@ from tests.limits_helpers import (
     client,
     complete,
     gateway,
+    metrics_text,
     refused,
 )
 from tests.servers import free_port, wait_for_port
@@ -131,7 +131,7 @@ def _counted_in_redis(url: str) -> bool:
 
 
 def fallbacks(url: str) -> float:
-    for line in httpx.get(f"{url}/metrics").text.splitlines():
+    for line in metrics_text(url).splitlines():
         if line.startswith("tiergate_limits_redis_fallbacks_total "):
             return float(line.split()[1])
     raise AssertionError("no fallback counter in /metrics")
