@@ -11,6 +11,8 @@ class EngineConfig:
     max_num_seqs: int = 64  # running sequences per step
     max_num_batched_tokens: int = 2048  # token budget per step (prefill chunks + decodes)
     max_waiting: int = 256  # waiting-queue bound; beyond it add_request raises QueueFullError
+    # One tenant's (cache salt's) share of the waiting queue, so one cannot fill it; None: all.
+    max_waiting_per_tenant: int | None = None
     max_model_len: int | None = None  # None: the model's context length
     enable_prefix_caching: bool = True
     num_threads: int | None = None  # torch intra-op threads; None leaves torch's default

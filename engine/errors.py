@@ -13,5 +13,9 @@ class QueueFullError(EngineError):
     """The waiting queue is at its bound: HTTP 429 with Retry-After."""
 
 
+class TenantQueueFullError(QueueFullError):
+    """This tenant's share of the waiting queue is full (others may still queue): HTTP 429."""
+
+
 class EngineDeadError(EngineError):
     """The step loop has stopped (crashed or shut down): HTTP 503."""

@@ -9,7 +9,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
-from engine.errors import PromptTooLongError, QueueFullError
+from engine.errors import PromptTooLongError, QueueFullError, TenantQueueFullError
 from engine.kv import KVManager
 from engine.metrics import EngineMetrics
 from engine.model_registry import ModelNotFoundError, resolve_model
@@ -69,9 +69,14 @@ class LLMEngine:
         params: SamplingParams,
         cache_salt: str | None = None,
     ) -> None:
-        """Queue a request; raises PromptTooLongError, QueueFullError or ValueError."""
+        """Queue a request; raises PromptTooLongError, QueueFullError or ValueError.
+
+        The cache salt stands for the tenant (the gateway sets it from the tenant), so it is
+        also what `max_waiting_per_tenant` counts by.
+        """
         if request_id in self._seqs:
             raise ValueError(f"request id {request_id!r} is already in use")
+        self._check_tenant_share(cache_salt)
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         self._check_prompt(ids)
         seq = Sequence(
@@ -88,6 +93,18 @@ class LLMEngine:
         )
         self.scheduler.add(seq)  # QueueFullError when the waiting queue is at its bound
         self._seqs[request_id] = seq
+
+    def _check_tenant_share(self, tenant: str | None) -> None:
+        cap = self.config.max_waiting_per_tenant
+        if cap is None:
+            return
+        # A scan, not a counter: the queue is short (max_waiting) and preemption re-queues.
+        waiting = sum(1 for s in self.scheduler.waiting if s.cache_salt == tenant)
+        if waiting >= cap:
+            raise TenantQueueFullError(
+                f"this tenant has {waiting} requests waiting, its share of the queue "
+                f"(max_waiting_per_tenant={cap})"
+            )
 
     def _check_prompt(self, ids: list[int]) -> None:
         if not ids:

@@ -5,6 +5,7 @@ would to vLLM. Every error, FastAPI's own body validation included, leaves as an
 error body; nothing answers 422.
 """
 
+import asyncio
 import dataclasses
 import json
 import logging
@@ -12,7 +13,6 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import anyio
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -47,6 +47,7 @@ from engine.protocol import (
     to_sampling_params,
     validation_error_message,
 )
+from engine.shutdown import serve_gracefully
 
 logger = logging.getLogger("tiergate.engine.server")
 
@@ -404,19 +405,30 @@ def run_engine_server(
     config: EngineConfig,
     host: str,
     port: int,
-    served_name: str | None = None,
+    served_name: str | None,
+    shutdown_grace_s: float,
     api_key: str | None = None,
 ) -> None:
-    """Load the model, start the engine and serve it until interrupted (`tiergate engine`)."""
+    """Load the model, start the engine and serve it until interrupted (`tiergate engine`).
+
+    SIGTERM drains: requests in flight get `shutdown_grace_s`, then the engine stops and
+    those left end with an error (an SSE error event in a stream); a second SIGTERM exits.
+    """
     if api_key is None and host not in ("127.0.0.1", "localhost", "::1"):
         logger.warning("serving on %s without --api-key: anyone who reaches it can use it", host)
     engine = AsyncEngine(config)
     app = create_engine_app(engine, served_name or config.model, api_key)
     engine.start()
+
+    async def abort_the_rest() -> None:
+        await asyncio.to_thread(engine.shutdown)  # every request left gets EngineDeadError
+
     try:
         # lifespan off: the engine's life is managed here, and a Ctrl-C would otherwise
         # surface as a traceback from the idle lifespan task.
-        uvicorn.run(app, host=host, port=port, log_level="info", lifespan="off")
+        serve_gracefully(
+            app, host, port, shutdown_grace_s, abort_the_rest, log_level="info", lifespan="off"
+        )
     except KeyboardInterrupt:
         pass  # uvicorn re-raises the Ctrl-C it caught once it has shut down gracefully
     finally:

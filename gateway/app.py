@@ -18,7 +18,9 @@ from gateway.backends.local import EngineFactory, LocalEngines, default_engine_f
 from gateway.cache.embedder import Embedder
 from gateway.cache.semantic import SemanticCache
 from gateway.cache.verifier import PairVerifier
+from gateway.drain import Drain
 from gateway.errors import install_error_handlers
+from gateway.limits import Limiter
 from gateway.policy import Policy, PolicyError, PolicyIssue, PolicyWatcher
 from gateway.routing.router import ScorerFactory
 from gateway.state import GatewayState, build_runtime, prepare
@@ -92,6 +94,8 @@ def create_app(
         state = GatewayState(runtime, stats, engines, cooldowns, http, scorer_factory, path)
         state.embedder, state.cache = await _start_cache(policy)
         app.state.gateway = state
+        app.state.limiter = Limiter(stats.registry)
+        app.state.drain = Drain()
         watch_task = None
         if path is not None:
             interval = policy.server.reload_interval_s
@@ -107,6 +111,7 @@ def create_app(
                     await watch_task
             await _stop_cache(state)
             await http.aclose()
+            await app.state.limiter.close()
             await engines.shutdown()
 
     app = FastAPI(title="tiergate", lifespan=lifespan, docs_url=None, redoc_url=None)

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from engine.config import EngineConfig
-from gateway.policy import PolicyError, key_digest, load_policy
+from gateway.policy import PolicyError, ServerSettings, key_digest, load_policy
 
 _MB = 1024 * 1024
 
@@ -52,8 +52,7 @@ def serve(args: argparse.Namespace) -> int:
     except ModelNotFoundError as exc:
         print(f"tiergate: {exc}", file=sys.stderr)
         return 1
-    import uvicorn
-
+    from engine.shutdown import serve_gracefully
     from gateway.app import create_app
 
     app = create_app(policy, policy_path=args.policy)
@@ -63,7 +62,12 @@ def serve(args: argparse.Namespace) -> int:
         logging.getLogger("tiergate").warning(
             "auth mode none on %s: anyone who reaches this port can use every tier", host
         )
-    uvicorn.run(app, host=host, port=port, log_level=args.log_level)
+    grace_s = policy.server.shutdown_grace_s  # read at start: a reload does not move it
+
+    def abort_the_rest() -> None:
+        app.state.drain.expire()
+
+    serve_gracefully(app, host, port, grace_s, abort_the_rest, log_level=args.log_level)
     return 0
 
 
@@ -77,6 +81,7 @@ def engine(args: argparse.Namespace) -> int:
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_waiting=args.max_waiting,
+        max_waiting_per_tenant=args.max_waiting_per_tenant,
         max_model_len=args.max_model_len,
         enable_prefix_caching=not args.no_prefix_caching,
         num_threads=args.threads,
@@ -84,7 +89,14 @@ def engine(args: argparse.Namespace) -> int:
     try:
         from engine.server import run_engine_server
 
-        run_engine_server(config, args.host, args.port, args.served_name, args.api_key or None)
+        run_engine_server(
+            config,
+            args.host,
+            args.port,
+            args.served_name,
+            args.shutdown_grace_s,
+            args.api_key or None,
+        )
     except ModelNotFoundError as exc:
         print(f"tiergate: {exc}", file=sys.stderr)
         return 1
@@ -118,6 +130,12 @@ def _add_engine_tuning(p: argparse.ArgumentParser) -> None:
         type=int,
         default=defaults.max_waiting,
         help="queued requests beyond this are refused with 429",
+    )
+    p.add_argument(
+        "--max-waiting-per-tenant",
+        type=int,
+        default=defaults.max_waiting_per_tenant,
+        help="queued requests per cache_salt (tenant) beyond this get 429 (default: no cap)",
     )
     p.add_argument("--max-model-len", type=int, default=None, help="default: the model's")
     p.add_argument("--no-prefix-caching", action="store_true", help="never share KV pages")
@@ -154,6 +172,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--api-key",
         default=os.environ.get("TIERGATE_ENGINE_API_KEY"),
         help="bearer key every route but /health needs (default: $TIERGATE_ENGINE_API_KEY)",
+    )
+    p.add_argument(
+        "--shutdown-grace-s",
+        type=float,
+        default=ServerSettings().shutdown_grace_s,  # the gateway's default too
+        help="on SIGTERM, seconds in-flight requests get before they are aborted",
     )
     _add_engine_tuning(p)
     p.set_defaults(func=engine)

@@ -65,8 +65,11 @@ class ServerSettings(_Strict):
     host: str = "127.0.0.1"
     port: int = 8000
     reload_interval_s: float = 1.0  # how often the policy file's mtime is polled; 0 turns it off
+    # SIGTERM: in-flight requests get this long to finish, then the rest are aborted. 25 s:
+    # with the abort margin that fits Kubernetes' default 30 s before it kills the pod.
+    shutdown_grace_s: float = 25.0
 
-    _check_interval = field_validator("reload_interval_s")(_not_negative)
+    _check_interval = field_validator("reload_interval_s", "shutdown_grace_s")(_not_negative)
 
     @field_validator("port")
     @classmethod
@@ -231,6 +234,7 @@ class EngineSettings(_Strict):
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     max_waiting: int = 256
+    max_waiting_per_tenant: int | None = None  # one tenant's share of max_waiting; None: all
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
     num_threads: int | None = None
@@ -241,6 +245,7 @@ class EngineSettings(_Strict):
         "max_num_seqs",
         "max_num_batched_tokens",
         "max_waiting",
+        "max_waiting_per_tenant",
         "max_model_len",
         "num_threads",
     )(_positive)
@@ -311,9 +316,45 @@ class Route(_Strict):
     cache: RouteCacheSettings = RouteCacheSettings()
 
 
+class LimitSet(_Strict):
+    """Ceilings for one tenant or one key; a field left out (or null) sets no ceiling."""
+
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None  # prompt + completion
+    max_concurrent: int | None = None  # requests in flight at once, streams included
+
+    _check_positive = field_validator("requests_per_minute", "tokens_per_minute", "max_concurrent")(
+        _positive
+    )
+
+    def over(self, base: "LimitSet") -> "LimitSet":
+        """These limits on top of `base`: fields written here win, even an explicit null."""
+        return base.model_copy(update={f: getattr(self, f) for f in self.model_fields_set})
+
+    @property
+    def empty(self) -> bool:
+        return self.requests_per_minute is self.tokens_per_minute is self.max_concurrent is None
+
+
+class LimitsSettings(_Strict):
+    """Rate and concurrency limits; see README "Limits"."""
+
+    # Where the counters live so gateway replicas share them. None: cache.redis_url when
+    # that is set, else in this process.
+    redis_url: str | None = None
+    default: LimitSet = LimitSet()  # every tenant without an entry under `tenants`
+    tenants: dict[str, LimitSet] = {}  # per tenant, field by field over `default`
+    keys: dict[str, LimitSet] = {}  # per API key, by its SHA-256 hex; on top of its tenant's
+
+    def for_tenant(self, tenant: str) -> LimitSet:
+        own = self.tenants.get(tenant)
+        return self.default if own is None else own.over(self.default)
+
+
 class Policy(_Strict):
     server: ServerSettings = ServerSettings()
     auth: AuthSettings  # required: serving without keys must be a choice, not an omission
+    limits: LimitsSettings = LimitsSettings()
     cache: CacheSettings = CacheSettings()
     embedder: EmbedderSettings = EmbedderSettings()
     engines: dict[str, EngineSettings] = {}
@@ -331,6 +372,9 @@ class Policy(_Strict):
 
     def is_local(self, deployment: Deployment) -> bool:
         return deployment.model in self.engines or deployment.model in BUNDLED
+
+    def limits_redis_url(self) -> str | None:
+        return self.limits.redis_url or self.cache.redis_url
 
 
 @dataclass(frozen=True)
@@ -443,6 +487,7 @@ def _reference_issues(policy: Policy) -> list[PolicyIssue]:
         for i, dep in enumerate(tier.deployments):
             issues += _deployment_issues(policy, dep, f"tiers.{name}.deployments[{i}]")
     issues += _cycle_issues(tiers)
+    issues += _limits_issues(policy)
     for route_name, route in policy.routes.items():
         if route_name in tiers:
             issues.append(PolicyIssue(f"routes.{route_name}", "a route cannot share a tier's name"))
@@ -471,6 +516,24 @@ def _deployment_issues(policy: Policy, dep: Deployment, path: str) -> list[Polic
     if dep.model.startswith("hosted_vllm/") and not dep.api_base:
         return [PolicyIssue(f"{path}.api_base", "required for hosted_vllm/ models")]
     return []
+
+
+def _limits_issues(policy: Policy) -> list[PolicyIssue]:
+    """Limits for a tenant or key the policy does not know are typos: refuse them."""
+    keys = policy.auth.keys
+    tenants = {k.tenant for k in keys} if keys else {"default"}
+    hashes = {k.digest() for k in keys}  # a key may be written as itself or as its hash
+    known = ", ".join(sorted(tenants))
+    issues = [
+        PolicyIssue(f"limits.tenants.{name}", f"unknown tenant (known: {known})")
+        for name in policy.limits.tenants
+        if name not in tenants
+    ]
+    for digest in policy.limits.keys:
+        if digest.lower() not in hashes:
+            reason = "no key in auth.keys has this SHA-256 (printf %s KEY | sha256sum)"
+            issues.append(PolicyIssue(f"limits.keys.{digest}", reason))
+    return issues
 
 
 def _rule_issues(rule: Rule, path: str, tiers: dict[str, Tier]) -> list[PolicyIssue]:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated
 
+import anyio
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
@@ -33,6 +34,7 @@ from gateway.backends.base import BackendError, GenerationRequest, OpenAIRequest
 from gateway.backends.fallback import Served
 from gateway.cache.semantic import CacheQuery
 from gateway.errors import ApiError
+from gateway.limits import NOT_LIMITED, Admission
 from gateway.policy import key_digest
 from gateway.routing.router import PromptFeatures, extract_features
 from gateway.state import GatewayState, Runtime
@@ -64,10 +66,12 @@ def authenticate(request: Request, runtime: Runtime) -> str:
             code="missing_api_key",
         )
     # Keys are looked up by their SHA-256, so policies may store hashes instead of keys.
-    tenant = runtime.tenants.get(key_digest(token))
+    digest = key_digest(token)
+    tenant = runtime.tenants.get(digest)
     if tenant is None:
         shown = _mask(token.decode("latin-1"))
         raise ApiError(401, f"Incorrect API key provided: {shown}.", code="invalid_api_key")
+    request.state.key_digest = digest  # per-key limits
     return tenant
 
 
@@ -97,6 +101,7 @@ class RequestContext:
     tenant: str
     body: OpenAIRequest
     features: PromptFeatures
+    admission: Admission = NOT_LIMITED
     started: float = field(default_factory=time.perf_counter)
     cache: CacheStep | None = None
 
@@ -108,6 +113,13 @@ class RequestContext:
         """Response headers' values (tier, model, cache), written when the answer starts."""
         for key, value in values.items():
             setattr(self.request.state, key, value)
+
+
+async def _admit(ctx: RequestContext) -> Admission:
+    """The request's place under its tenant's and key's limits, or a 429."""
+    digest = getattr(ctx.request.state, "key_digest", None)
+    limiter = ctx.request.app.state.limiter
+    return await limiter.admit(ctx.runtime.policy, ctx.tenant, digest, ctx.features.approx_tokens)
 
 
 def _not_found(model: str) -> ApiError:
@@ -157,10 +169,11 @@ async def _from_cache(ctx: RequestContext) -> Call | None:
     answer = lookup.answer
     avoided = Usage.of(answer.prompt_tokens, answer.completion_tokens)
     ctx.state.stats.cache_saved(ctx.route, served.tier, served.model, avoided, served.price)
-    return Call(ctx.state.stats, served, ctx.route, ctx.features.approx_tokens, ctx.started, True)
+    stats, tokens = ctx.state.stats, ctx.features.approx_tokens
+    return Call(stats, served, ctx.route, tokens, ctx.started, ctx.admission, cached=True)
 
 
-async def _from_tier(ctx: RequestContext) -> Call:
+async def _open(ctx: RequestContext) -> Served:
     """Route the request and find a deployment that starts answering it."""
     decision = await ctx.runtime.router.decide(ctx.body.model, ctx.features)
     if decision is None:
@@ -174,8 +187,16 @@ async def _from_tier(ctx: RequestContext) -> Call:
     except BackendError as exc:
         raise backend_error(exc) from None
     ctx.mark(tier=served.tier, model=served.model)
+    return served
+
+
+async def _from_tier(ctx: RequestContext) -> Call:
+    drain = ctx.request.app.state.drain
+    served = await drain.opening(_open(ctx))
+    served.pieces = drain.pieces(served.pieces)  # ends with an error if a shutdown expires
     ctx.state.stats.first_token(served.tier, time.perf_counter() - ctx.started)
-    call = Call(ctx.state.stats, served, ctx.route, ctx.features.approx_tokens, ctx.started)
+    stats, tokens = ctx.state.stats, ctx.features.approx_tokens
+    call = Call(stats, served, ctx.route, tokens, ctx.started, ctx.admission)
     if ctx.cache is not None and not ctx.cache.control.no_store:
         call.after.append(ctx.cache.store_hook(served.tier, served.model, ctx.state.background))
     return call
@@ -195,11 +216,19 @@ async def _complete(
         if body.model not in runtime.router.model_names():  # before the cache can answer
             raise _not_found(body.model)
         ctx = RequestContext(request, state, runtime, tenant, body, _features(body))
+        ctx.admission = await _admit(ctx)
         ctx.cache = _cache_step(ctx)
         call = await _from_cache(ctx) or await _from_tier(ctx)
     except ApiError as exc:  # refused before any answer: counted under the tier, if any
         route = ctx.route if ctx is not None else "-"
         state.stats.request_done(route, getattr(request.state, "tier", "-"), "-", exc.status)
+        if ctx is not None:
+            await ctx.admission.finish()
+        raise
+    except BaseException:  # a bug or a cancellation must not keep the request's slot
+        if ctx is not None:
+            with anyio.CancelScope(shield=True):
+                await ctx.admission.finish()
         raise
     shape = shape_of(call.served.model)
     if ctx.body.stream:

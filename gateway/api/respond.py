@@ -21,6 +21,7 @@ from gateway.api.shapes import Shape, sse
 from gateway.backends.base import BackendError, Piece
 from gateway.backends.fallback import Served
 from gateway.errors import ApiError
+from gateway.limits import NOT_LIMITED, Admission
 from gateway.stats import Stats
 
 CLIENT_CLOSED = 499  # nginx's status for "client closed the request", used in stats only
@@ -50,6 +51,7 @@ class Call:
     route: str
     approx_prompt_tokens: int
     started: float
+    admission: Admission = NOT_LIMITED  # the request's share of its rate limits
     cached: bool = False  # answered from the semantic cache: no tier was paid
     after: list[AfterHook] = field(default_factory=list)
 
@@ -59,17 +61,20 @@ class Call:
             return usage
         return Usage.of(self.approx_prompt_tokens, -(-len(text) // _CHARS_PER_TOKEN))
 
-    def done(self, status: int, usage: Usage | None = None) -> None:
+    async def done(self, status: int, usage: Usage | None = None) -> None:
         served = self.served
         if usage is not None and not self.cached:
             self.stats.usage(served.tier, served.model, usage, served.price)
         self.stats.latency(served.tier, time.perf_counter() - self.started)
         self.stats.request_done(self.route, served.tier, served.model, status)
+        # Token limits count what a tier generated: a cache hit generated nothing.
+        tokens = 0 if self.cached else usage.total_tokens if usage is not None else None
+        await self.admission.finish(tokens)
 
-    def completed(self, text: str, last: Piece) -> Usage:
+    async def completed(self, text: str, last: Piece) -> Usage:
         """The answer ended well: count it and hand it to the hooks."""
         usage = self.usage_or_estimate(last.usage, text)
-        self.done(200, usage)
+        await self.done(200, usage)
         answer = Answer(text, last.finish_reason or "stop", usage)
         for hook in self.after:
             hook(answer)
@@ -134,14 +139,14 @@ async def whole(call: Call, shape: Shape, request: Request) -> Response:
         collect = _drain if call.served.complete else _collect
         collected = await collect(call, request)
     except BackendError as exc:
-        call.done(exc.status)
+        await call.done(exc.status)
         raise backend_error(exc) from None
     if collected is None:
-        call.done(CLIENT_CLOSED)
+        await call.done(CLIENT_CLOSED)
         return Response(status_code=CLIENT_CLOSED)  # nobody is left to read it
     texts, last = collected
     text = "".join(texts)
-    usage = call.completed(text, last)
+    usage = await call.completed(text, last)
     body = shape.whole(text, last.finish_reason or "stop", usage)
     return Response(body, media_type="application/json")
 
@@ -170,10 +175,10 @@ async def _stream(call: Call, shape: Shape, include_usage: bool) -> AsyncIterato
         # Starlette cancels this task on disconnect; shield so the abort itself can run.
         with anyio.CancelScope(shield=True):
             await call.served.pieces.aclose()
-        if status == 200:  # only an answer the client received whole is complete
-            call.completed("".join(texts), last)
-        else:
-            call.done(status, call.usage_or_estimate(last.usage, "".join(texts)))
+            if status == 200:  # only an answer the client received whole is complete
+                await call.completed("".join(texts), last)
+            else:
+                await call.done(status, call.usage_or_estimate(last.usage, "".join(texts)))
 
 
 def streamed(call: Call, shape: Shape, include_usage: bool) -> Response:

@@ -12,7 +12,13 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from engine.config import EngineConfig
-from engine.errors import EngineDeadError, EngineError, PromptTooLongError, QueueFullError
+from engine.errors import (
+    EngineDeadError,
+    EngineError,
+    PromptTooLongError,
+    QueueFullError,
+    TenantQueueFullError,
+)
 from engine.protocol import Usage, to_sampling_params
 from gateway.backends.base import BackendError, GenerationRequest, Piece
 from gateway.policy import EngineSettings
@@ -31,6 +37,7 @@ def engine_config(name: str, settings: EngineSettings) -> EngineConfig:
         max_num_seqs=settings.max_num_seqs,
         max_num_batched_tokens=settings.max_num_batched_tokens,
         max_waiting=settings.max_waiting,
+        max_waiting_per_tenant=settings.max_waiting_per_tenant,
         max_model_len=settings.max_model_len,
         enable_prefix_caching=settings.enable_prefix_caching,
         num_threads=settings.num_threads,
@@ -130,6 +137,8 @@ async def _stop(engine: Any) -> None:
 def _engine_error(exc: Exception, name: str) -> BackendError:
     if isinstance(exc, PromptTooLongError | ValueError):  # the request's fault: no fallback
         return BackendError(400, str(exc), retry=False, fallback=False)
+    if isinstance(exc, TenantQueueFullError):  # this tenant's doing: no cooldown for others
+        return BackendError(429, f"{name}: {exc}", retry=False, fallback=False, retry_after=1)
     if isinstance(exc, QueueFullError):
         return BackendError(429, f"{name}: queue full", True, True, 1, deployment_fault=True)
     if isinstance(exc, EngineDeadError):

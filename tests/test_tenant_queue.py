@@ -1,0 +1,132 @@
+"""max_waiting_per_tenant: one tenant (cache salt) cannot take an engine's whole queue."""
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+
+import openai
+import pytest
+
+from engine.config import EngineConfig
+from engine.engine import AsyncEngine
+from engine.errors import QueueFullError
+from engine.llm_engine import LLMEngine
+from engine.protocol import CompletionRequest
+from engine.sampling_params import SamplingParams
+from gateway.app import create_app
+from gateway.backends.base import BackendError, GenerationRequest
+from gateway.backends.fallback import Cooldowns, FallbackChain, TierBackends, deployment_key
+from gateway.backends.local import LocalBackend
+from gateway.policy import parse_policy
+from tests.fake_runner import FakeRunner
+from tests.limits_helpers import KEY_A, KEY_A2, KEY_B, POLICY, client, complete, fake_engine
+from tests.servers import run_uvicorn
+
+PARAMS = SamplingParams(temperature=0, max_tokens=2)
+
+
+def _engine(**cfg: object) -> LLMEngine:
+    config = EngineConfig(model="fake", max_num_seqs=1, **cfg)  # type: ignore[arg-type]
+    return LLMEngine(config, FakeRunner())
+
+
+def test_a_tenant_gets_its_share_and_others_still_get_in() -> None:
+    engine = _engine(max_waiting=4, max_waiting_per_tenant=2)
+    engine.add_request("a1", "x", PARAMS, cache_salt="a")
+    engine.add_request("a2", "x", PARAMS, cache_salt="a")
+    with pytest.raises(QueueFullError, match="max_waiting_per_tenant=2"):
+        engine.add_request("a3", "x", PARAMS, cache_salt="a")
+    engine.add_request("b1", "x", PARAMS, cache_salt="b")
+    engine.add_request("b2", "x", PARAMS, cache_salt="b")
+    with pytest.raises(QueueFullError, match="waiting queue is full"):  # the global bound
+        engine.add_request("c1", "x", PARAMS, cache_salt="c")
+    engine.step()  # a1 leaves the queue for the running batch: tenant a has room again
+    engine.add_request("a3", "x", PARAMS, cache_salt="a")
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.free_pages() == engine.num_pages
+
+
+def test_without_a_share_one_tenant_may_fill_the_queue() -> None:
+    engine = _engine(max_waiting=3)
+    for i in range(3):
+        engine.add_request(f"a{i}", "x", PARAMS, cache_salt="a")
+    with pytest.raises(QueueFullError):
+        engine.add_request("b", "x", PARAMS, cache_salt="b")
+
+
+def test_through_the_gateway_the_tenant_is_the_share() -> None:
+    """Tenant one floods a one-at-a-time engine; tenant two still gets a place in line."""
+    text = POLICY.replace(
+        "fake: {max_num_seqs: 8}",
+        "fake: {max_num_seqs: 1, max_waiting: 4, max_waiting_per_tenant: 2}",
+    )
+    app = create_app(parse_policy(text, env={}), engine_factory=fake_engine(0.05))
+    with run_uvicorn(app) as url, ThreadPoolExecutor(4) as pool:
+        running = client(url, KEY_A).completions.create(
+            model="small", prompt="go", max_tokens=400, stream=True
+        )
+        try:
+            next(iter(running))  # runs (the engine's only slot) for many seconds
+            flood = [pool.submit(_status, url, key) for key in (KEY_A, KEY_A2, KEY_A)]
+            refused = next(as_completed(flood, timeout=30))  # two wait; the third is refused
+            assert refused.result() == 429
+            other = pool.submit(_status, url, KEY_B)
+            waiting = app.state.gateway.engines.get("fake").metrics
+            wait_for(lambda: waiting.snapshot().waiting == 3)  # tenant two got in line
+        finally:
+            running.close()  # the queue moves on
+        assert sorted(f.result() for f in flood) == [200, 200, 429]
+        assert other.result() == 200
+
+
+def _status(url: str, key: str) -> int:
+    try:
+        complete(url, key, max_tokens=2)
+    except openai.RateLimitError as exc:
+        assert exc.response.json()["error"]["type"] == "rate_limit_error"
+        assert "retry-after" in exc.response.headers
+        return 429
+    return 200
+
+
+def wait_for(check, deadline_s: float = 30.0) -> None:
+    end = time.monotonic() + deadline_s
+    while not check():
+        assert time.monotonic() < end, "condition not reached"
+        time.sleep(0.02)
+
+
+async def test_a_full_tenant_share_cools_nothing_down_for_other_tenants() -> None:
+    config = EngineConfig(model="fake", max_num_seqs=1, max_waiting=4, max_waiting_per_tenant=1)
+    engine = AsyncEngine(config, FakeRunner(delay=0.01))
+    backend = LocalBackend("fake", engine)
+    policy = parse_policy(POLICY, env={})
+    deployment = policy.tiers["small"].deployments[0]
+    tier = policy.tiers["small"].model_copy(update={"retries": 1})
+    cooldowns = Cooldowns()
+    tiers = {"small": TierBackends("small", tier, [(deployment, backend)])}
+    chain = FallbackChain(tiers, cooldowns)
+    running = backend.generate(_request("a1", "one"))
+    try:
+        await anext(running)  # the engine's only slot
+        waiting = asyncio.create_task(anext(backend.generate(_request("a2", "one"))))
+        async with asyncio.timeout(30):  # tenant one's share of the line is taken
+            while engine.metrics.snapshot().waiting < 1:
+                await asyncio.sleep(0.01)
+        with pytest.raises(BackendError) as caught:
+            await chain.open(_request("a3", "one"), "small")
+        assert caught.value.status == 429 and caught.value.retry_after == 1
+        assert not cooldowns.cooling(deployment_key(deployment))
+        await running.aclose()  # the queue moves on; tenant two is served
+        served = await chain.open(_request("b1", "two"), "small")
+        await served.pieces.aclose()
+        waiting.cancel()
+    finally:
+        await running.aclose()
+        await asyncio.to_thread(engine.shutdown)
+
+
+def _request(rid: str, tenant: str) -> GenerationRequest:
+    body = CompletionRequest(model="small", prompt="go", max_tokens=100)
+    return GenerationRequest(rid, body, tenant)
