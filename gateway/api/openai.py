@@ -101,7 +101,7 @@ class RequestContext:
     tenant: str
     body: OpenAIRequest
     features: PromptFeatures
-    admission: Admission = NOT_LIMITED
+    admission: Admission = field(default_factory=lambda: NOT_LIMITED)
     started: float = field(default_factory=time.perf_counter)
     cache: CacheStep | None = None
 

@@ -51,7 +51,8 @@ class Call:
     route: str
     approx_prompt_tokens: int
     started: float
-    admission: Admission = NOT_LIMITED  # the request's share of its rate limits
+    # the request's share of its rate limits; NOT_LIMITED is shared and never changed
+    admission: Admission = field(default_factory=lambda: NOT_LIMITED)
     cached: bool = False  # answered from the semantic cache: no tier was paid
     after: list[AfterHook] = field(default_factory=list)
 
