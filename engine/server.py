@@ -22,7 +22,13 @@ from starlette.types import Receive, Scope, Send
 
 from engine.config import EngineConfig
 from engine.engine import AsyncEngine
-from engine.errors import EngineDeadError, EngineError, PromptTooLongError, QueueFullError
+from engine.errors import (
+    EngineDeadError,
+    EngineError,
+    PromptTooLongError,
+    QueueFullError,
+    RequestFailedError,
+)
 from engine.outputs import RequestOutput
 from engine.protocol import (
     AssistantMessage,
@@ -88,6 +94,8 @@ def engine_error(exc: EngineError, prompt_param: str = "messages") -> OpenAIErro
         return OpenAIError(429, message, code="queue_full", headers=headers)
     if isinstance(exc, EngineDeadError):
         return OpenAIError(503, str(exc) or "The engine is not running.", code="engine_dead")
+    if isinstance(exc, RequestFailedError):
+        return OpenAIError(500, f"The engine failed this request: {exc}", code="request_failed")
     return OpenAIError(500, f"Engine error: {exc}")
 
 
@@ -268,13 +276,13 @@ def usage_of(out: RequestOutput) -> Usage:
 # ------------------------------------------------------------------------ chat completions
 
 
-def render_chat(engine: AsyncEngine, body: ChatCompletionRequest) -> str:
+async def render_chat(engine: AsyncEngine, body: ChatCompletionRequest) -> str:
     messages = [message.template_dict() for message in body.messages]
     tools = [tool.model_dump(exclude_none=True) for tool in body.tools] if body.tools else None
     try:
-        return engine.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tools=tools
-        )
+        return await engine.apply_chat_template(messages, tools)
+    except PromptTooLongError as exc:
+        raise engine_error(exc) from exc
     except Exception as exc:
         # The template runs over client data (and may `raise_exception` on bad role
         # orders); whatever fails there is the request's fault.
@@ -286,7 +294,8 @@ async def chat_completion(
     engine: AsyncEngine, model: str, body: ChatCompletionRequest, request: Request
 ) -> Response:
     request_id = chat_completion_id()
-    first, outputs = await start_outputs(engine, render_chat(engine, body), request_id, body)
+    prompt = await render_chat(engine, body)
+    first, outputs = await start_outputs(engine, prompt, request_id, body)
     head: dict[str, Any] = {"id": request_id, "created": created_now(), "model": model}
     if body.stream:
         return event_stream(chat_events(head, first, outputs, body.include_usage))
