@@ -47,6 +47,7 @@ class BackendError(Exception):
         retry: bool,
         fallback: bool,
         retry_after: float | None = None,
+        code: str | None = None,  # OpenAI's error code for the caller, e.g. context_length_exceeded
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -54,6 +55,7 @@ class BackendError(Exception):
         self.retry = retry
         self.fallback = fallback
         self.retry_after = retry_after
+        self.code = code
 
 
 class Backend(Protocol):

@@ -50,6 +50,10 @@ class Cooldowns:
         if seconds > 0:
             self._until[key] = self._clock() + seconds
 
+    def reset(self, key: str) -> None:
+        """The deployment is known good again (e.g. its local engine restarted)."""
+        self._until.pop(key, None)
+
 
 def deployment_key(deployment: Deployment) -> str:
     return f"{deployment.model}@{deployment.api_base or 'local'}"
