@@ -22,6 +22,7 @@ from starlette.types import Receive, Scope, Send
 
 from engine.config import EngineConfig
 from engine.engine import AsyncEngine
+from engine.entrypoints.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
 from engine.errors import (
     EngineDeadError,
     EngineError,
@@ -366,10 +367,13 @@ def check_model(requested: str, served_name: str) -> None:
         raise OpenAIError(404, message, param="model", code="model_not_found")
 
 
-def create_engine_app(engine: AsyncEngine, served_name: str) -> FastAPI:
+def create_engine_app(
+    engine: AsyncEngine, served_name: str, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+) -> FastAPI:
     """The OpenAI-compatible API over one running engine (started and stopped by the caller)."""
     app = FastAPI(title="tiergate engine", docs_url=None, redoc_url=None)
     install_error_handlers(app)
+    app.add_middleware(BodyLimit, max_body_bytes=max_body_bytes)
 
     @app.post("/v1/chat/completions")
     async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
@@ -400,11 +404,15 @@ def create_engine_app(engine: AsyncEngine, served_name: str) -> FastAPI:
 
 
 def run_engine_server(
-    config: EngineConfig, host: str, port: int, served_name: str | None = None
+    config: EngineConfig,
+    host: str,
+    port: int,
+    served_name: str | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> None:
     """Load the model, start the engine and serve it until interrupted (`tiergate engine`)."""
     engine = AsyncEngine(config)
-    app = create_engine_app(engine, served_name or config.model)
+    app = create_engine_app(engine, served_name or config.model, max_body_bytes)
     engine.start()
     try:
         # lifespan off: the engine's life is managed here, and a Ctrl-C would otherwise

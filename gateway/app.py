@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 from fastapi import FastAPI
 
+from engine.entrypoints.body_limit import BodyLimit
 from gateway.api import admin, openai
 from gateway.api.headers import TiergateHeaders
 from gateway.backends.fallback import Cooldowns, deployment_key
@@ -104,4 +105,5 @@ def create_app(
     app.include_router(openai.router)
     app.include_router(admin.router)
     app.add_middleware(TiergateHeaders)
+    app.add_middleware(BodyLimit, max_body_bytes=policy.server.max_body_bytes)  # outermost
     return app

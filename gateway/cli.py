@@ -10,6 +10,7 @@ import sys
 from collections.abc import Sequence
 
 from engine.config import EngineConfig
+from engine.entrypoints.body_limit import DEFAULT_MAX_BODY_BYTES
 from gateway.policy import PolicyError, load_policy
 
 _MB = 1024 * 1024
@@ -79,7 +80,7 @@ def engine(args: argparse.Namespace) -> int:
     try:
         from engine.server import run_engine_server
 
-        run_engine_server(config, args.host, args.port, args.served_name)
+        run_engine_server(config, args.host, args.port, args.served_name, args.max_body_bytes)
     except ModelNotFoundError as exc:
         print(f"tiergate: {exc}", file=sys.stderr)
         return 1
@@ -134,6 +135,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="KV cache budget in MiB",
     )
     p.add_argument("--served-name", help="model name in the API (default: the model's)")
+    p.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=DEFAULT_MAX_BODY_BYTES,
+        help="larger request bodies are refused with 413",
+    )
     _add_engine_tuning(p)
     p.set_defaults(func=engine)
     return parser

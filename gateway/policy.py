@@ -21,6 +21,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from engine.entrypoints.body_limit import DEFAULT_MAX_BODY_BYTES
 from engine.model_registry import BUNDLED
 
 logger = logging.getLogger("tiergate.policy")
@@ -55,8 +56,10 @@ class ServerSettings(_Strict):
     host: str = "127.0.0.1"
     port: int = 8000
     reload_interval_s: float = 1.0  # how often the policy file's mtime is polled; 0 turns it off
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # larger request bodies get 413
 
     _check_interval = field_validator("reload_interval_s")(_not_negative)
+    _check_body = field_validator("max_body_bytes")(_positive)
 
     @field_validator("port")
     @classmethod
