@@ -152,7 +152,9 @@ def test_long_prompts_are_templated_and_tokenized_off_the_loops(url: str, factor
 
 
 def test_prompt_far_beyond_the_context_is_refused_untouched(url: str, factory: Factory) -> None:
-    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    # Regression: half a megabyte of "x" froze the gateway's event loop for minutes (code
+    # detection backtracked) before it was tokenized whole and refused.
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
     tokenizer = factory.runners["steady"][-1].tokenizer
     before = len(tokenizer.on_loop)
     huge = "x" * (16384 * 32 + 1)

@@ -172,7 +172,10 @@ class LocalEngines:
             await asyncio.sleep(self._check_s)
             for slot in list(self._slots):
                 if not engine_alive(slot.engine) and time.monotonic() >= slot._retry_at:
-                    await self._restart(slot)
+                    try:
+                        await self._restart(slot)
+                    except Exception:  # the supervisor itself must outlive any one failure
+                        logger.exception("supervising local engine %s failed", slot.name)
 
     async def _restart(self, slot: EngineSlot) -> None:
         logger.error("local engine %s died; restarting it", slot.name)
@@ -186,6 +189,9 @@ class LocalEngines:
                 slot._failures += 1
                 slot._retry_at = time.monotonic() + min(30.0, 2.0**slot._failures)
                 logger.exception("restarting local engine %s failed", slot.name)
+                return
+            if slot.retired:  # a reload retired it while the new one loaded
+                await _stop(engine)
                 return
             slot.engine, slot._failures = engine, 0
             slot.restarts += 1
