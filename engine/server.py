@@ -96,7 +96,8 @@ def engine_error(exc: EngineError, prompt_param: str = "messages") -> OpenAIErro
     if isinstance(exc, EngineDeadError):
         return OpenAIError(503, str(exc) or "The engine is not running.", code="engine_dead")
     if isinstance(exc, RequestFailedError):
-        return OpenAIError(500, f"The engine failed this request: {exc}", code="request_failed")
+        # The cause is in the server log; a client sees no internals.
+        return OpenAIError(500, "The engine failed this request.", code="request_failed")
     return OpenAIError(500, f"Engine error: {exc}")
 
 
