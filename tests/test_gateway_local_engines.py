@@ -6,8 +6,10 @@ gateway runs under real uvicorn and is called over loopback.
 """
 
 import asyncio
+import sys
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -199,8 +201,11 @@ def test_request_that_took_the_old_policy_runs_on_the_retired_engine(
 
     with run_uvicorn(app) as url, ThreadPoolExecutor(1) as pool:
         old = app.state.gateway.engines.get("one")
+        runtime = weakref.ref(app.state.gateway.runtime)  # a strong one would hold the engine
+        refs = sys.getrefcount(runtime())
         pending = pool.submit(httpx.post, f"{url}/v1/completions", content=body(), timeout=60)
-        time.sleep(0.5)  # the request has taken the running policy and waits for its body
+        # The handler takes the running policy, then waits for the rest of the body.
+        wait_for(lambda: sys.getrefcount(runtime()) > refs)
         path.write_text(RELOAD.replace("KV", "2"))
         admin = {"Authorization": f"Bearer {ADMIN}"}
         assert httpx.post(f"{url}/admin/policy/reload", headers=admin).status_code == 200
