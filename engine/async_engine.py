@@ -28,7 +28,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_INLINE_CHARS = 2048  # shorter prompts are tokenized on the caller's loop: a thread hop costs more
+# Shorter prompts are tokenized or templated on the caller's loop: a thread hop costs more.
+_INLINE_CHARS = 2048
+_INLINE_MESSAGES = 32  # the template's own work grows with the turns, not only the text
 
 _Item = RequestOutput | BaseException
 
@@ -150,7 +152,7 @@ class AsyncEngine:
         chars = sum(len(str(m.get("content") or "")) for m in messages)
         self.check_prompt_chars(chars)
         render = self.tokenizer.apply_chat_template
-        if chars <= _INLINE_CHARS:
+        if chars <= _INLINE_CHARS and len(messages) <= _INLINE_MESSAGES and not tools:
             return render(messages, add_generation_prompt=True, tools=tools)
         return await asyncio.to_thread(render, messages, add_generation_prompt=True, tools=tools)
 
