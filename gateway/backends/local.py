@@ -80,8 +80,8 @@ class EngineSlot:
     retired: bool = False  # no policy in force uses it: stopped once nothing holds it
     # The LocalBackends built on it: a request that took a policy holds them until it ends.
     holders: weakref.WeakSet = field(default_factory=weakref.WeakSet)
-    _retry_at: float = 0.0  # after a failed restart, when to try again
-    _failures: int = 0
+    retry_at: float = 0.0  # after a failed restart, when to try again (monotonic)
+    failed_restarts: int = 0  # in a row; the wait before the next try doubles with each
 
     @property
     def held(self) -> bool:
@@ -171,7 +171,7 @@ class LocalEngines:
         while True:
             await asyncio.sleep(self._check_s)
             for slot in list(self._slots):
-                if not engine_alive(slot.engine) and time.monotonic() >= slot._retry_at:
+                if not engine_alive(slot.engine) and time.monotonic() >= slot.retry_at:
                     try:
                         await self._restart(slot)
                     except Exception:  # the supervisor itself must outlive any one failure
@@ -186,14 +186,14 @@ class LocalEngines:
                 await _stop(slot.engine)  # joins the dead loop's thread
                 engine = await self._launch(slot.config)
             except Exception:
-                slot._failures += 1
-                slot._retry_at = time.monotonic() + min(30.0, 2.0**slot._failures)
+                slot.failed_restarts += 1
+                slot.retry_at = time.monotonic() + min(30.0, 2.0**slot.failed_restarts)
                 logger.exception("restarting local engine %s failed", slot.name)
                 return
             if slot.retired:  # a reload retired it while the new one loaded
                 await _stop(engine)
                 return
-            slot.engine, slot._failures = engine, 0
+            slot.engine, slot.failed_restarts = engine, 0
             slot.restarts += 1
         if self._on_restart is not None:
             self._on_restart(slot.name)
