@@ -30,6 +30,7 @@ from engine.protocol import (
 from gateway.api.shapes import ChatShape, Shape, TextShape, sse
 from gateway.backends.base import BackendError, GenerationRequest, OpenAIRequest, Piece
 from gateway.backends.fallback import Served
+from gateway.backends.local import engine_alive
 from gateway.errors import ApiError
 from gateway.limits import NOT_LIMITED, Admission
 from gateway.policy import key_digest
@@ -98,7 +99,7 @@ def backend_error(exc: BackendError) -> ApiError:
     headers = {}
     if exc.retry_after is not None:
         headers["retry-after"] = str(max(1, round(exc.retry_after)))
-    return ApiError(exc.status, exc.message, headers=headers)
+    return ApiError(exc.status, exc.message, code=exc.code, headers=headers)
 
 
 @dataclass
@@ -329,12 +330,10 @@ async def health() -> dict:
 
 @router.get("/ready")
 async def ready(state: State) -> JSONResponse:
-    dead = [name for name, e in state.engines.all().items() if not _alive(e)]
-    if dead:
-        return JSONResponse({"status": "unavailable", "dead_engines": dead}, status_code=503)
-    return JSONResponse({"status": "ready"})
-
-
-def _alive(engine: object) -> bool:
-    # A test double that cannot tell counts as alive; a dead engine raises EngineDeadError.
-    return bool(getattr(engine, "is_running", True))
+    engines, restarts = state.engines.all(), state.engines.restarts()
+    report = {n: {"running": engine_alive(e), "restarts": restarts[n]} for n, e in engines.items()}
+    dead = [name for name, e in report.items() if not e["running"]]
+    if dead:  # a dead engine is being restarted; its tier's fallback serves meanwhile
+        body = {"status": "unavailable", "dead_engines": dead, "engines": report}
+        return JSONResponse(body, status_code=503)
+    return JSONResponse({"status": "ready", "engines": report})
