@@ -16,6 +16,7 @@ from tests.servers import run_uvicorn
 
 LIMIT = 64 * 1024
 POLICY = f"""
+auth: {{mode: none}}
 server: {{max_body_bytes: {LIMIT}}}
 engines:
   fake: {{kv_cache_mb: 1}}

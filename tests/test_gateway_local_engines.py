@@ -28,7 +28,7 @@ from tests.servers import run_uvicorn
 ADMIN = "sk-local-engines-admin"
 POLICY = f"""
 server: {{reload_interval_s: 0}}
-auth: {{admin_key: {ADMIN}}}
+auth: {{mode: none, admin_key: {ADMIN}}}
 engines:
   flaky: {{kv_cache_mb: 1}}
   steady: {{kv_cache_mb: 1}}
@@ -136,7 +136,10 @@ def test_crashed_engine_restarts_and_the_fallback_serves_meanwhile(
     wait_for(lambda: httpx.get(f"{url}/ready").status_code == 200)
     assert httpx.get(f"{url}/ready").json()["engines"]["flaky"] == {"running": True, "restarts": 1}
     assert complete(url, PROMPT).headers["x-tiergate-tier"] == "small"
-    assert 'tiergate_engine_restarts_total{engine="flaky"} 1.0' in httpx.get(f"{url}/metrics").text
+    assert (
+        'tiergate_engine_restarts_total{engine="flaky"} 1.0'
+        in httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {ADMIN}"}).text
+    )
 
 
 def test_long_prompts_are_templated_and_tokenized_off_the_loops(url: str, factory: Factory) -> None:
@@ -174,7 +177,7 @@ def test_prompt_far_beyond_the_context_is_refused_untouched(url: str, factory: F
 
 RELOAD = f"""
 server: {{reload_interval_s: 0}}
-auth: {{admin_key: {ADMIN}}}
+auth: {{mode: none, admin_key: {ADMIN}}}
 engines:
   one: {{kv_cache_mb: KV}}
 tiers:
