@@ -203,7 +203,7 @@ def kv_slot_usage(engine: Any) -> tuple[int, int]:
     filled: dict[int, int] = {}
     for seq in scheduler.running:
         computed = seq.num_computed_tokens
-        for j, page in enumerate(seq.page_table):
+        for j, page in enumerate(scheduler.kv.page_table(seq)):
             live = max(0, min(page_size, computed - j * page_size))
             filled[page] = max(filled.get(page, 0), live)
     return sum(filled.values()), len(filled) * page_size
