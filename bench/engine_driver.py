@@ -14,7 +14,7 @@ from typing import Any
 from common import MODEL, ChatItem, engine_available  # noqa: F401  (re-exported)
 from hf_folder import ensure_hf_folder
 
-from engine.weights import hf_config
+from engine.models.config import hf_config
 
 
 @dataclass(frozen=True)
