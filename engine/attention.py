@@ -155,13 +155,19 @@ def _prefix_rows(c: SeqChunk, start: int, page_size: int) -> KernelRows:
     return KernelRows(start, n, table, lens)
 
 
-def _decode_rows(decodes: list[SeqChunk], start: int, page_size: int) -> KernelRows:
+def _padded_pages(
+    decodes: list[SeqChunk], page_size: int, dtype: torch.dtype
+) -> tuple[torch.Tensor, list[int]]:
+    """Each decode's pages as a row padded with page 0 to the longest (the kernel skips
+    the padding, torch masks it), and each decode's context length, itself included."""
     lens = [c.start_pos + 1 for c in decodes]
     width = max(-(-n // page_size) for n in lens)
-    table = torch.zeros(len(decodes), width, dtype=torch.int32)
-    for row, (n, c) in enumerate(zip(lens, decodes, strict=True)):
-        pages = c.page_table[: -(-n // page_size)]
-        table[row, : len(pages)] = torch.tensor(pages, dtype=torch.int32)
+    rows = [c.page_table[: -(-n // page_size)] for n, c in zip(lens, decodes, strict=True)]
+    return torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=dtype), lens
+
+
+def _decode_rows(decodes: list[SeqChunk], start: int, page_size: int) -> KernelRows:
+    table, lens = _padded_pages(decodes, page_size, torch.int32)
     return KernelRows(start, len(decodes), table, torch.tensor(lens, dtype=torch.int32))
 
 
@@ -205,15 +211,10 @@ def _prefill_seq(c: SeqChunk, offset: int) -> PrefillSeq:
 
 
 def _decode_group(decodes: list[SeqChunk], start: int, page_size: int) -> DecodeGroup:
-    lens = [c.start_pos + 1 for c in decodes]
-    max_pages = max(-(-n // page_size) for n in lens)
-    rows = []
-    for n, c in zip(lens, decodes, strict=True):
-        pages = c.page_table[: -(-n // page_size)]
-        rows.append(pages + [0] * (max_pages - len(pages)))  # padding: any page, masked
-    live = torch.arange(max_pages * page_size)[None, :] < torch.tensor(lens)[:, None]
+    table, lens = _padded_pages(decodes, page_size, torch.long)
+    live = torch.arange(table.shape[1] * page_size)[None, :] < torch.tensor(lens)[:, None]
     mask = torch.zeros(live.shape).masked_fill_(~live, float("-inf"))
-    return DecodeGroup(start, len(decodes), torch.tensor(rows, dtype=torch.long), mask)
+    return DecodeGroup(start, len(decodes), table, mask)
 
 
 def new_kv_pools(

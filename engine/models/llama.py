@@ -172,12 +172,9 @@ class LlamaForCausalLM(nn.Module):
     def pack_weights(self, batch_hint: int) -> None:
         """Pack the projections and the LM head (see Linear.pack). The head at batch 24,
         one thread: 23 ms plain vs 17 ms packed for oneDNN."""
-        for layer in self.layers:
-            for lin in (*layer.self_attn.children(), *layer.mlp.children()):
-                if isinstance(lin, Linear):
-                    lin.pack(batch_hint)
+        for lin in self._linears():
+            lin.pack(batch_hint)
         if self.lm_head is not None:
-            self.lm_head.pack(batch_hint)
             self.packed_head = self.lm_head.packed
         elif self.packed_head is None:
             self.packed_head = self.ops.pack_weight(self.embed_tokens.weight, batch_hint)
@@ -187,14 +184,14 @@ class LlamaForCausalLM(nn.Module):
         Linear.drop_plain_weight) and copy what stays (embedding, norms, biases) out of
         the weight cache's file mapping, which then closes: the whole fp32 file stops
         counting as resident (SmolLM2: ~1.43 GB -> ~1.0 GB with a 64 MiB pool)."""
-        for layer in self.layers:
-            for lin in (*layer.self_attn.children(), *layer.mlp.children()):
-                if isinstance(lin, Linear):
-                    lin.drop_plain_weight()
-        if self.lm_head is not None:
-            self.lm_head.drop_plain_weight()
+        for lin in self._linears():
+            lin.drop_plain_weight()
         for param in self.parameters():
             param.data = param.data.clone()
+
+    def _linears(self) -> list[Linear]:
+        """The projections of every layer and the untied LM head."""
+        return [m for m in self.modules() if isinstance(m, Linear)]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.packed_head is not None:
