@@ -160,7 +160,7 @@ class LLMEngine:
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached page no request holds (benchmarks: a cold cache on demand)."""
-        self.kv.pool.reset_cache()
+        self.kv.reset_prefix_cache()
 
     # -- the step loop ----------------------------------------------------------------------
 
