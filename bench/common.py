@@ -214,8 +214,9 @@ def matmul_peaks(size: int = 1024, seconds: float = 3.0) -> dict[str, float]:
             a, packed, None, "none", [], ""
         )
     if engine_available() is None:
-        from engine import ops
+        from engine.ops import select_ops
 
+        ops = select_ops()
         panels = ops.pack_weight(b, size)
         if panels.dim() == 3:  # the C kernels built
             kernels["tiergate_panel_gemm"] = lambda: ops.linear(a, panels)

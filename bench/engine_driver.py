@@ -14,7 +14,7 @@ from typing import Any
 from common import MODEL, ChatItem, engine_available  # noqa: F401  (re-exported)
 from hf_folder import ensure_hf_folder
 
-from engine.weights import hf_config
+from engine.models.config import hf_config
 
 
 @dataclass(frozen=True)
@@ -203,7 +203,7 @@ def kv_slot_usage(engine: Any) -> tuple[int, int]:
     filled: dict[int, int] = {}
     for seq in scheduler.running:
         computed = seq.num_computed_tokens
-        for j, page in enumerate(seq.page_table):
+        for j, page in enumerate(scheduler.kv.page_table(seq)):
             live = max(0, min(page_size, computed - j * page_size))
             filled[page] = max(filled.get(page, 0), live)
     return sum(filled.values()), len(filled) * page_size

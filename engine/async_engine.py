@@ -4,6 +4,8 @@ Only the loop thread touches the LLMEngine. Other threads hand it adds and abort
 a thread-safe queue and wake it with an event (it sleeps on that event when idle); it hands
 each output back with loop.call_soon_threadsafe into the request's asyncio queue. If the
 loop dies, every pending and future request gets EngineDeadError instead of hanging.
+Prompts are tokenized before they reach the loop (long ones in a worker thread), so a long
+prompt stalls neither the caller's event loop nor the other requests' steps.
 """
 
 import asyncio
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from engine.config import EngineConfig
-from engine.errors import EngineDeadError
+from engine.errors import EngineDeadError, RequestFailedError
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
@@ -25,6 +27,10 @@ if TYPE_CHECKING:
     from engine.runner import ModelRunner
 
 log = logging.getLogger(__name__)
+
+# Shorter prompts are tokenized or templated on the caller's loop: a thread hop costs more.
+_INLINE_CHARS = 2048
+_INLINE_MESSAGES = 32  # the template's own work grows with the turns, not only the text
 
 _Item = RequestOutput | BaseException
 
@@ -106,9 +112,12 @@ class AsyncEngine:
         """Stream the request's output deltas; closing the stream early aborts the request.
 
         PromptTooLongError, QueueFullError, ValueError and EngineDeadError are raised before
-        the first output. EngineDeadError is also raised mid-stream if the loop crashes.
+        the first output. EngineDeadError is also raised mid-stream if the loop crashes, and
+        RequestFailedError if this request failed inside a step (the others go on).
         """
         self.start()
+        if isinstance(prompt, str):
+            prompt = await self.encode(prompt)
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
         self._submit(_Add(request_id, prompt, params, cache_salt, stream))
         finished = False
@@ -123,6 +132,29 @@ class AsyncEngine:
         finally:
             if not finished:  # aclose(), break, cancellation: free the pages now
                 self.abort(request_id)
+
+    def check_prompt_chars(self, num_chars: int) -> None:
+        """PromptTooLongError for a prompt far beyond the context: test before templating."""
+        self.engine.check_prompt_chars(num_chars)
+
+    async def encode(self, text: str) -> list[int]:
+        """Token ids of a prompt; PromptTooLongError without tokenizing when far too long."""
+        self.check_prompt_chars(len(text))
+        if len(text) <= _INLINE_CHARS:
+            return self.tokenizer.encode(text)
+        return await asyncio.to_thread(self.tokenizer.encode, text)
+
+    async def apply_chat_template(self, messages: list[dict], tools: list[dict] | None) -> str:
+        """The prompt for chat messages (a long one rendered in a worker thread).
+
+        PromptTooLongError, without rendering, when the messages are far beyond the context.
+        """
+        chars = sum(len(str(m.get("content") or "")) for m in messages)
+        self.check_prompt_chars(chars)
+        render = self.tokenizer.apply_chat_template
+        if chars <= _INLINE_CHARS and len(messages) <= _INLINE_MESSAGES and not tools:
+            return render(messages, add_generation_prompt=True, tools=tools)
+        return await asyncio.to_thread(render, messages, add_generation_prompt=True, tools=tools)
 
     def abort(self, request_id: str) -> None:
         """Abort a request from any thread; a no-op if it already finished."""
@@ -181,7 +213,7 @@ class AsyncEngine:
             return
         if out.finished:
             del self._streams[out.request_id]
-        stream.put(out)
+        stream.put(out if out.error is None else RequestFailedError(out.error))
 
     def _die(self, reason: str, cause: BaseException | None) -> None:
         with self._lock:  # after this, _submit refuses; commands already queued are failed here

@@ -16,13 +16,13 @@ prefill chunks use SDPA over gathered pages, and decodes are sorted by context l
 attended with torch in batched groups of similar length.
 """
 
+import ctypes
 import math
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
-from engine import native
 from engine.batch import SeqChunk
 
 
@@ -72,14 +72,14 @@ class DecodeGroup:
 
 
 @dataclass
-class DecodeBatch:
+class KernelRows:
     """Rows for the C kernel, each one query token attending to its own context: a step's
     decodes, or one prefix-continuing prefill chunk (the kernel handles unequal lengths)."""
 
     start: int  # offset of the first row's token in the packed batch
     size: int
     page_table: torch.Tensor  # [size, max_pages] int32, rows padded with page 0
-    context_lens: torch.Tensor  # [size] int32: keys each decode attends to, itself included
+    context_lens: torch.Tensor  # [size] int32: keys each row attends to, itself included
 
 
 @dataclass
@@ -87,27 +87,28 @@ class AttentionContext:
     page_size: int
     slot_pages: torch.Tensor  # [T] long: the page each new token's K/V goes to
     slot_offsets: torch.Tensor  # [T] long: its offset within that page
-    prefills: list[PrefillSeq]
+    prefills: list[PrefillSeq]  # SDPA: chunks from position 0 (and, without kernels, all)
     decode_groups: list[DecodeGroup]  # the torch path's decodes
-    decode_batch: DecodeBatch | None = None  # the C kernel's decodes
+    decode_rows: KernelRows | None = None  # the C kernel's decodes
     # the C kernel's prefill chunks that continue a cached prefix: one row per token
-    prefix_batches: list[DecodeBatch] = field(default_factory=list)
+    prefix_rows: list[KernelRows] = field(default_factory=list)
     workspace: Workspace = field(default_factory=Workspace)
+    kernels: ctypes.CDLL | None = None  # the C library when the rows above go to it
 
 
 def build_context(
     chunks: list[SeqChunk],
     page_size: int,
     workspace: Workspace | None = None,
-    use_kernel: bool = False,
+    kernels: ctypes.CDLL | None = None,
 ) -> AttentionContext:
     """Chunks must come prefills (len > 1) first, then decodes (len == 1), the decodes
-    best sorted by context length (the torch path groups neighbours). use_kernel: the
-    decodes go to the C kernel (native.kernels() must be loaded).
+    best sorted by context length (the torch path groups neighbours). With kernels (the
+    loaded C library), decodes and prefix-continuing chunks go to its paged kernel.
     Everything here is computed once per step and shared by all layers."""
     slots: list[int] = []
     prefills: list[PrefillSeq] = []
-    prefix_batches: list[DecodeBatch] = []
+    prefix_rows: list[KernelRows] = []
     decodes: list[SeqChunk] = []
     offset = 0
     for c in chunks:
@@ -116,17 +117,17 @@ def build_context(
             c.page_table[pos // page_size] * page_size + pos % page_size
             for pos in range(c.start_pos, c.start_pos + n)
         )
-        if n > 1 and use_kernel and c.start_pos > 0:
-            prefix_batches.append(_prefix_batch(c, offset, page_size))
+        if n > 1 and kernels is not None and c.start_pos > 0:
+            prefix_rows.append(_prefix_rows(c, offset, page_size))
         elif n > 1:
             prefills.append(_prefill_seq(c, offset))
         else:
             decodes.append(c)
         offset += n
     start = offset - len(decodes)
-    groups, batch = [], None
-    if use_kernel and decodes:
-        batch = _decode_batch(decodes, start, page_size)
+    groups, rows = [], None
+    if kernels is not None and decodes:
+        rows = _decode_rows(decodes, start, page_size)
     elif decodes:
         for lo, hi in _group_by_length([-(-(c.start_pos + 1) // page_size) for c in decodes]):
             groups.append(_decode_group(decodes[lo:hi], start + lo, page_size))
@@ -137,30 +138,37 @@ def build_context(
         slot_offsets=slot_mapping % page_size,
         prefills=prefills,
         decode_groups=groups,
-        decode_batch=batch,
-        prefix_batches=prefix_batches,
+        decode_rows=rows,
+        prefix_rows=prefix_rows,
         workspace=workspace or Workspace(),
+        kernels=kernels,
     )
 
 
-def _prefix_batch(c: SeqChunk, start: int, page_size: int) -> DecodeBatch:
+def _prefix_rows(c: SeqChunk, start: int, page_size: int) -> KernelRows:
     """A chunk continuing a cached prefix as kernel rows: token i (position start_pos +
     i) attends to keys 0 .. start_pos + i, all through the sequence's page table."""
     n = len(c.token_ids)
     pages = c.page_table[: -(-(c.start_pos + n) // page_size)]
     table = torch.tensor(pages, dtype=torch.int32).expand(n, len(pages)).contiguous()
     lens = torch.arange(c.start_pos + 1, c.start_pos + n + 1, dtype=torch.int32)
-    return DecodeBatch(start, n, table, lens)
+    return KernelRows(start, n, table, lens)
 
 
-def _decode_batch(decodes: list[SeqChunk], start: int, page_size: int) -> DecodeBatch:
+def _padded_pages(
+    decodes: list[SeqChunk], page_size: int, dtype: torch.dtype
+) -> tuple[torch.Tensor, list[int]]:
+    """Each decode's pages as a row padded with page 0 to the longest (the kernel skips
+    the padding, torch masks it), and each decode's context length, itself included."""
     lens = [c.start_pos + 1 for c in decodes]
     width = max(-(-n // page_size) for n in lens)
-    table = torch.zeros(len(decodes), width, dtype=torch.int32)
-    for row, (n, c) in enumerate(zip(lens, decodes, strict=True)):
-        pages = c.page_table[: -(-n // page_size)]
-        table[row, : len(pages)] = torch.tensor(pages, dtype=torch.int32)
-    return DecodeBatch(start, len(decodes), table, torch.tensor(lens, dtype=torch.int32))
+    rows = [c.page_table[: -(-n // page_size)] for n, c in zip(lens, decodes, strict=True)]
+    return torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=dtype), lens
+
+
+def _decode_rows(decodes: list[SeqChunk], start: int, page_size: int) -> KernelRows:
+    table, lens = _padded_pages(decodes, page_size, torch.int32)
+    return KernelRows(start, len(decodes), table, torch.tensor(lens, dtype=torch.int32))
 
 
 # Fixed per-layer cost of one more decode group (a handful of small ops), in units of
@@ -203,15 +211,10 @@ def _prefill_seq(c: SeqChunk, offset: int) -> PrefillSeq:
 
 
 def _decode_group(decodes: list[SeqChunk], start: int, page_size: int) -> DecodeGroup:
-    lens = [c.start_pos + 1 for c in decodes]
-    max_pages = max(-(-n // page_size) for n in lens)
-    rows = []
-    for n, c in zip(lens, decodes, strict=True):
-        pages = c.page_table[: -(-n // page_size)]
-        rows.append(pages + [0] * (max_pages - len(pages)))  # padding: any page, masked
-    live = torch.arange(max_pages * page_size)[None, :] < torch.tensor(lens)[:, None]
+    table, lens = _padded_pages(decodes, page_size, torch.long)
+    live = torch.arange(table.shape[1] * page_size)[None, :] < torch.tensor(lens)[:, None]
     mask = torch.zeros(live.shape).masked_fill_(~live, float("-inf"))
-    return DecodeGroup(start, len(decodes), torch.tensor(rows, dtype=torch.long), mask)
+    return DecodeGroup(start, len(decodes), table, mask)
 
 
 def new_kv_pools(
@@ -260,41 +263,38 @@ def paged_attention(
         qs = slice(g.start, g.start + g.size)
         mask = g.kv_head_mask(v_pool.shape[1])
         out[qs] = _decode(q[qs], k_pool, v_pool, g.page_table, mask, ctx.workspace)
-    batches = (
-        ctx.prefix_batches if ctx.decode_batch is None else [*ctx.prefix_batches, ctx.decode_batch]
-    )
-    for b in batches:
-        qs = slice(b.start, b.start + b.size)
-        decode_kernel(q[qs], k_pool, v_pool, b, out[qs])
+    decode_rows = [] if ctx.decode_rows is None else [ctx.decode_rows]
+    for rows in [*ctx.prefix_rows, *decode_rows]:
+        qs = slice(rows.start, rows.start + rows.size)
+        kernel_attention(ctx.kernels, q[qs], k_pool, v_pool, rows, out[qs])
     return out
 
 
-def decode_kernel(
+def kernel_attention(
+    kernels: ctypes.CDLL,
     q: torch.Tensor,
     k_pool: torch.Tensor,
     v_pool: torch.Tensor,
-    batch: DecodeBatch,
+    rows: KernelRows,
     out: torch.Tensor,
 ) -> None:
     """q [B, H, D] -> out [B, H, D] (contiguous) through the C kernel, reading K/V pages
     in place."""
-    lib = native.kernels()
-    assert lib is not None, "build_context(use_kernel=True) needs the C kernels"
     assert out.is_contiguous() and k_pool.stride(0) == v_pool.stride(0)
     if q.stride(2) != 1 or q.stride(1) != q.shape[2]:
         q = q.contiguous()  # each row's heads must be one block; rows may be apart
     b, h, d = q.shape
     _, kvh, page_size, _ = v_pool.shape
-    failed = lib.paged_decode_attention(
+    failed = kernels.paged_decode_attention(
         out.data_ptr(),
         q.data_ptr(),
         q.stride(0),
         k_pool.data_ptr(),
         v_pool.data_ptr(),
         k_pool.stride(0),
-        batch.page_table.data_ptr(),
-        batch.page_table.shape[1],
-        batch.context_lens.data_ptr(),
+        rows.page_table.data_ptr(),
+        rows.page_table.shape[1],
+        rows.context_lens.data_ptr(),
         b,
         h,
         kvh,

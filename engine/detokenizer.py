@@ -3,10 +3,13 @@
 Text is emitted as soon as it is certain: a token that ends inside a multi-byte character
 ("\\ufffd") waits for the next one, and text that could be the start of a stop string is
 held back until it either completes the stop string (then it and all after it are dropped)
-or stops matching (then it is emitted). Stop strings are matched across token boundaries.
+or stops matching (then it is emitted). Stop strings are matched across token boundaries,
+in O(new text) per token (engine/stop_matcher.py); the first one to complete wins.
 """
 
 from typing import Protocol
+
+from engine.stop_matcher import StopMatcher
 
 _CONTEXT_TOKENS = 4  # prompt tokens decoded ahead of the output, for correct leading spaces
 
@@ -23,8 +26,7 @@ class IncrementalDetokenizer:
             self._ids = []  # a context cut inside a character would shift the diff below
         self._prefix_offset = 0  # start of the window re-decoded each step
         self._read_offset = len(self._ids)  # tokens before this are already in self.text
-        self._stop = [s for s in stop if s]
-        self._max_stop = max((len(s) for s in self._stop), default=0)
+        self._stop = StopMatcher(stop)
         self.text = ""  # output text so far, including held-back text; cut at a stop string
         self._emitted = 0  # characters of self.text already handed out
         self.stopped = False  # a stop string matched
@@ -53,27 +55,15 @@ class IncrementalDetokenizer:
         return full[len(known) :]
 
     def _append(self, delta: str, final: bool) -> str:
-        start = max(0, len(self.text) - self._max_stop + 1)
-        self.text += delta
-        pos = self._find_stop(start)
-        if pos is not None:
-            self.text = self.text[:pos]
+        end = self._stop.feed(delta)
+        if end is not None:
+            pos = len(self.text) + end - self._stop.match_len
+            self.text = (self.text + delta)[:pos]
             self.stopped = True
             return self._emit(pos)
-        hold = 0 if final else self._partial_stop_len()
+        self.text += delta
+        hold = 0 if final else self._stop.held
         return self._emit(len(self.text) - hold)
-
-    def _find_stop(self, start: int) -> int | None:
-        hits = [p for s in self._stop if (p := self.text.find(s, start)) >= 0]
-        return min(hits) if hits else None
-
-    def _partial_stop_len(self) -> int:
-        """Length of the longest text suffix that is a proper prefix of some stop string."""
-        for k in range(min(self._max_stop - 1, len(self.text)), 0, -1):
-            tail = self.text[-k:]
-            if any(s.startswith(tail) for s in self._stop):
-                return k
-        return 0
 
     def _emit(self, end: int) -> str:
         if end <= self._emitted:

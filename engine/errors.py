@@ -19,3 +19,7 @@ class TenantQueueFullError(QueueFullError):
 
 class EngineDeadError(EngineError):
     """The step loop has stopped (crashed or shut down): HTTP 503."""
+
+
+class RequestFailedError(EngineError):
+    """This request failed inside the step loop (the others go on): HTTP 500."""

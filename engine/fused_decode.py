@@ -11,7 +11,6 @@ from collections.abc import Sequence
 
 import torch
 
-from engine import native
 from engine.attention import AttentionContext
 from engine.models.llama import LlamaForCausalLM
 
@@ -36,8 +35,12 @@ def _ptr(t: torch.Tensor | None) -> int:
 
 class FusedDecode:
     def __init__(
-        self, model: LlamaForCausalLM, kv_caches: Sequence[tuple[torch.Tensor, torch.Tensor]]
+        self,
+        kernels: ctypes.CDLL,
+        model: LlamaForCausalLM,
+        kv_caches: Sequence[tuple[torch.Tensor, torch.Tensor]],
     ) -> None:
+        self.kernels = kernels
         cfg = model.config
         rows = []
         for layer, (k_pool, v_pool) in zip(model.layers, kv_caches, strict=True):
@@ -78,9 +81,11 @@ class FusedDecode:
 
     @staticmethod
     def build(
-        model: LlamaForCausalLM, kv_caches: Sequence[tuple[torch.Tensor, torch.Tensor]]
+        kernels: ctypes.CDLL | None,
+        model: LlamaForCausalLM,
+        kv_caches: Sequence[tuple[torch.Tensor, torch.Tensor]],
     ) -> "FusedDecode | None":
-        if native.kernels() is None or model.packed_head is None or model.packed_head.dim() != 3:
+        if kernels is None or model.packed_head is None or model.packed_head.dim() != 3:
             return None
         if not model.embed_tokens.weight.is_contiguous():
             return None
@@ -88,7 +93,7 @@ class FusedDecode:
             projections = (*layer.self_attn.children(), *layer.mlp.children())
             if any(p.packed is None or p.packed.dim() != 3 for p in projections):
                 return None  # some width is not a whole number of panel pairs
-        return FusedDecode(model, kv_caches)
+        return FusedDecode(kernels, model, kv_caches)
 
     def logits(
         self,
@@ -97,14 +102,14 @@ class FusedDecode:
         ctx: AttentionContext,
         workspace: torch.Tensor,
     ) -> torch.Tensor:
-        """Logits [B, vocab] for B decodes (ctx built with use_kernel=True, decodes only)."""
-        lib = native.kernels()
-        assert lib is not None and ctx.decode_batch is not None and not ctx.prefills
+        """Logits [B, vocab] for B decodes (ctx built with the kernels, decodes only)."""
+        rows = ctx.decode_rows
+        assert rows is not None and not ctx.prefills and not ctx.prefix_rows
         s, b = self.spec, input_ids.shape[0]
         cos, sin = rope
         assert workspace.numel() >= self.workspace_floats(b), "workspace too small"
         logits = torch.empty(b, s.vocab)
-        failed = lib.decode_step(
+        failed = self.kernels.decode_step(
             ctypes.byref(s),
             input_ids.data_ptr(),
             cos.data_ptr(),
@@ -112,9 +117,9 @@ class FusedDecode:
             b,
             ctx.slot_pages.data_ptr(),
             ctx.slot_offsets.data_ptr(),
-            ctx.decode_batch.page_table.data_ptr(),
-            ctx.decode_batch.page_table.shape[1],
-            ctx.decode_batch.context_lens.data_ptr(),
+            rows.page_table.data_ptr(),
+            rows.page_table.shape[1],
+            rows.context_lens.data_ptr(),
             logits.data_ptr(),
             workspace.data_ptr(),
         )

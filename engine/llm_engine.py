@@ -1,6 +1,8 @@
 """LLMEngine: requests in, per-step output deltas out (AsyncEngine wraps it for asyncio)."""
 
+import dataclasses
 import itertools
+import logging
 import time
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -15,11 +17,20 @@ from engine.metrics import EngineMetrics
 from engine.model_registry import ModelNotFoundError, resolve_model
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
+from engine.scheduler import Scheduled, Scheduler
 from engine.sequence import Sequence
 
 if TYPE_CHECKING:
     from engine.runner import ModelRunner
+
+log = logging.getLogger(__name__)
+
+# A token is rarely longer than this many characters, so a prompt of more characters than
+# this times the context cannot fit: it is refused without being tokenized at all.
+MAX_CHARS_PER_TOKEN = 32
+# Steps in a row in which every scheduled request failed: the model itself is broken, and
+# the step loop gives up (the gateway restarts the engine) rather than fail requests forever.
+_MAX_FAILED_STEPS = 3
 
 
 def _model_name(config: EngineConfig, runner: Any) -> str:
@@ -59,6 +70,7 @@ class LLMEngine:
         self._seqs: dict[str, Sequence] = {}
         self._pending: list[RequestOutput] = []  # abort outputs, handed out by the next step()
         self._seq_ids = itertools.count()
+        self._failed_steps = 0
 
     # -- requests -------------------------------------------------------------------------
 
@@ -77,8 +89,12 @@ class LLMEngine:
         if request_id in self._seqs:
             raise ValueError(f"request id {request_id!r} is already in use")
         self._check_tenant_share(cache_salt)
+        if isinstance(prompt, str):
+            self.check_prompt_chars(len(prompt))
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         self._check_prompt(ids)
+        if self._vocab_size is not None and params.top_k >= self._vocab_size:
+            params = dataclasses.replace(params, top_k=0)  # no filter at all, and int64-safe
         seq = Sequence(
             seq_id=next(self._seq_ids),
             request_id=request_id,
@@ -104,6 +120,15 @@ class LLMEngine:
             raise TenantQueueFullError(
                 f"this tenant has {waiting} requests waiting, its share of the queue "
                 f"(max_waiting_per_tenant={cap})"
+            )
+
+    def check_prompt_chars(self, num_chars: int) -> None:
+        """Refuse a prompt far beyond the context before anyone tokenizes or templates it."""
+        limit = self.max_model_len * MAX_CHARS_PER_TOKEN
+        if num_chars > limit:
+            raise PromptTooLongError(
+                f"prompt has {num_chars} characters, far more than the context of "
+                f"{self.max_model_len} tokens can hold (at most {limit} characters)"
             )
 
     def _check_prompt(self, ids: list[int]) -> None:
@@ -135,27 +160,69 @@ class LLMEngine:
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached page no request holds (benchmarks: a cold cache on demand)."""
-        self.kv.pool.reset_cache()
+        self.kv.reset_prefix_cache()
 
     # -- the step loop ----------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Run one batch; returns each request's new tokens and text from this step."""
+        """Run one batch; returns each request's new tokens and text from this step.
+
+        An exception that one request causes fails that request only (finish reason
+        "error"); the step raises only when the engine itself looks broken.
+        """
         outputs, self._pending = self._pending, []
         scheduled = self.scheduler.schedule()
         if scheduled:
-            sampled = self.runner.execute([chunk for _, chunk in scheduled])
-            self.scheduler.on_executed(scheduled)
+            sampled, failed = self._execute(scheduled)
+            self.scheduler.on_executed([s for i, s in enumerate(scheduled) if i not in failed])
             now = time.monotonic()
             new_tokens = 0
-            for (seq, chunk), token in zip(scheduled, sampled, strict=True):
-                if chunk.sample and token is not None:
-                    outputs.append(self._on_token(seq, token, now))
+            for i, ((seq, chunk), token) in enumerate(zip(scheduled, sampled, strict=True)):
+                if i in failed:
+                    outputs.append(self._fail(seq, failed[i]))
+                elif chunk.sample and token is not None:
+                    outputs.append(self._on_token_or_fail(seq, token, now))
                     new_tokens += 1
             self.metrics.on_tokens(new_tokens)
         sched = self.scheduler
         self.metrics.on_step(len(sched.running), len(sched.waiting), self.kv.usage())
         return outputs
+
+    def _execute(self, scheduled: Scheduled) -> tuple[list[int | None], dict[int, Exception]]:
+        """Sampled tokens, and the exception of each chunk that failed (by batch index).
+
+        When the batch fails, each chunk runs again alone to find the ones at fault; the
+        others' KV slots are rewritten with the same values, so they lose nothing.
+        """
+        chunks = [chunk for _, chunk in scheduled]
+        try:
+            sampled, failed = self.runner.execute(chunks), {}
+        except Exception as exc:
+            log.warning("a batch of %d failed (%r); retrying each alone", len(chunks), exc)
+            sampled, failed = [None] * len(chunks), {}
+            for i, chunk in enumerate(chunks):
+                try:
+                    sampled[i] = self.runner.execute([chunk])[0]
+                except Exception as alone:
+                    failed[i] = alone
+        self._failed_steps = self._failed_steps + 1 if len(failed) == len(chunks) else 0
+        if self._failed_steps >= _MAX_FAILED_STEPS:
+            raise next(iter(failed.values()))
+        return sampled, failed
+
+    def _on_token_or_fail(self, seq: Sequence, token: int, now: float) -> RequestOutput:
+        try:
+            return self._on_token(seq, token, now)
+        except Exception as exc:  # e.g. the detokenizer on a token it cannot handle
+            return self._fail(seq, exc)
+
+    def _fail(self, seq: Sequence, exc: Exception) -> RequestOutput:
+        log.warning("request %s failed in the engine: %r", seq.request_id, exc)
+        if seq.request_id in self._seqs:
+            self.scheduler.finish(seq, "error")
+            del self._seqs[seq.request_id]
+        out = self._output(seq, "", "error")
+        return dataclasses.replace(out, error=f"{type(exc).__name__}: {exc}")
 
     def _on_token(self, seq: Sequence, token: int, now: float) -> RequestOutput:
         seq.token_ids.append(token)

@@ -7,9 +7,10 @@ Bundled models split over several packages are concatenated once into a cache fo
 
 import importlib.util
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from engine.cache_files import atomic_path, cache_dir
 
 
 class ModelNotFoundError(Exception):
@@ -43,11 +44,6 @@ BUNDLED: dict[str, Bundle] = {
 }
 
 
-def cache_dir() -> Path:
-    root = os.environ.get("TIERGATE_CACHE_DIR") or Path.home() / ".cache" / "tiergate"
-    return Path(root)
-
-
 def _package_dir(pip_name: str) -> Path | None:
     spec = importlib.util.find_spec(pip_name.replace("-", "_"))
     if spec is None or not spec.submodule_search_locations:
@@ -74,21 +70,14 @@ def _assemble(name: str, parts: list[Path]) -> Path:
     expected = sum(p.stat().st_size for p in parts)
     if target.is_file() and target.stat().st_size == expected:
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{name}.", suffix=".part")
-    try:
-        with os.fdopen(fd, "wb") as out:
+    with atomic_path(target) as tmp:  # a killed run never leaves a half file at target
+        with open(tmp, "wb") as out:
             for part in parts:
                 with part.open("rb") as src:
                     while chunk := src.read(16 << 20):
                         out.write(chunk)
         if os.path.getsize(tmp) != expected:
             raise ModelNotFoundError(f"assembling {name!r} wrote a file of the wrong size")
-        os.chmod(tmp, 0o644)  # mkstemp makes it owner-only; the weights are no secret
-        os.replace(tmp, target)  # atomic: a killed run never leaves a half file at target
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return target
 
 

@@ -14,12 +14,11 @@ import os
 import platform
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import torch  # noqa: F401  (loaded first: the kernels then bind to torch's libgomp)
 
-from engine.model_registry import cache_dir
+from engine.cache_files import atomic_path, cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -77,17 +76,9 @@ def _build(compiler: str) -> Path:
     target = cache_dir() / "kernels" / f"tiergate_{key.hexdigest()[:16]}.so"
     if target.exists():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".so")
-    os.close(fd)
-    try:
+    with atomic_path(target, mode=0o755) as tmp:  # concurrent builders each land a whole file
         cmd = [compiler, *FLAGS, "-o", tmp, *map(str, SOURCES), "-lm"]
         subprocess.run(cmd, check=True, capture_output=True, text=True)
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, target)  # atomic: concurrent builders each land a whole file
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return target
 
 

@@ -79,6 +79,12 @@ class ResponseFormat(BaseModel):
     type: Literal["text", "json_object", "json_schema"]
 
 
+_INT32_MAX = 2**31 - 1
+_INT64 = (-(2**63), 2**63 - 1)  # what torch.Generator.manual_seed takes, as in vLLM
+MAX_STOP_SEQUENCES = 4  # OpenAI's bound
+MAX_STOP_CHARS = 1000  # per stop string; longer ones only make every step hold more text
+
+
 class _SamplingRequest(BaseModel):
     """Fields chat and text completions share."""
 
@@ -87,11 +93,11 @@ class _SamplingRequest(BaseModel):
     model: str
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
-    top_k: int | None = Field(default=None, ge=-1)  # vLLM extension; -1 or 0 is off
+    top_k: int | None = Field(default=None, ge=-1, le=_INT32_MAX)  # vLLM's; -1 or 0: off
     n: int | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1, le=_INT32_MAX)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=_INT64[0], le=_INT64[1])
     stream: bool = False
     stream_options: StreamOptions | None = None
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)  # accepted, not applied
@@ -113,6 +119,16 @@ class _SamplingRequest(BaseModel):
             raise ValueError(f"{info.field_name} is not supported")
         return value
 
+    @field_validator("stop")
+    @classmethod
+    def _bounded_stop(cls, stop: str | list[str] | None) -> str | list[str] | None:
+        stops = [stop] if isinstance(stop, str) else stop or []
+        if len(stops) > MAX_STOP_SEQUENCES:
+            raise ValueError(f"at most {MAX_STOP_SEQUENCES} stop sequences are allowed")
+        if any(len(s) > MAX_STOP_CHARS for s in stops):
+            raise ValueError(f"a stop sequence may have at most {MAX_STOP_CHARS} characters")
+        return stop
+
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
@@ -120,7 +136,7 @@ class _SamplingRequest(BaseModel):
 
 class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=_INT32_MAX)
     tools: list[Tool] | None = None
     tool_choice: str | dict[str, Any] | None = None
     response_format: ResponseFormat | None = None

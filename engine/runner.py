@@ -2,15 +2,16 @@
 
 import torch
 
-from engine import native
 from engine.attention import Workspace, build_context, new_kv_pools
 from engine.batch import SeqChunk
 from engine.config import EngineConfig
 from engine.fused_decode import FusedDecode
 from engine.model_registry import resolve_model
+from engine.models.config import ModelConfig
+from engine.ops import select_ops
 from engine.sampler import sample
 from engine.tokenizer import load_tokenizer
-from engine.weights import ModelConfig, load_model
+from engine.weights import load_model
 
 _DTYPE = torch.float32
 
@@ -27,7 +28,8 @@ class ModelRunner:
         resolved = resolve_model(config.model)
         self.config = config
         self.model_name = resolved.name
-        self.model_config, self.model = load_model(resolved)
+        self.ops = select_ops()  # the C kernels or torch, for the runner's whole life
+        self.model_config, self.model = load_model(resolved, self.ops)
         self.model.pack_weights(batch_hint=config.max_num_seqs)
         self.model.drop_plain_weights()
         self.tokenizer = load_tokenizer(resolved)
@@ -43,9 +45,8 @@ class ModelRunner:
             raise ValueError("kv_cache_bytes is smaller than one KV page")
         self.kv_caches = self._allocate_kv()
         self.workspace = Workspace()  # attention gather buffers, kept across steps
-        self.use_kernel = native.kernels() is not None  # decode attention in C
         # decode-only steps in one C call (None: the model's forward runs every step)
-        self.fused = FusedDecode.build(self.model, self.kv_caches) if self.use_kernel else None
+        self.fused = FusedDecode.build(self.ops.kernels, self.model, self.kv_caches)
 
     @staticmethod
     def bytes_per_page(model_config: ModelConfig, page_size: int) -> int:
@@ -72,7 +73,7 @@ class ModelRunner:
         order = sorted(range(len(chunks)), key=lambda i: _order_key(chunks[i]))
         ordered = [chunks[i] for i in order]
         input_ids, positions, last = self._pack(ordered)
-        ctx = build_context(ordered, self.page_size, self.workspace, self.use_kernel)
+        ctx = build_context(ordered, self.page_size, self.workspace, self.ops.kernels)
         want = [j for j, c in enumerate(ordered) if c.sample]
         results: list[int | None] = [None] * len(chunks)
         if self.fused is not None and len(input_ids) == len(ordered):  # decodes only

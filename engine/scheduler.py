@@ -72,7 +72,7 @@ class Scheduler:
 
     def _reserve(self, seq: Sequence, n: int) -> bool:
         """Make room for n more tokens of seq, preempting the newest requests if needed."""
-        while not self.kv.can_grow(seq, n):
+        while not self.kv.allocate(seq, n):
             victim = self.running.pop()
             dropped = self._out.pop(victim.seq_id, None)  # its pages are about to go
             if dropped is not None:
@@ -80,48 +80,28 @@ class Scheduler:
             self._preempt(victim)
             if victim is seq:
                 return False
-        self.kv.grow(seq, n)
         return True
 
     def _admit(self) -> None:
         deferred: list[Sequence] = []
         while self.waiting and self._budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            hits = self.kv.match_prefix(seq)
-            if self._prefix_in_flight(seq, len(hits)):
+            hit = self.kv.lookup(seq)
+            if hit.next_in_flight:  # wait a step or two, then reuse those pages
                 deferred.append(self.waiting.popleft())
                 continue
-            num_cached = len(hits) * self.kv.page_size
-            n = min(seq.num_tokens - num_cached, self._budget)
-            if not self.kv.can_admit(seq, hits, n):
+            n = min(seq.num_tokens - hit.num_tokens, self._budget)
+            if not self.kv.allocate(seq, n, hit):
                 break  # first come, first served: later requests wait too
             self.waiting.popleft()
-            self.kv.admit(seq, hits, n)
-            self._on_admitted(seq, num_cached)
+            self._on_admitted(seq, hit.num_tokens)
             self.running.append(seq)
             self._schedule(seq, n)
         self.waiting.extendleft(reversed(deferred))
 
-    def _prefix_in_flight(self, seq: Sequence, num_hit_pages: int) -> bool:
-        """Is a running request computing the next page of seq's prefix right now?
-
-        Then seq waits a step or two and reuses those pages instead of computing them again
-        (64 requests with one long system prompt arrive together: only one computes it).
-        """
-        if self.kv.cache is None or num_hit_pages >= (seq.num_tokens - 1) // self.kv.page_size:
-            return False
-        key = seq.page_keys[num_hit_pages]
-        end = (num_hit_pages + 1) * self.kv.page_size
-        return any(
-            r.num_computed_tokens < end
-            and len(r.page_keys) > num_hit_pages
-            and r.page_keys[num_hit_pages] == key
-            for r in self.running
-        )
-
     def _on_admitted(self, seq: Sequence, num_cached: int) -> None:
         seq.status = SeqStatus.RUNNING
-        if self.kv.cache is not None:
+        if self.kv.enable_prefix_caching:
             self.metrics.on_prefix_lookup(seq.num_tokens, num_cached)
         if seq.num_preemptions == 0:
             seq.num_cached_tokens = num_cached
@@ -141,7 +121,7 @@ class Scheduler:
             seq_id=seq.seq_id,
             token_ids=seq.token_ids[start : start + n],
             start_pos=start,
-            page_table=list(seq.page_table),
+            page_table=self.kv.page_table(seq),
             sample=start + n == seq.num_tokens,
             params=seq.params,
             generator=seq.generator,
@@ -151,7 +131,7 @@ class Scheduler:
         """The runner computed the chunks: advance each sequence and publish full pages."""
         for seq, chunk in scheduled:
             seq.num_computed_tokens += len(chunk.token_ids)
-            self.kv.register_full_pages(seq)
+            self.kv.on_computed(seq)
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """Remove a sequence from the queues and free its pages at once."""

@@ -29,11 +29,9 @@ class Sequence:
     detokenizer: IncrementalDetokenizer | None = None
     status: SeqStatus = SeqStatus.WAITING
     finish_reason: str | None = None
-    # KV bookkeeping (the KV manager owns these)
+    # KV bookkeeping (the KV manager holds the page table and sets these)
     num_computed_tokens: int = 0  # leading tokens whose K/V are in the cache
-    page_table: list[int] = field(default_factory=list)
     page_keys: list[bytes] = field(default_factory=list)  # chained keys of full pages
-    num_registered_pages: int = 0  # leading pages that are in the prefix cache
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache on first admission
     num_preemptions: int = 0
     # latency bookkeeping

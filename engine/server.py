@@ -24,7 +24,14 @@ from starlette.types import Receive, Scope, Send
 from engine.api_key import RequireApiKey
 from engine.config import EngineConfig
 from engine.engine import AsyncEngine
-from engine.errors import EngineDeadError, EngineError, PromptTooLongError, QueueFullError
+from engine.entrypoints.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
+from engine.errors import (
+    EngineDeadError,
+    EngineError,
+    PromptTooLongError,
+    QueueFullError,
+    RequestFailedError,
+)
 from engine.outputs import RequestOutput
 from engine.protocol import (
     AssistantMessage,
@@ -93,6 +100,9 @@ def engine_error(exc: EngineError, prompt_param: str = "messages") -> OpenAIErro
         return OpenAIError(429, message, code="queue_full", headers=headers)
     if isinstance(exc, EngineDeadError):
         return OpenAIError(503, str(exc) or "The engine is not running.", code="engine_dead")
+    if isinstance(exc, RequestFailedError):
+        # The cause is in the server log; a client sees no internals.
+        return OpenAIError(500, "The engine failed this request.", code="request_failed")
     return OpenAIError(500, f"Engine error: {exc}")
 
 
@@ -274,13 +284,13 @@ def usage_of(out: RequestOutput) -> Usage:
 # ------------------------------------------------------------------------ chat completions
 
 
-def render_chat(engine: AsyncEngine, body: ChatCompletionRequest) -> str:
+async def render_chat(engine: AsyncEngine, body: ChatCompletionRequest) -> str:
     messages = [message.template_dict() for message in body.messages]
     tools = [tool.model_dump(exclude_none=True) for tool in body.tools] if body.tools else None
     try:
-        return engine.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tools=tools
-        )
+        return await engine.apply_chat_template(messages, tools)
+    except PromptTooLongError as exc:
+        raise engine_error(exc) from exc
     except Exception as exc:
         # The template runs over client data (and may `raise_exception` on bad role
         # orders); whatever fails there is the request's fault.
@@ -292,7 +302,8 @@ async def chat_completion(
     engine: AsyncEngine, model: str, body: ChatCompletionRequest, request: Request
 ) -> Response:
     request_id = chat_completion_id()
-    first, outputs = await start_outputs(engine, render_chat(engine, body), request_id, body)
+    prompt = await render_chat(engine, body)
+    first, outputs = await start_outputs(engine, prompt, request_id, body)
     head: dict[str, Any] = {"id": request_id, "created": created_now(), "model": model}
     if body.stream:
         return event_stream(chat_events(head, first, outputs, body.include_usage))
@@ -363,13 +374,19 @@ def check_model(requested: str, served_name: str) -> None:
         raise OpenAIError(404, message, param="model", code="model_not_found")
 
 
-def create_engine_app(engine: AsyncEngine, served_name: str, api_key: str | None = None) -> FastAPI:
+def create_engine_app(
+    engine: AsyncEngine,
+    served_name: str,
+    api_key: str | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> FastAPI:
     """The OpenAI-compatible API over one running engine (started and stopped by the caller).
 
     With `api_key` every route but /health (for load-balancer probes) needs it as a bearer.
     """
     app = FastAPI(title="tiergate engine", docs_url=None, redoc_url=None)
     install_error_handlers(app)
+    app.add_middleware(BodyLimit, max_body_bytes=max_body_bytes)
     if api_key is not None:
         app.add_middleware(RequireApiKey, key=api_key, open_paths=frozenset({"/health"}))
 
@@ -408,6 +425,7 @@ def run_engine_server(
     served_name: str | None,
     shutdown_grace_s: float,
     api_key: str | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> None:
     """Load the model, start the engine and serve it until interrupted (`tiergate engine`).
 
@@ -417,7 +435,7 @@ def run_engine_server(
     if api_key is None and host not in ("127.0.0.1", "localhost", "::1"):
         logger.warning("serving on %s without --api-key: anyone who reaches it can use it", host)
     engine = AsyncEngine(config)
-    app = create_engine_app(engine, served_name or config.model, api_key)
+    app = create_engine_app(engine, served_name or config.model, api_key, max_body_bytes)
     engine.start()
 
     async def abort_the_rest() -> None:

@@ -8,8 +8,6 @@ the GGUF metadata arrays takes seconds.
 
 import contextlib
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -20,6 +18,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
+from engine.cache_files import atomic_path, cache_path
 from engine.model_registry import ResolvedModel
 
 _GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
@@ -186,8 +185,6 @@ def _meta_from_gguf(fields: dict) -> TokenizerMeta:
 
 
 def _from_gguf(path: Path) -> Tokenizer:
-    from engine.weights import cache_path
-
     cached = cache_path(path, "tokenizer", ".json")
     if cached.is_file():
         with contextlib.suppress(Exception):  # a corrupt cache is rebuilt below
@@ -201,21 +198,9 @@ def _from_gguf(path: Path) -> Tokenizer:
         raise ValueError(f"only byte-level BPE (gpt2) GGUF tokenizers are supported: {path}")
     backend, meta = _bpe_from_gguf(fields), _meta_from_gguf(fields)
     payload = json.dumps({"tokenizer": backend.to_str(), "meta": meta.__dict__})
-    with contextlib.suppress(OSError):
-        _write_atomic(cached, payload)
+    with contextlib.suppress(OSError), atomic_path(cached) as tmp:
+        Path(tmp).write_text(payload)
     return Tokenizer(backend, meta)
-
-
-def _write_atomic(target: Path, text: str) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.stem}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 # ---- building from a Hugging Face folder ----------------------------------------------

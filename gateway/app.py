@@ -10,10 +10,11 @@ from pathlib import Path
 import httpx
 from fastapi import FastAPI
 
+from engine.entrypoints.body_limit import BodyLimit
 from gateway.api import admin, admin_cache, openai
 from gateway.api.headers import TiergateHeaders
 from gateway.api.openapi import install_openapi
-from gateway.backends.fallback import Cooldowns
+from gateway.backends.fallback import Cooldowns, deployment_key
 from gateway.backends.local import EngineFactory, LocalEngines, default_engine_factory
 from gateway.cache.embedder import Embedder
 from gateway.cache.semantic import SemanticCache
@@ -21,7 +22,7 @@ from gateway.cache.verifier import PairVerifier
 from gateway.drain import Drain
 from gateway.errors import install_error_handlers
 from gateway.limits import Limiter
-from gateway.policy import Policy, PolicyError, PolicyIssue, PolicyWatcher
+from gateway.policy import Deployment, Policy, PolicyError, PolicyIssue, PolicyWatcher
 from gateway.routing.router import ScorerFactory
 from gateway.state import GatewayState, build_runtime, prepare
 from gateway.stats import Stats
@@ -75,23 +76,40 @@ def create_app(
     policy_path: str | Path | None = None,
     engine_factory: EngineFactory = default_engine_factory,
     scorer_factory: ScorerFactory | None = None,
+    retire_grace_s: float = 5.0,
 ) -> FastAPI:
     """The gateway for `policy`. With `policy_path` the file is watched and reloadable.
 
     `engine_factory` builds local engines (tests may pass their own); `scorer_factory` is
     the difficulty router's hook: it builds a policy's scorer at start-up and on reload.
+    A local engine a reload retires is stopped `retire_grace_s` after the swap at the
+    earliest, and never while a request still holds it.
     """
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        engines = LocalEngines(engine_factory)
+        stats, cooldowns = Stats(), Cooldowns()
+
+        def on_restart(engine: str) -> None:
+            stats.engine_restarted(engine)
+            cooldowns.reset(deployment_key(Deployment(model=engine)))  # serve on it again now
+
+        engines = LocalEngines(engine_factory, retire_grace_s, on_restart)
         prepared = await prepare(policy, engines, scorer_factory)
         engines.activate(prepared.engines)
-        stats, cooldowns = Stats(), Cooldowns()
         http = httpx.AsyncClient(limits=_HTTP_LIMITS)
-        runtime = build_runtime(policy, prepared, cooldowns, stats, http)
+        # No local name for the first runtime: this frame lives as long as the app, and a
+        # runtime held here would keep engines a reload retires from ever being stopped.
         path = Path(policy_path) if policy_path is not None else None
-        state = GatewayState(runtime, stats, engines, cooldowns, http, scorer_factory, path)
+        state = GatewayState(
+            build_runtime(policy, prepared, cooldowns, stats, http),
+            stats,
+            engines,
+            cooldowns,
+            http,
+            scorer_factory,
+            path,
+        )
         state.embedder, state.cache = await _start_cache(policy)
         app.state.gateway = state
         app.state.limiter = Limiter(stats.registry)
@@ -121,4 +139,5 @@ def create_app(
     app.include_router(admin.router)
     app.include_router(admin_cache.router)
     app.add_middleware(TiergateHeaders)
+    app.add_middleware(BodyLimit, max_body_bytes=policy.server.max_body_bytes)  # outermost
     return app

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from engine.config import EngineConfig
+from engine.entrypoints.body_limit import DEFAULT_MAX_BODY_BYTES
 from gateway.policy import PolicyError, ServerSettings, key_digest, load_policy
 
 _MB = 1024 * 1024
@@ -96,6 +97,7 @@ def engine(args: argparse.Namespace) -> int:
             args.served_name,
             args.shutdown_grace_s,
             args.api_key or None,
+            args.max_body_bytes,
         )
     except ModelNotFoundError as exc:
         print(f"tiergate: {exc}", file=sys.stderr)
@@ -178,6 +180,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=ServerSettings().shutdown_grace_s,  # the gateway's default too
         help="on SIGTERM, seconds in-flight requests get before they are aborted",
+    )
+    p.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=DEFAULT_MAX_BODY_BYTES,
+        help="larger request bodies are refused with 413",
     )
     _add_engine_tuning(p)
     p.set_defaults(func=engine)

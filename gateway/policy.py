@@ -31,6 +31,7 @@ from pydantic import (
     model_validator,
 )
 
+from engine.entrypoints.body_limit import DEFAULT_MAX_BODY_BYTES
 from engine.model_registry import BUNDLED
 
 logger = logging.getLogger("tiergate.policy")
@@ -68,8 +69,10 @@ class ServerSettings(_Strict):
     # SIGTERM: in-flight requests get this long to finish, then the rest are aborted. 25 s:
     # with the abort margin that fits Kubernetes' default 30 s before it kills the pod.
     shutdown_grace_s: float = 25.0
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # larger request bodies get 413
 
     _check_interval = field_validator("reload_interval_s", "shutdown_grace_s")(_not_negative)
+    _check_body = field_validator("max_body_bytes")(_positive)
 
     @field_validator("port")
     @classmethod

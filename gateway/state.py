@@ -4,13 +4,12 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from httpx import AsyncClient
 
 from gateway.backends.base import Backend, BackendError
 from gateway.backends.fallback import Cooldowns, FallbackChain, TierBackends
-from gateway.backends.local import LocalBackend, LocalEngines
+from gateway.backends.local import EngineSlot, LocalBackend, LocalEngines
 from gateway.backends.openai_compat import NATIVE_PROVIDERS, OpenAICompatBackend
 from gateway.backends.remote import RemoteBackend, load_litellm
 from gateway.cache.embedder import Embedder
@@ -57,7 +56,7 @@ def _uses_litellm(policy: Policy, dep: Deployment) -> bool:
 class Prepared:
     """What a policy needs that takes time to get: its engines and its scorer."""
 
-    engines: dict[str, Any]  # engines-section name -> running engine
+    engines: dict[str, EngineSlot]  # engines-section name -> its running engine's slot
     scorer: Scorer | None
 
 
@@ -75,7 +74,11 @@ async def prepare(
 
 
 def _backend(
-    policy: Policy, tier_timeout: float, dep: Deployment, engines: dict[str, Any], http: AsyncClient
+    policy: Policy,
+    tier_timeout: float,
+    dep: Deployment,
+    engines: dict[str, EngineSlot],
+    http: AsyncClient,
 ) -> Backend:
     if policy.is_local(dep):
         return LocalBackend(dep.model, engines[dep.model])

@@ -86,6 +86,12 @@ class Stats:
         self._reloads = Counter(
             "tiergate_policy_reloads", "Policy reloads by result", ["result"], registry=r
         )
+        self._engine_restarts = Counter(
+            "tiergate_engine_restarts",
+            "Local engines restarted after their step loop died",
+            ["engine"],
+            registry=r,
+        )
 
     def request_done(self, route: str, tier: str, model: str, status: int) -> None:
         self._requests.labels(route or "-", tier or "-", model or "-", str(status)).inc()
@@ -116,6 +122,9 @@ class Stats:
 
     def policy_reload(self, ok: bool) -> None:
         self._reloads.labels("ok" if ok else "error").inc()
+
+    def engine_restarted(self, engine: str) -> None:
+        self._engine_restarts.labels(engine).inc()
 
     def exposition(self, *extra: CollectorRegistry) -> bytes:
         """Prometheus text of this registry and of others (e.g. each local engine's)."""

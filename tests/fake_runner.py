@@ -36,6 +36,12 @@ class FakeTokenizer:
         out.append(buf.decode(errors="replace"))
         return "".join(out)
 
+    def apply_chat_template(
+        self, messages: list[dict], add_generation_prompt: bool = True, tools: object = None
+    ) -> str:
+        turns = "".join(f"<{m['role']}>{m.get('content') or ''}\n" for m in messages)
+        return turns + ("<assistant>" if add_generation_prompt else "")
+
 
 @dataclass
 class FakeModelConfig:

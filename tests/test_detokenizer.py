@@ -1,5 +1,8 @@
 """Incremental detokenization: multi-byte characters and stop strings across tokens."""
 
+import random
+import time
+
 from engine.detokenizer import IncrementalDetokenizer
 from tests.fake_runner import FakeTokenizer
 
@@ -55,3 +58,38 @@ def test_earliest_of_several_stop_strings_wins() -> None:
 def test_stop_string_spanning_multibyte_boundary() -> None:
     _, text, stopped = _run(TOK.encode("aé b"), ["é"])
     assert stopped and text == "a"
+
+
+def _first_stop_reference(text: str, stops: list[str]) -> int | None:
+    """Where the text is cut: the stop string that completes first (longest on a tie)."""
+    ends = [(text.find(s) + len(s), -len(s)) for s in stops if s and s in text]
+    if not ends:
+        return None
+    end, neg_len = min(ends)
+    return end + neg_len
+
+
+def test_stop_matching_agrees_with_a_plain_search() -> None:
+    rng = random.Random(7)
+    for _ in range(300):
+        stops = ["".join(rng.choices("abc", k=rng.randint(1, 4))) for _ in range(3)]
+        out = "".join(rng.choices("abc", k=rng.randint(0, 12)))
+        deltas, text, stopped = _run(TOK.encode(out), stops, prompt="")
+        cut = _first_stop_reference(out, stops)
+        assert stopped == (cut is not None)
+        assert text == (out if cut is None else out[:cut]), (stops, out)
+        if not stopped:  # held text comes out at the end, never earlier than it is safe
+            assert "".join(deltas[:-1]) == text[: len(text) - len(deltas[-1])]
+
+
+def test_long_stop_lists_cost_little_per_token() -> None:
+    # Regression: 2,000 stop strings plus one of 20,000 characters cost ~215 ms per token
+    # (every step rescanned every stop string over the held-back tail), so 2,000 tokens took
+    # minutes; matching now costs O(new text) per token.
+    stops = [f"never-{i}" for i in range(2000)] + ["b" * 20_000]
+    d = IncrementalDetokenizer(TOK, TOK.encode("Q: "), stops)
+    out = "a" * 2000
+    started = time.monotonic()
+    deltas = [d.add(t) for t in TOK.encode(out)]
+    assert time.monotonic() - started < 20  # the old code needed several minutes
+    assert not d.stopped and "".join(deltas) == out

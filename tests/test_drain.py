@@ -10,7 +10,7 @@ from engine.config import EngineConfig
 from engine.engine import AsyncEngine
 from engine.protocol import CompletionRequest
 from gateway.backends.base import BackendError, GenerationRequest
-from gateway.backends.local import LocalBackend
+from gateway.backends.local import EngineSlot, LocalBackend
 from gateway.drain import Drain
 from gateway.errors import ApiError
 from tests.fake_runner import FakeRunner
@@ -38,7 +38,11 @@ async def all_free(engine: AsyncEngine) -> None:
 
 async def test_expire_ends_a_running_answer_and_frees_its_pages(engine: AsyncEngine) -> None:
     drain = Drain()
-    pieces = drain.pieces(LocalBackend("fake", engine).generate(generation("r1")))
+    pieces = drain.pieces(
+        LocalBackend("fake", EngineSlot("fake", engine.engine.config, engine)).generate(
+            generation("r1")
+        )
+    )
     received = [await anext(pieces)]
     asyncio.get_running_loop().call_later(0.05, drain.expire)
     with pytest.raises(BackendError) as caught:
@@ -51,7 +55,7 @@ async def test_expire_ends_a_running_answer_and_frees_its_pages(engine: AsyncEng
 
 async def test_expire_refuses_a_request_still_in_line(engine: AsyncEngine) -> None:
     drain = Drain()
-    backend = LocalBackend("fake", engine)
+    backend = LocalBackend("fake", EngineSlot("fake", engine.engine.config, engine))
     running = drain.pieces(backend.generate(generation("first")))
     await anext(running)  # holds the engine's only slot
     queued = backend.generate(generation("second"))

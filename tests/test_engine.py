@@ -9,7 +9,7 @@ import pytest
 
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
-from engine.errors import EngineDeadError, PromptTooLongError, QueueFullError
+from engine.errors import EngineDeadError, PromptTooLongError, QueueFullError, RequestFailedError
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
 from engine.runner import ModelRunner
@@ -260,6 +260,8 @@ async def test_async_rejections_before_first_output(runner: ModelRunner) -> None
 
 
 async def test_async_crash_fails_streams_never_hangs(runner: ModelRunner) -> None:
+    # A model that fails on every step: each batch's requests fail (never hang); after a
+    # few such steps in a row the loop gives up, and everything later is EngineDeadError.
     engine = AsyncEngine(_config(), runner)
     calls = 0
     real_execute = runner.execute
@@ -280,10 +282,55 @@ async def test_async_crash_fails_streams_never_hangs(runner: ModelRunner) -> Non
         ),
         timeout=60,
     )
-    assert all(isinstance(r, EngineDeadError) for r in results), results
+    assert all(isinstance(r, RequestFailedError) for r in results), results
+    assert engine.is_running  # one failed step fails its requests, not the engine
+    late = []
+    for i in range(3):
+        with pytest.raises((RequestFailedError, EngineDeadError)) as caught:
+            await asyncio.wait_for(_collect(engine, "Hi", GREEDY, f"late{i}"), timeout=10)
+        late.append(caught.type)
+    assert late == [RequestFailedError, EngineDeadError, EngineDeadError]
     assert not engine.is_running
-    with pytest.raises(EngineDeadError):
-        await asyncio.wait_for(_collect(engine, "Hi", GREEDY, "late"), timeout=5)
+
+
+async def test_one_failing_request_leaves_the_others_running(runner: ModelRunner) -> None:
+    # Regression: an exception raised by one request inside the step loop (top_k 2**63 did
+    # it in the sampler) killed the loop and every request in flight with it.
+    prompts = ["The capital of France is", "def add(a, b):"]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    expected = LLMEngine(_config(), runner).generate(prompts, params)
+    engine = AsyncEngine(_config(), runner)
+    real_execute = runner.execute
+
+    def execute(chunks):  # type: ignore[no-untyped-def]
+        if any(c.params.seed == 13 for c in chunks):
+            raise RuntimeError("this request cannot be sampled")
+        return real_execute(chunks)
+
+    engine.engine.runner = _Shim(runner, execute)  # type: ignore[assignment]
+    bad = SamplingParams(temperature=0, max_tokens=12, seed=13)
+    results = await asyncio.wait_for(
+        asyncio.gather(
+            _collect(engine, prompts[0], params, "good0"),
+            _collect(engine, "Tell me a story", bad, "bad"),
+            _collect(engine, prompts[1], params, "good1"),
+            return_exceptions=True,
+        ),
+        timeout=60,
+    )
+    assert isinstance(results[1], RequestFailedError)
+    assert [results[0], results[2]] == expected
+    assert engine.is_running
+    await _wait_all_free(engine)
+    engine.shutdown()
+
+
+def test_huge_top_k_and_seed_do_not_break_the_engine(runner: ModelRunner) -> None:
+    engine = LLMEngine(_config(), runner)
+    params = SamplingParams(temperature=1.0, top_k=2**63, seed=2**63 - 1, max_tokens=4)
+    engine.add_request("big", "Hello", params)
+    outs = _run(engine)
+    assert outs["big"][-1].finish_reason == "length" and outs["big"][-1].error is None
 
 
 class _Shim:

@@ -228,9 +228,10 @@ def test_non_stream_disconnect_aborts(base_url: str, engine: AsyncEngine) -> Non
 
 
 @pytest.mark.parametrize("stream", [True, False])
-def test_engine_death_mid_request_then_503(stream: bool) -> None:
-    # A stand-in model that fails on its fourth step. A stream has begun (200 sent), so its
-    # error travels in-band; a non-streamed answer becomes a 503. Then the engine is dead.
+def test_failing_model_fails_requests_then_the_engine_gives_up(stream: bool) -> None:
+    # A stand-in model that fails on every step from its fourth. A stream has begun (200
+    # sent), so its error travels in-band; a non-streamed answer becomes a 500. The engine
+    # survives a failed step; after three in a row it gives up and answers 503.
     engine = AsyncEngine(EngineConfig(model="fake"), FakeRunner(fail_after=3))
     body = {"model": "fake", "prompt": "abc", "max_tokens": 10, "ignore_eos": True}
     with run_uvicorn(create_engine_app(engine, "fake")) as url:
@@ -239,12 +240,40 @@ def test_engine_death_mid_request_then_503(stream: bool) -> None:
             events = [e.removeprefix("data: ") for e in reply.text.split("\n\n") if e]
             assert reply.status_code == 200
             assert len(events) == 4
-            assert json.loads(events[-1])["error"]["code"] == "engine_dead"
+            assert json.loads(events[-1])["error"]["code"] == "request_failed"
         else:
-            assert reply.status_code == 503
-            assert reply.json()["error"]["code"] == "engine_dead"
+            assert reply.status_code == 500
+            assert reply.json()["error"]["code"] == "request_failed"
+        assert httpx.get(f"{url}/health").status_code == 200
+        codes = [httpx.post(f"{url}/v1/completions", json=body).status_code for _ in range(2)]
+        assert codes == [500, 503]
         assert httpx.get(f"{url}/health").status_code == 503
         dead = httpx.post(f"{url}/v1/completions", json=body)
         assert dead.status_code == 503
         assert dead.json()["error"]["code"] == "engine_dead"
     engine.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("top_k", 2**63), ("seed", 2**64), ("seed", -(2**63) - 1), ("stop", ["s"] * 5)],
+)
+def test_out_of_range_sampling_fields_are_refused_and_the_engine_lives(
+    client: openai.OpenAI, base_url: str, field: str, value: object
+) -> None:
+    # Regression: top_k 2**63 passed validation and killed the step loop for everyone.
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(
+            model=NAME, messages=USER, max_tokens=2, extra_body={field: value}
+        )
+    assert caught.value.status_code == 400
+    assert caught.value.body["param"] == field
+    assert client.chat.completions.create(model=NAME, messages=USER, max_tokens=2).choices
+    assert httpx.get(f"{base_url}/health").status_code == 200
+
+
+def test_prompt_far_beyond_the_context_is_refused_by_its_length(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(model=NAME, prompt="x" * 2_000_000, max_tokens=1)
+    assert caught.value.body["code"] == "context_length_exceeded"
+    assert "characters" in caught.value.body["message"]  # refused before tokenizing

@@ -249,7 +249,9 @@ def test_unknown_path_has_openai_error_shape(url: str) -> None:
 def test_health_ready_metrics(url: str, client: openai.OpenAI) -> None:
     client.chat.completions.create(model="small", messages=HELLO, max_tokens=2)
     assert httpx.get(f"{url}/health").json() == {"status": "ok"}
-    assert httpx.get(f"{url}/ready").json() == {"status": "ready"}
+    ready = httpx.get(f"{url}/ready").json()
+    assert ready["status"] == "ready"
+    assert ready["engines"]["smollm2-135m"] == {"running": True, "restarts": 0}
     metrics = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {ADMIN}"}).text
     assert 'tiergate_requests_total{model="smollm2-135m",route="-",status="200",tier="small"}' in (
         metrics

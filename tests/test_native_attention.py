@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from engine import native
-from engine.attention import DecodeBatch, Workspace, _decode, decode_kernel, new_kv_pools
+from engine.attention import KernelRows, Workspace, _decode, kernel_attention, new_kv_pools
 from engine.config import EngineConfig
+from engine.ops import TorchOps
 from engine.runner import ModelRunner
 
 
@@ -61,24 +62,27 @@ def _torch_decode(
 def test_kernel_matches_torch_path(
     heads: int, kv_heads: int, lens: list[int], page_size: int
 ) -> None:
-    assert native.kernels() is not None, "the C kernels must build here (is gcc installed?)"
+    kernels = native.kernels()
+    assert kernels is not None, "the C kernels must build here (is gcc installed?)"
     q, k_pool, v_pool, table, ctx_lens = _random_case(heads, kv_heads, lens, page_size)
     out = torch.full_like(q, float("nan"))
-    decode_kernel(q, k_pool, v_pool, DecodeBatch(0, len(lens), table, ctx_lens), out)
+    kernel_attention(kernels, q, k_pool, v_pool, KernelRows(0, len(lens), table, ctx_lens), out)
     torch.testing.assert_close(out, _torch_decode(q, k_pool, v_pool, table, ctx_lens))
 
 
 def test_kernel_ignores_pages_past_each_length() -> None:
+    kernels = native.kernels()
+    assert kernels is not None, "the C kernels must build here (is gcc installed?)"
     q, k_pool, v_pool, table, lens = _random_case(9, 3, [20, 40])
     out = torch.empty_like(q)
-    decode_kernel(q, k_pool, v_pool, DecodeBatch(0, 2, table, lens), out)
+    kernel_attention(kernels, q, k_pool, v_pool, KernelRows(0, 2, table, lens), out)
     # poison every slot past each sequence's length: the result must not move
     for row, n in enumerate(lens.tolist()):
         for pos in range(n, table.shape[1] * 16):
             k_pool[table[row, pos // 16], :, :, pos % 16] = float("nan")
             v_pool[table[row, pos // 16], :, pos % 16] = float("nan")
     again = torch.empty_like(q)
-    decode_kernel(q, k_pool, v_pool, DecodeBatch(0, 2, table, lens), again)
+    kernel_attention(kernels, q, k_pool, v_pool, KernelRows(0, 2, table, lens), again)
     assert torch.equal(out, again)
 
 
@@ -86,7 +90,7 @@ def test_disabled_kernels_fall_back_to_torch(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("TIERGATE_NATIVE", "0")
     assert native.kernels() is None
     runner = ModelRunner(EngineConfig(model="smollm2-135m", kv_cache_bytes=64 * 737280))
-    assert runner.use_kernel is False
+    assert type(runner.ops) is TorchOps and runner.ops.kernels is None and runner.fused is None
 
 
 def test_missing_compiler_falls_back(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

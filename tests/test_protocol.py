@@ -92,6 +92,13 @@ def test_chat_request_accepts_openai_body_with_extras() -> None:
         ({"n": 2}, "n", "only n=1 is supported"),
         ({"logprobs": True}, "logprobs", "not supported"),
         ({"stop": 5}, "stop", "valid string"),
+        ({"top_k": 2**63}, "top_k", "less than or equal to"),
+        ({"seed": 2**64}, "seed", "less than or equal to"),
+        ({"seed": -(2**63) - 1}, "seed", "greater than or equal to"),
+        ({"max_tokens": 2**40}, "max_tokens", "less than or equal to"),
+        ({"temperature": float("nan")}, "temperature", "(got nan)"),
+        ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4 stop sequences"),
+        ({"stop": "x" * 1001}, "stop", "at most 1000 characters"),
         ({"messages": []}, "messages", "at least 1 item"),
         ({"messages": [{"role": "bot", "content": "x"}]}, "messages[0].role", "'user'"),
         (

@@ -38,13 +38,13 @@ def _prompt(runner: ModelRunner, n: int, seed: int) -> list[int]:
 
 def _logits(runner: ModelRunner, chunks: list[SeqChunk], use_kernel: bool = False) -> torch.Tensor:
     """All-token logits of a batch packed the way the runner packs it (prefills first);
-    decodes through the torch path, or the C kernel with use_kernel."""
+    attention through the torch path, or the runner's C kernels with use_kernel."""
     ids = torch.tensor([t for c in chunks for t in c.token_ids])
     pos = torch.tensor(
         [p for c in chunks for p in range(c.start_pos, c.start_pos + len(c.token_ids))]
     )
     with torch.inference_mode():
-        ctx = build_context(chunks, PAGE, use_kernel=use_kernel)
+        ctx = build_context(chunks, PAGE, kernels=runner.ops.kernels if use_kernel else None)
         hidden = runner.model(ids, pos, ctx, runner.kv_caches)
         return runner.model.compute_logits(hidden)
 
@@ -71,7 +71,8 @@ def test_chunked_prefill_matches_full_forward(runner: ModelRunner, use_kernel: b
         chunk = ids[start : start + size]
         chunks = [SeqChunk(1, chunk, start, pages, False, GREEDY)]
         if use_kernel and start > 0 and size > 1:
-            assert len(build_context(chunks, PAGE, use_kernel=True).prefix_batches) == 1
+            ctx = build_context(chunks, PAGE, kernels=runner.ops.kernels)
+            assert len(ctx.prefix_rows) == 1
         got.append(_logits(runner, chunks, use_kernel))
         start += size
     torch.testing.assert_close(torch.cat(got), full, atol=2e-3, rtol=1e-3)
@@ -189,7 +190,7 @@ def test_fused_decode_step_equals_the_layer_by_layer_forward(runner: ModelRunner
     layer_by_layer = _logits(runner, decodes, use_kernel=True)
     ids = torch.tensor([c.token_ids[0] for c in decodes])
     pos = torch.tensor([c.start_pos for c in decodes])
-    ctx = build_context(decodes, PAGE, use_kernel=True)
+    ctx = build_context(decodes, PAGE, kernels=runner.ops.kernels)
     scratch = torch.empty(runner.fused.workspace_floats(len(decodes)))
     with torch.inference_mode():
         fused = runner.fused.logits(ids, runner.model.rotary(pos), ctx, scratch)

@@ -7,9 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from engine import weights
+from engine import cache_files, weights
+from engine.cache_files import cache_path
 from engine.model_registry import resolve_model
-from engine.weights import ModelConfig, _load_cached, _unpermute, cache_path, load_model
+from engine.models.config import ModelConfig
+from engine.weights import _load_cached, _unpermute, load_model
 
 
 def _llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -58,7 +60,7 @@ def test_corrupt_cache_is_dropped(tmp_path: Path) -> None:
 
 
 def test_cache_key_follows_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(weights, "cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(cache_files, "cache_dir", lambda: tmp_path)
     src = tmp_path / "m.gguf"
     src.write_bytes(b"x")
     first = cache_path(src, "weights", ".safetensors")
@@ -89,9 +91,10 @@ def test_cache_roundtrip_with_head_filled_from_embedding(tmp_path: Path) -> None
     """An untied config whose file lacks lm_head: the head shares the embedding's
     storage, which safetensors refuses unless the cache writer copies it."""
     from engine.models import build_model
+    from engine.ops import TorchOps
 
     cfg = ModelConfig("llama", 32, 16, 1, 2, 1, 8, 24, 1e4, 1e-6, 64, False, False)
-    model = build_model(cfg)
+    model = build_model(cfg, TorchOps())
     model.load_weights(_tiny_state(cfg))
     cached = tmp_path / "m.safetensors"
     weights._save_cached(model, cfg, cached)

@@ -1,7 +1,6 @@
-"""KV-cache bookkeeping: the page pool, prefix-page hashing and per-sequence page tables."""
+"""KV-cache bookkeeping: the KV manager (the scheduler's contract) over the page pool."""
 
-from engine.kv.kv_manager import KVManager
+from engine.kv.kv_manager import KVManager, PrefixHit, hash_page
 from engine.kv.page_pool import PagePool
-from engine.kv.prefix_cache import PrefixCache, hash_page
 
-__all__ = ["KVManager", "PagePool", "PrefixCache", "hash_page"]
+__all__ = ["KVManager", "PagePool", "PrefixHit", "hash_page"]

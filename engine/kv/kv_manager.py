@@ -1,23 +1,58 @@
-"""Per-sequence page tables over the page pool and the prefix cache.
+"""The one owner of KV bookkeeping: which pages each sequence holds, prefix lookup, and
+allocation that either succeeds whole or changes nothing (the scheduler's only KV contract:
+lookup, allocate-or-refuse, on_computed, free). The page pool beneath it keeps the free
+list, reference counts and the cached-page index, the way vLLM v1 splits its KV cache
+manager from its block pool.
 
 Only the last page of a sequence can be partly full. A full page enters the prefix cache
 only after its K/V have been computed, so a page another request reuses is always valid.
+Page keys chain the parent page's key, the page's token ids and the request's cache salt:
+two pages share a key only if the whole prefix up to them is equal, and tenants with
+different salts never share (which also closes the timing side channel of a shared cache).
 """
 
+import hashlib
+from array import array
+from collections.abc import Sequence as Tokens
+from dataclasses import dataclass
+
 from engine.kv.page_pool import PagePool
-from engine.kv.prefix_cache import PrefixCache, hash_page
 from engine.sequence import Sequence
+
+
+def hash_page(parent: bytes | None, token_ids: Tokens[int], salt: str | None = None) -> bytes:
+    """A collision-resistant key (sha256): Python's hash() could be forced to collide."""
+    h = hashlib.sha256()
+    h.update(parent if parent is not None else b"root")
+    h.update(b"\x00" + (salt or "").encode() + b"\x00")
+    h.update(array("q", token_ids).tobytes())
+    return h.digest()
 
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+@dataclass
+class PrefixHit:
+    pages: list[int]  # cached pages of the longest prefix, leaving >= 1 token to compute
+    num_tokens: int  # tokens those pages hold
+    next_in_flight: bool  # a running sequence is computing the next page of this prefix
+
+
+@dataclass
+class _Held:
+    seq: Sequence
+    pages: list[int]  # the sequence's page table
+    num_published: int  # leading pages already in the prefix cache
+
+
 class KVManager:
     def __init__(self, num_pages: int, page_size: int, enable_prefix_caching: bool) -> None:
         self.page_size = page_size
-        self.cache = PrefixCache() if enable_prefix_caching else None
-        self.pool = PagePool(num_pages, self.cache)
+        self.enable_prefix_caching = enable_prefix_caching
+        self.pool = PagePool(num_pages)
+        self._held: dict[int, _Held] = {}  # seq_id -> pages; exactly the running sequences
 
     @property
     def num_pages(self) -> int:
@@ -29,6 +64,82 @@ class KVManager:
     def usage(self) -> float:
         return self.pool.usage()
 
+    def page_table(self, seq: Sequence) -> list[int]:
+        """A copy of the pages seq holds, covering its computed and allocated tokens."""
+        return list(self._held[seq.seq_id].pages)
+
+    def lookup(self, seq: Sequence) -> PrefixHit:
+        """The longest cached prefix of a sequence that holds no pages yet."""
+        if not self.enable_prefix_caching:
+            return PrefixHit([], 0, False)
+        max_pages = (seq.num_tokens - 1) // self.page_size
+        self._ensure_keys(seq, max_pages)
+        pages: list[int] = []
+        for key in seq.page_keys[:max_pages]:
+            page = self.pool.lookup(key)
+            if page is None:
+                break
+            pages.append(page)
+        in_flight = len(pages) < max_pages and self._computing(seq.page_keys, len(pages))
+        return PrefixHit(pages, len(pages) * self.page_size, in_flight)
+
+    def _computing(self, keys: list[bytes], i: int) -> bool:
+        """Is a running sequence computing page i of this key chain right now? Then the
+        caller waits a step or two and reuses it instead of computing it again (64
+        requests with one long system prompt arrive together: only one computes it)."""
+        end = (i + 1) * self.page_size
+        return any(
+            h.seq.num_computed_tokens < end
+            and len(h.seq.page_keys) > i
+            and h.seq.page_keys[i] == keys[i]
+            for h in self._held.values()
+        )
+
+    def allocate(self, seq: Sequence, num_new_tokens: int, hit: PrefixHit | None = None) -> bool:
+        """Pages so num_new_tokens more tokens of seq fit after its computed ones, all or
+        none: False changes nothing. A sequence holding no pages is admitted first, taking
+        the hit's cached pages (from lookup() this step) as its computed prefix."""
+        held = self._held.get(seq.seq_id)
+        if held is None:
+            hits = hit.pages if hit else []
+            needed = _cdiv(len(hits) * self.page_size + num_new_tokens, self.page_size) - len(hits)
+            parked = sum(1 for p in hits if self.pool.is_parked(p))  # reusing them uses them up
+            if needed > self.pool.num_free() - parked:
+                return False
+            for page in hits:
+                self.pool.acquire(page)
+            held = self._held[seq.seq_id] = _Held(seq, list(hits), len(hits))
+            seq.num_computed_tokens = len(hits) * self.page_size
+        else:
+            total = seq.num_computed_tokens + num_new_tokens
+            needed = _cdiv(total, self.page_size) - len(held.pages)
+            if needed > self.pool.num_free():
+                return False
+        held.pages.extend(self.pool.allocate() for _ in range(needed))
+        return True
+
+    def on_computed(self, seq: Sequence) -> None:
+        """Publish the pages that became full; call after seq.num_computed_tokens grows."""
+        if not self.enable_prefix_caching:
+            return
+        held = self._held[seq.seq_id]
+        full = seq.num_computed_tokens // self.page_size
+        self._ensure_keys(seq, full)
+        for i in range(held.num_published, full):
+            self.pool.publish(seq.page_keys[i], held.pages[i])
+        held.num_published = max(held.num_published, full)
+
+    def free(self, seq: Sequence) -> None:
+        """Drop seq's pages (tail first, so tails are evicted before shared heads)."""
+        held = self._held.pop(seq.seq_id, None)
+        for page in reversed(held.pages if held else []):
+            self.pool.release(page)
+        seq.num_computed_tokens = 0
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached page no sequence holds (a cold cache on demand)."""
+        self.pool.reset_cache()
+
     def _ensure_keys(self, seq: Sequence, num_pages: int) -> None:
         ps = self.page_size
         while len(seq.page_keys) < num_pages:
@@ -36,63 +147,3 @@ class KVManager:
             parent = seq.page_keys[-1] if i else None
             tokens = seq.token_ids[i * ps : (i + 1) * ps]
             seq.page_keys.append(hash_page(parent, tokens, seq.cache_salt))
-
-    def match_prefix(self, seq: Sequence) -> list[int]:
-        """Pages of the longest cached prefix, leaving at least one token to compute."""
-        if self.cache is None:
-            return []
-        max_pages = (seq.num_tokens - 1) // self.page_size
-        self._ensure_keys(seq, max_pages)
-        pages: list[int] = []
-        for key in seq.page_keys[:max_pages]:
-            page = self.cache.lookup(key)
-            if page is None:
-                break
-            pages.append(page)
-        return pages
-
-    def can_admit(self, seq: Sequence, hits: list[int], num_new_tokens: int) -> bool:
-        """Enough pages for the cached prefix plus num_new_tokens more?"""
-        total = len(hits) * self.page_size + num_new_tokens
-        needed = _cdiv(total, self.page_size) - len(hits)
-        parked_hits = sum(1 for p in hits if self.pool.ref_counts[p] == 0)
-        return needed <= self.pool.num_free() - parked_hits  # reusing parked pages uses them up
-
-    def admit(self, seq: Sequence, hits: list[int], num_new_tokens: int) -> None:
-        assert not seq.page_table and seq.num_computed_tokens == 0
-        for page in hits:
-            self.pool.acquire(page)
-        seq.page_table = list(hits)
-        seq.num_computed_tokens = len(hits) * self.page_size
-        seq.num_registered_pages = len(hits)
-        self.grow(seq, num_new_tokens)
-
-    def can_grow(self, seq: Sequence, num_new_tokens: int) -> bool:
-        total = seq.num_computed_tokens + num_new_tokens
-        return _cdiv(total, self.page_size) - len(seq.page_table) <= self.pool.num_free()
-
-    def grow(self, seq: Sequence, num_new_tokens: int) -> None:
-        """Allocate pages so num_new_tokens more tokens fit after the computed ones."""
-        total = seq.num_computed_tokens + num_new_tokens
-        while len(seq.page_table) < _cdiv(total, self.page_size):
-            seq.page_table.append(self.pool.allocate())
-
-    def register_full_pages(self, seq: Sequence) -> None:
-        """Publish pages that became full and computed; call after num_computed_tokens grows."""
-        if self.cache is None:
-            return
-        full = seq.num_computed_tokens // self.page_size
-        self._ensure_keys(seq, full)
-        for i in range(seq.num_registered_pages, full):
-            # False when the same content was computed by another request in the same step:
-            # that copy stays cached; this page is simply freed later.
-            self.cache.insert(seq.page_keys[i], seq.page_table[i])
-        seq.num_registered_pages = max(seq.num_registered_pages, full)
-
-    def free(self, seq: Sequence) -> None:
-        """Drop the sequence's pages (tail first, so tails are evicted before shared heads)."""
-        for page in reversed(seq.page_table):
-            self.pool.release(page)
-        seq.page_table = []
-        seq.num_computed_tokens = 0
-        seq.num_registered_pages = 0

@@ -1,8 +1,9 @@
 """Llama-family decoder (llama, qwen2) over paged KV, fp32.
 
 Q/K/V and gate/up projections are fused into one matmul each: at small batch sizes on
-CPU, fewer and larger GEMMs run closer to the machine's peak. ModelRunner packs the
-projection weights and the LM head once (pack_weights; layouts in engine/ops.py).
+CPU, fewer and larger GEMMs run closer to the machine's peak. Every module runs its steps
+through the ops object it was built with (engine/ops.py: the C kernels or torch, chosen
+once by the runner), which also packs the projections and the LM head (pack_weights).
 """
 
 from typing import Any
@@ -10,10 +11,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine import ops
 from engine.attention import AttentionContext, paged_attention
-from engine.ops import Rope
-from engine.weights import ModelConfig
+from engine.models.config import ModelConfig
+from engine.ops import Rope, TorchOps, unpack_panels
 
 
 class Direct(nn.Module):
@@ -27,10 +27,14 @@ class Direct(nn.Module):
 class Linear(Direct, nn.Linear):
     packed: torch.Tensor | None = None  # the weight in ops.pack_weight's layout
 
+    def __init__(self, ops: TorchOps, in_features: int, out_features: int, bias: bool) -> None:
+        super().__init__(in_features, out_features, bias=bias)
+        self.ops = ops
+
     def pack(self, batch_hint: int) -> None:
         """Pack the weight once (same results); forward uses only the packed copy."""
         if self.packed is None:
-            self.packed = ops.pack_weight(self.weight, batch_hint)
+            self.packed = self.ops.pack_weight(self.weight, batch_hint)
 
     def drop_plain_weight(self) -> None:
         """Forget .weight when the packed copy holds it losslessly (C GEMM panels: a
@@ -43,25 +47,25 @@ class Linear(Direct, nn.Linear):
         if self.weight is not None:
             return self.weight
         assert self.packed is not None
-        return ops.unpack_panels(self.packed)
+        return unpack_panels(self.packed)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight = self.weight if self.packed is None else self.packed
-        return ops.linear(x, weight, self.bias)
+        return self.ops.linear(x, weight, self.bias)
 
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # (K pool, V pool) of one layer
 
 
 class RMSNorm(Direct):
-    def __init__(self, dim: int, eps: float) -> None:
+    def __init__(self, ops: TorchOps, dim: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
+        self.eps, self.ops = eps, ops
 
     def forward(self, residual: torch.Tensor, x: torch.Tensor | None = None) -> torch.Tensor:
         """residual += x in place (the residual stream, when x is given), then the norm."""
-        return ops.add_rms_norm(residual, x, self.weight, self.eps)
+        return self.ops.add_rms_norm(residual, x, self.weight, self.eps)
 
 
 class Rotary(Direct):
@@ -82,40 +86,42 @@ class Rotary(Direct):
 
 
 class Attention(Direct):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, ops: TorchOps) -> None:
         super().__init__()
         self.h, self.kvh, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         qkv_out = (self.h + 2 * self.kvh) * self.d
-        self.qkv_proj = Linear(cfg.hidden_size, qkv_out, bias=cfg.attention_bias)
-        self.o_proj = Linear(self.h * self.d, cfg.hidden_size, bias=False)
+        self.qkv_proj = Linear(ops, cfg.hidden_size, qkv_out, bias=cfg.attention_bias)
+        self.o_proj = Linear(ops, self.h * self.d, cfg.hidden_size, bias=False)
+        self.ops = ops
 
     def forward(
         self, x: torch.Tensor, rope: Rope, ctx: AttentionContext, kv: KVCache
     ) -> torch.Tensor:
         t = x.shape[0]
-        q, k, v = ops.rope_store_kv(self.qkv_proj(x), rope, kv, ctx, self.h, self.kvh)
+        q, k, v = self.ops.rope_store_kv(self.qkv_proj(x), rope, kv, ctx, self.h, self.kvh)
         out = paged_attention(q, k, v, kv[0], kv[1], ctx)
         return self.o_proj(out.view(t, self.h * self.d))
 
 
 class MLP(Direct):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, ops: TorchOps) -> None:
         super().__init__()
         self.inter = cfg.intermediate_size
-        self.gate_up_proj = Linear(cfg.hidden_size, 2 * self.inter, bias=False)
-        self.down_proj = Linear(self.inter, cfg.hidden_size, bias=False)
+        self.gate_up_proj = Linear(ops, cfg.hidden_size, 2 * self.inter, bias=False)
+        self.down_proj = Linear(ops, self.inter, cfg.hidden_size, bias=False)
+        self.ops = ops
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(ops.silu_mul(self.gate_up_proj(x)))
+        return self.down_proj(self.ops.silu_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(Direct):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, ops: TorchOps) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
-        self.self_attn = Attention(cfg)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
-        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(ops, cfg.hidden_size, cfg.rms_eps)
+        self.self_attn = Attention(cfg, ops)
+        self.post_attention_layernorm = RMSNorm(ops, cfg.hidden_size, cfg.rms_eps)
+        self.mlp = MLP(cfg, ops)
 
     def forward(
         self,
@@ -136,17 +142,17 @@ class DecoderLayer(Direct):
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, ops: TorchOps) -> None:
         super().__init__()
-        self.config = cfg
+        self.config, self.ops = cfg, ops
         self.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.max_position)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, ops) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(ops, cfg.hidden_size, cfg.rms_eps)
         self.lm_head = None
         self.packed_head: torch.Tensor | None = None  # set by pack_weights
         if not cfg.tie_embeddings:
-            self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+            self.lm_head = Linear(ops, cfg.hidden_size, cfg.vocab_size, bias=False)
 
     def forward(
         self,
@@ -166,35 +172,32 @@ class LlamaForCausalLM(nn.Module):
     def pack_weights(self, batch_hint: int) -> None:
         """Pack the projections and the LM head (see Linear.pack). The head at batch 24,
         one thread: 23 ms plain vs 17 ms packed for oneDNN."""
-        for layer in self.layers:
-            for lin in (*layer.self_attn.children(), *layer.mlp.children()):
-                if isinstance(lin, Linear):
-                    lin.pack(batch_hint)
+        for lin in self._linears():
+            lin.pack(batch_hint)
         if self.lm_head is not None:
-            self.lm_head.pack(batch_hint)
             self.packed_head = self.lm_head.packed
         elif self.packed_head is None:
-            self.packed_head = ops.pack_weight(self.embed_tokens.weight, batch_hint)
+            self.packed_head = self.ops.pack_weight(self.embed_tokens.weight, batch_hint)
 
     def drop_plain_weights(self) -> None:
         """After pack_weights: forget the plain projections the panels hold (see
         Linear.drop_plain_weight) and copy what stays (embedding, norms, biases) out of
         the weight cache's file mapping, which then closes: the whole fp32 file stops
         counting as resident (SmolLM2: ~1.43 GB -> ~1.0 GB with a 64 MiB pool)."""
-        for layer in self.layers:
-            for lin in (*layer.self_attn.children(), *layer.mlp.children()):
-                if isinstance(lin, Linear):
-                    lin.drop_plain_weight()
-        if self.lm_head is not None:
-            self.lm_head.drop_plain_weight()
+        for lin in self._linears():
+            lin.drop_plain_weight()
         for param in self.parameters():
             param.data = param.data.clone()
 
+    def _linears(self) -> list[Linear]:
+        """The projections of every layer and the untied LM head."""
+        return [m for m in self.modules() if isinstance(m, Linear)]
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.packed_head is not None:
-            return ops.linear(hidden, self.packed_head)
+            return self.ops.linear(hidden, self.packed_head)
         head = self.embed_tokens if self.lm_head is None else self.lm_head
-        return ops.linear(hidden, head.weight)
+        return self.ops.linear(hidden, head.weight)
 
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:
         """Take Hugging Face names (no "model." prefix), fusing q/k/v and gate/up."""

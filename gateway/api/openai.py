@@ -32,6 +32,7 @@ from gateway.api.respond import Call, backend_error, streamed, whole
 from gateway.api.shapes import ChatShape, Shape, TextShape
 from gateway.backends.base import BackendError, GenerationRequest, OpenAIRequest
 from gateway.backends.fallback import Served
+from gateway.backends.local import engine_alive
 from gateway.cache.semantic import CacheQuery
 from gateway.errors import ApiError
 from gateway.limits import NOT_LIMITED, Admission
@@ -267,12 +268,10 @@ async def health() -> dict:
 
 @router.get("/ready")
 async def ready(state: State) -> JSONResponse:
-    dead = [name for name, e in state.engines.all().items() if not _alive(e)]
-    if dead:
-        return JSONResponse({"status": "unavailable", "dead_engines": dead}, status_code=503)
-    return JSONResponse({"status": "ready"})
-
-
-def _alive(engine: object) -> bool:
-    # A test double that cannot tell counts as alive; a dead engine raises EngineDeadError.
-    return bool(getattr(engine, "is_running", True))
+    engines, restarts = state.engines.all(), state.engines.restarts()
+    report = {n: {"running": engine_alive(e), "restarts": restarts[n]} for n, e in engines.items()}
+    dead = [name for name, e in report.items() if not e["running"]]
+    if dead:  # a dead engine is being restarted; its tier's fallback serves meanwhile
+        body = {"status": "unavailable", "dead_engines": dead, "engines": report}
+        return JSONResponse(body, status_code=503)
+    return JSONResponse({"status": "ready", "engines": report})

@@ -55,6 +55,7 @@ class BackendError(Exception):
         fallback: bool,
         retry_after: float | None = None,
         deployment_fault: bool = False,
+        code: str | None = None,  # OpenAI's error code for the caller, e.g. context_length_exceeded
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -63,6 +64,7 @@ class BackendError(Exception):
         self.fallback = fallback
         self.retry_after = sane_wait(retry_after)
         self.deployment_fault = deployment_fault
+        self.code = code
 
 
 MAX_RETRY_AFTER_S = 3600.0  # an upstream asking for more is capped, not obeyed for days

@@ -78,6 +78,10 @@ class Cooldowns:
         for entry in [e for e, end in self._tenant_until.items() if end <= now]:
             del self._tenant_until[entry]
 
+    def reset(self, key: str) -> None:
+        """The deployment is known good again (e.g. its local engine restarted)."""
+        self._until.pop(key, None)
+
 
 def deployment_key(deployment: Deployment) -> str:
     return f"{deployment.model}@{deployment.api_base or 'local'}"

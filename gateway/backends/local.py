@@ -5,10 +5,14 @@
 """
 
 import asyncio
+import gc
 import inspect
 import itertools
 import logging
+import time
+import weakref
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from engine.config import EngineConfig
@@ -17,6 +21,7 @@ from engine.errors import (
     EngineError,
     PromptTooLongError,
     QueueFullError,
+    RequestFailedError,
     TenantQueueFullError,
 )
 from engine.protocol import Usage, to_sampling_params
@@ -27,6 +32,10 @@ logger = logging.getLogger("tiergate.local")
 
 EngineFactory = Callable[[EngineConfig], Any]  # returns an AsyncEngine (or a test double)
 _MB = 1024 * 1024
+_RELEASE_POLL_S = 0.1
+# A request holds its policy's objects from its first byte to its last; past this with
+# nothing generating, whatever still holds a retired engine is a leak, not a request.
+_MAX_IDLE_HOLD_S = 300.0
 
 
 def engine_config(name: str, settings: EngineSettings) -> EngineConfig:
@@ -55,78 +64,160 @@ async def _maybe_await(value: Any) -> None:
         await value
 
 
+def engine_alive(engine: Any) -> bool:
+    # A test double that cannot tell counts as alive.
+    return bool(getattr(engine, "is_running", True))
+
+
+@dataclass(eq=False)
+class EngineSlot:
+    """One engine of the policy under its name. A restart puts a new engine in the slot;
+    backends read `engine` per request, so they follow it."""
+
+    name: str
+    config: EngineConfig
+    engine: Any
+    in_flight: int = 0  # requests generating on it now
+    restarts: int = 0
+    retired: bool = False  # no policy in force uses it: stopped once nothing holds it
+    # The LocalBackends built on it: a request that took a policy holds them until it ends.
+    holders: weakref.WeakSet = field(default_factory=weakref.WeakSet)
+    retry_at: float = 0.0  # after a failed restart, when to try again (monotonic)
+    failed_restarts: int = 0  # in a row; the wait before the next try doubles with each
+
+    @property
+    def held(self) -> bool:
+        return self.in_flight > 0 or len(self.holders) > 0
+
+
 class LocalEngines:
     """Every engine this process runs. A reload reuses an engine whose name and config are
     unchanged, starts the others, and retires those the new policy no longer uses.
 
-    A retired engine is stopped once it has been idle after a grace period: requests that
-    took the previous policy just before the swap still finish on it.
+    A retired engine is stopped once nothing holds it (after `retire_grace_s`): requests
+    that took the previous policy just before the swap still finish on it. An engine whose
+    step loop died is restarted in its slot; its tier's fallback serves meanwhile.
     """
 
     def __init__(
-        self, factory: EngineFactory = default_engine_factory, retire_grace_s: float = 5.0
+        self,
+        factory: EngineFactory = default_engine_factory,
+        retire_grace_s: float = 5.0,
+        on_restart: Callable[[str], None] | None = None,
+        check_interval_s: float = 0.5,
     ) -> None:
         self._factory = factory
         self._grace_s = retire_grace_s
-        self._running: list[tuple[str, EngineConfig, Any]] = []
-        self._active: dict[str, Any] = {}
-        self._retiring: set[asyncio.Task] = set()
+        self._on_restart = on_restart
+        self._check_s = check_interval_s
+        self._slots: list[EngineSlot] = []  # running and not retired
+        self._active: dict[str, EngineSlot] = {}
+        self._tasks: set[asyncio.Task] = set()  # retirements and the supervisor
+        self._supervisor: asyncio.Task | None = None
         self._lock = asyncio.Lock()
 
-    async def start(self, engines: dict[str, EngineSettings]) -> dict[str, Any]:
-        """Name -> engine for a policy, starting those not running yet with the same config."""
+    async def start(self, engines: dict[str, EngineSettings]) -> dict[str, EngineSlot]:
+        """Name -> slot for a policy, starting those not running yet with the same config."""
         async with self._lock:
             out = {}
             for name, settings in engines.items():
                 config = engine_config(name, settings)
-                found = [e for n, c, e in self._running if n == name and c == config]
+                found = [s for s in self._slots if s.name == name and s.config == config]
                 if found:
                     out[name] = found[0]
                     continue
                 logger.info("starting local engine %s (%s)", name, config.model)
-                # Loading weights blocks for seconds: keep the event loop serving meanwhile.
-                engine = await asyncio.to_thread(self._factory, config)
-                await _maybe_await(engine.start())
-                self._running.append((name, config, engine))
-                out[name] = engine
-            return out
+                slot = EngineSlot(name, config, await self._launch(config))
+                self._slots.append(slot)
+                out[name] = slot
+        if self._supervisor is None:
+            self._supervisor = self._spawn(self._supervise())
+        return out
 
-    def activate(self, active: dict[str, Any]) -> None:
+    async def _launch(self, config: EngineConfig) -> Any:
+        # Loading weights blocks for seconds: keep the event loop serving meanwhile.
+        engine = await asyncio.to_thread(self._factory, config)
+        await _maybe_await(engine.start())
+        return engine
+
+    def activate(self, active: dict[str, EngineSlot]) -> None:
         """Call once the policy using `active` serves: every other engine is retired."""
         self._active = dict(active)
-        keep = {id(e) for e in active.values()}
-        for entry in [r for r in self._running if id(r[2]) not in keep]:
-            self._running.remove(entry)
-            task = asyncio.create_task(self._stop_when_idle(entry[0], entry[2]))
-            self._retiring.add(task)
-            task.add_done_callback(self._retiring.discard)
+        keep = {id(s) for s in active.values()}
+        for slot in [s for s in self._slots if id(s) not in keep]:
+            self._slots.remove(slot)
+            slot.retired = True
+            self._spawn(self._stop_when_released(slot))
 
-    async def _stop_when_idle(self, name: str, engine: Any) -> None:
+    def _spawn(self, coro: Any) -> asyncio.Task:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _stop_when_released(self, slot: EngineSlot) -> None:
         await asyncio.sleep(self._grace_s)
-        while _busy(engine):
-            await asyncio.sleep(1.0)
-        logger.info("stopping retired local engine %s", name)
-        await _stop(engine)
+        idle_polls = 0  # polls in a row with no request on it, yet something holding it
+        while slot.held:
+            await asyncio.sleep(_RELEASE_POLL_S)
+            idle_polls = idle_polls + 1 if slot.in_flight == 0 else 0
+            if idle_polls * _RELEASE_POLL_S >= _MAX_IDLE_HOLD_S:
+                logger.warning("retired engine %s is still referenced; stopping it", slot.name)
+                break
+            if idle_polls % 50 == 49:  # maybe a reference cycle: collect it now rather than
+                gc.collect()  # whenever the collector would
+        logger.info("stopping retired local engine %s", slot.name)
+        await _stop(slot.engine)
+
+    async def _supervise(self) -> None:
+        while True:
+            await asyncio.sleep(self._check_s)
+            for slot in list(self._slots):
+                if not engine_alive(slot.engine) and time.monotonic() >= slot.retry_at:
+                    try:
+                        await self._restart(slot)
+                    except Exception:  # the supervisor itself must outlive any one failure
+                        logger.exception("supervising local engine %s failed", slot.name)
+
+    async def _restart(self, slot: EngineSlot) -> None:
+        logger.error("local engine %s died; restarting it", slot.name)
+        async with self._lock:
+            if slot.retired:
+                return
+            try:
+                await _stop(slot.engine)  # joins the dead loop's thread
+                engine = await self._launch(slot.config)
+            except Exception:
+                slot.failed_restarts += 1
+                slot.retry_at = time.monotonic() + min(30.0, 2.0**slot.failed_restarts)
+                logger.exception("restarting local engine %s failed", slot.name)
+                return
+            if slot.retired:  # a reload retired it while the new one loaded
+                await _stop(engine)
+                return
+            slot.engine, slot.failed_restarts = engine, 0
+            slot.restarts += 1
+        if self._on_restart is not None:
+            self._on_restart(slot.name)
 
     def get(self, name: str) -> Any:
-        return self._active[name]
+        return self._active[name].engine
 
     def all(self) -> dict[str, Any]:
         """The engines of the policy in force (what /ready and /metrics report)."""
-        return dict(self._active)
+        return {name: slot.engine for name, slot in self._active.items()}
+
+    def restarts(self) -> dict[str, int]:
+        return {name: slot.restarts for name, slot in self._active.items()}
 
     async def shutdown(self) -> None:
-        for task in list(self._retiring):
+        for task in list(self._tasks):
             task.cancel()
-        engines = [e for _, _, e in self._running]
-        self._running, self._active = [], {}
-        for engine in engines:
-            await _stop(engine)
-
-
-def _busy(engine: Any) -> bool:
-    snapshot = engine.metrics.snapshot()
-    return bool(snapshot.running or snapshot.waiting)
+        slots = self._slots
+        self._slots, self._active = [], {}
+        for slot in slots:
+            slot.retired = True
+            await _stop(slot.engine)
 
 
 async def _stop(engine: Any) -> None:
@@ -135,7 +226,10 @@ async def _stop(engine: Any) -> None:
 
 
 def _engine_error(exc: Exception, name: str) -> BackendError:
-    if isinstance(exc, PromptTooLongError | ValueError):  # the request's fault: no fallback
+    if isinstance(exc, PromptTooLongError):  # the request's fault: no fallback
+        code = "context_length_exceeded"
+        return BackendError(400, str(exc), retry=False, fallback=False, code=code)
+    if isinstance(exc, ValueError):
         return BackendError(400, str(exc), retry=False, fallback=False)
     if isinstance(exc, TenantQueueFullError):  # this tenant's doing: no cooldown for others
         return BackendError(429, f"{name}: {exc}", retry=False, fallback=False, retry_after=1)
@@ -143,39 +237,43 @@ def _engine_error(exc: Exception, name: str) -> BackendError:
         return BackendError(429, f"{name}: queue full", True, True, 1, deployment_fault=True)
     if isinstance(exc, EngineDeadError):
         return BackendError(503, f"{name}: engine stopped", False, True, deployment_fault=True)
+    if isinstance(exc, RequestFailedError):  # the engine lives on: nothing to fall back from
+        return BackendError(500, f"{name}: the engine failed this request", False, False)
     logger.error("%s failed: %s: %s", name, type(exc).__name__, exc)  # the caller sees less
     return BackendError(502, f"{name}: the engine failed", retry=False, fallback=True)
 
 
 class LocalBackend:
-    def __init__(self, name: str, engine: Any) -> None:
+    def __init__(self, name: str, slot: EngineSlot) -> None:
         self.name = name
-        self._engine = engine
+        self._slot = slot
+        slot.holders.add(self)  # a request holding this policy keeps the engine from retiring
         self._attempts = itertools.count()
 
-    def _prompt(self, request: GenerationRequest) -> str | list[int]:
+    async def _prompt(self, engine: Any, request: GenerationRequest) -> str | list[int]:
         body = request.body
         if not request.is_chat:
             return body.prompt
         messages = [m.template_dict() for m in body.messages]
         tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
         try:
-            return self._engine.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tools=tools
-            )
+            return await engine.apply_chat_template(messages, tools)
+        except PromptTooLongError as exc:
+            raise _engine_error(exc, self.name) from exc
         except Exception as exc:  # the template itself refuses, e.g. roles out of order
             raise BackendError(400, f"chat template: {exc}", retry=False, fallback=False) from exc
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Piece]:
-        prompt = self._prompt(request)
+        slot = self._slot
+        slot.in_flight += 1  # before any await: a retiring engine must see this request
+        outputs = None
         try:
+            engine = slot.engine
+            prompt = await self._prompt(engine, request)
             params = to_sampling_params(request.body)
-        except ValueError as exc:
-            raise BackendError(400, str(exc), retry=False, fallback=False) from exc
-        # One engine id per attempt: a retry must not collide with the abort of the last one.
-        engine_id = f"{request.request_id}-{next(self._attempts)}"
-        outputs = self._engine.generate(prompt, params, engine_id, cache_salt=request.tenant)
-        try:
+            # One engine id per attempt: a retry must not collide with the last one's abort.
+            engine_id = f"{request.request_id}-{next(self._attempts)}"
+            outputs = engine.generate(prompt, params, engine_id, cache_salt=request.tenant)
             async for out in outputs:
                 if not out.finished:
                     yield Piece(out.text)
@@ -185,4 +283,6 @@ class LocalBackend:
         except (EngineError, ValueError) as exc:
             raise _engine_error(exc, self.name) from exc
         finally:
-            await outputs.aclose()  # closing the engine's generator aborts the request
+            if outputs is not None:
+                await outputs.aclose()  # closing the engine's generator aborts the request
+            slot.in_flight -= 1

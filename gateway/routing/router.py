@@ -13,15 +13,16 @@ from typing import Any, Protocol
 
 from gateway.policy import Policy, Route, Rule
 
-# Fenced blocks, or a line that looks like a statement of a common language.
-_CODE_PATTERN = re.compile(
-    r"```"
-    r"|^\s*(def|class|import|from\s+\S+\s+import|function|const|let|var|public|private|"
-    r"#include|SELECT|fn|func|package)\b"
-    r"|[;{}]\s*$"
-    r"|=>|::|\w+\([^)]*\)\s*[{:]",
-    re.MULTILINE,
+# A line that starts like a statement of a common language. Matched per line, at its start
+# only, with no quantifier that can cross a line: linear in the line.
+_STATEMENT = re.compile(
+    r"[ \t]*(def|class|import|from[ \t]+\S+[ \t]+import|function|const|let|var|public|"
+    r"private|#include|SELECT|fn|func|package)\b"
 )
+_CALL_OPEN = re.compile(r"\w\(")  # a call or definition: name(
+_BLOCK_AFTER_CALL = re.compile(r"\s*[{:]")  # ...) {  or  ...):
+# Code shows early or late in a prompt: the middle of a huge one is not scanned.
+_CODE_SCAN_HEAD, _CODE_SCAN_TAIL = 64 * 1024, 16 * 1024
 _CHARS_PER_TOKEN = 4  # rough English average; routing must decide before any tokenizer runs
 
 
@@ -62,6 +63,36 @@ def message_text(content: Any) -> str:
     return ""
 
 
+def looks_like_code(text: str) -> bool:
+    """Fenced blocks, statement-like lines, `=>` / `::`, or `name(...) {` / `name(...):`.
+
+    Linear in the text and capped in what it reads: a prompt is a client's input, and this
+    runs on the event loop (a backtracking regex here once froze it for minutes).
+    """
+    if len(text) > _CODE_SCAN_HEAD + _CODE_SCAN_TAIL:
+        text = text[:_CODE_SCAN_HEAD] + "\n" + text[-_CODE_SCAN_TAIL:]
+    if "```" in text or "=>" in text or "::" in text:
+        return True
+    for line in text.splitlines():
+        if _STATEMENT.match(line) or line.rstrip().endswith((";", "{", "}")):
+            return True
+    return _call_with_block(text)
+
+
+def _call_with_block(text: str) -> bool:
+    """`\\w+\\([^)]*\\)\\s*[{:]` without its quadratic backtracking: every `name(` up to
+    the next `)` closes at that same `)`, so each `)` is looked at once."""
+    pos = 0
+    while (opening := _CALL_OPEN.search(text, pos)) is not None:
+        close = text.find(")", opening.end())
+        if close < 0:
+            return False  # no `)` after this `(`, nor after any later one
+        if _BLOCK_AFTER_CALL.match(text, close + 1):
+            return True
+        pos = close + 1
+    return False
+
+
 def extract_features(messages: Iterable[dict] | None, prompt: str | None) -> PromptFeatures:
     if messages is None:
         texts, last_user = [prompt or ""], prompt or ""
@@ -74,7 +105,7 @@ def extract_features(messages: Iterable[dict] | None, prompt: str | None) -> Pro
     return PromptFeatures(
         chars=len(text),
         approx_tokens=-(-len(text) // _CHARS_PER_TOKEN),
-        contains_code=bool(_CODE_PATTERN.search(text)),
+        contains_code=looks_like_code(text),
         messages=len(texts),
         last_user_text=last_user,
     )

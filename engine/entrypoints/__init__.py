@@ -1,0 +1,1 @@
+"""HTTP entry points over the engine: what both the gateway and the engine server mount."""

@@ -1,0 +1,34 @@
+"""README's Architecture section matches the engine's tree: every module named, no stale names."""
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _architecture_section() -> str:
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("\n## Architecture\n")
+    end = readme.find("\n## ", start + 1)
+    return readme[start : end if end != -1 else None]
+
+
+def test_architecture_table_names_every_engine_module() -> None:
+    named = set(re.findall(r"`(engine/[\w/]+\.py)`", _architecture_section()))
+    modules = {
+        str(p.relative_to(ROOT))
+        for p in (ROOT / "engine").rglob("*.py")
+        if p.name != "__init__.py" or p.parent.name == "models"
+    }
+    assert modules - named == set(), "modules missing from README's Architecture table"
+    assert named - modules == set(), "README's Architecture table names modules that are gone"
+
+
+def test_engine_core_files_stay_under_400_lines() -> None:
+    entrypoints = {"server.py", "protocol.py"}
+    long = {
+        str(p.relative_to(ROOT)): n
+        for p in (ROOT / "engine").rglob("*.py")
+        if p.name not in entrypoints and (n := len(p.read_text().splitlines())) > 400
+    }
+    assert long == {}
