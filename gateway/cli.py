@@ -53,7 +53,7 @@ def serve(args: argparse.Namespace) -> int:
     except ModelNotFoundError as exc:
         print(f"tiergate: {exc}", file=sys.stderr)
         return 1
-    from engine.shutdown import serve_gracefully
+    from engine.entrypoints.shutdown import serve_gracefully
     from gateway.app import create_app
 
     app = create_app(policy, policy_path=args.policy)
@@ -88,7 +88,7 @@ def engine(args: argparse.Namespace) -> int:
         num_threads=args.threads,
     )
     try:
-        from engine.server import run_engine_server
+        from engine.entrypoints.server import run_engine_server
 
         run_engine_server(
             config,

@@ -6,7 +6,7 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
-from engine.api_key import bearer_token, same_key
+from engine.entrypoints.api_key import bearer_token, same_key
 from gateway.errors import ApiError
 from gateway.policy import PolicyError
 from gateway.state import GatewayState

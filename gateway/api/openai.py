@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from starlette.types import Receive, Scope, Send
 
-from engine.api_key import bearer_token
+from engine.entrypoints.api_key import bearer_token
 from engine.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
