@@ -10,15 +10,15 @@ from pathlib import Path
 import httpx
 from fastapi import FastAPI
 
-from gateway.api import admin, openai
+from gateway.api import admin, admin_report, dashboard, openai
 from gateway.api.headers import TiergateHeaders
-from gateway.backends.fallback import Cooldowns
 from gateway.backends.local import EngineFactory, LocalEngines, default_engine_factory
 from gateway.errors import install_error_handlers
 from gateway.policy import Policy, PolicyError, PolicyIssue, PolicyWatcher
 from gateway.routing.router import ScorerFactory
 from gateway.state import GatewayState, build_runtime, prepare
-from gateway.stats import Stats
+from gateway.stats import CountedCooldowns, Stats, read_samples
+from gateway.stats_history import StatsHistory
 
 logger = logging.getLogger("tiergate")
 # Streams hold a connection each for their whole length: allow many at once.
@@ -60,11 +60,16 @@ def create_app(
         engines = LocalEngines(engine_factory)
         prepared = await prepare(policy, engines, scorer_factory)
         engines.activate(prepared.engines)
-        stats, cooldowns = Stats(), Cooldowns()
+        stats = Stats()
+        cooldowns = CountedCooldowns(stats)
         http = httpx.AsyncClient(limits=_HTTP_LIMITS)
         runtime = build_runtime(policy, prepared, cooldowns, stats, http)
         path = Path(policy_path) if policy_path is not None else None
         state = GatewayState(runtime, stats, engines, cooldowns, http, scorer_factory, path)
+        state.history = StatsHistory(
+            lambda: read_samples(stats.registry, *state.engine_registries())
+        )
+        history_task = asyncio.create_task(state.history.run())
         app.state.gateway = state
         watch_task = None
         if path is not None:
@@ -75,6 +80,7 @@ def create_app(
         try:
             yield
         finally:
+            history_task.cancel()
             if watch_task is not None:
                 watch_task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -86,5 +92,7 @@ def create_app(
     install_error_handlers(app)
     app.include_router(openai.router)
     app.include_router(admin.router)
+    app.include_router(admin_report.router)
+    app.include_router(dashboard.router)
     app.add_middleware(TiergateHeaders)
     return app

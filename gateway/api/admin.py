@@ -6,9 +6,12 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
+from gateway.api.audit import audit, key_fingerprint
 from gateway.errors import ApiError
 from gateway.policy import PolicyError
+from gateway.pricing import most_expensive, policy_prices
 from gateway.state import GatewayState
+from gateway.stats_view import stats_view
 
 router = APIRouter()
 
@@ -28,8 +31,11 @@ async def require_admin(request: Request, state: State) -> None:
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     # Constant-time compare: the admin key guards policy reloads.
     if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip(), admin_key):
+        if token.strip() in state.runtime.tenants:  # a valid key, just not an admin's
+            raise ApiError(403, "This endpoint needs the admin key; a tenant key cannot use it.")
         message = "This endpoint needs the admin key as a bearer token."
         raise ApiError(401, message, code="invalid_api_key")
+    request.state.admin = key_fingerprint(admin_key)
 
 
 Admin = Annotated[None, Depends(require_admin)]
@@ -66,7 +72,8 @@ async def show_policy(state: State, _: Admin) -> dict[str, Any]:
 
 
 @router.post("/admin/policy/reload")
-async def reload_policy(state: State, _: Admin) -> dict[str, Any]:
+async def reload_policy(request: Request, state: State, _: Admin) -> dict[str, Any]:
+    audit(request, "policy reload", source=str(state.policy_path))
     if state.watcher is None:
         raise ApiError(400, "The policy was not loaded from a file; there is nothing to reload.")
     if await state.watcher.reload() is None:
@@ -82,7 +89,10 @@ async def reload_policy(state: State, _: Admin) -> dict[str, Any]:
 
 @router.get("/admin/stats")
 async def show_stats(state: State, _: Admin) -> dict[str, Any]:
-    return state.stats.snapshot()
+    """Windows (last minute, last hour, since start), engines and chart series: README."""
+    prices = policy_prices(state.runtime.policy)
+    engines = state.engines.all()
+    return stats_view(state.history, prices, most_expensive(prices), engines)
 
 
 @router.get("/metrics")

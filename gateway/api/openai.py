@@ -152,8 +152,12 @@ async def _complete(
     try:
         tenant = authenticate(request, runtime)
         body = await parse_body(request, model)
+        asked = body.model if body.model in runtime.policy.routes else "-"
+        state.stats.tenant_request(asked, tenant)
         features = _features(body)
         served, decision = await _open(request, runtime, body, tenant, features)
+        if decision.deployment is None and served.tier != decision.tier:
+            state.stats.fallback(decision.tier, served.tier)
     except ApiError as exc:  # refused before any answer: counted under the tier, if any
         state.stats.request_done("-", getattr(request.state, "tier", "-"), "-", exc.status)
         raise

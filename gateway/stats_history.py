@@ -1,0 +1,80 @@
+"""A ring of periodic snapshots of the stats counters, so views can show windows.
+
+A window (last minute, last hour) is the live counters minus the newest snapshot taken
+before the window began; since-start is the live counters minus nothing. Counters only
+grow, so a difference is exact to within one snapshot interval at the window's start.
+"""
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gateway.stats import Samples
+
+DEFAULT_INTERVAL_S = 5.0
+KEEP_S = 3600.0  # the longest window that is not since-start
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    at: float  # unix time
+    samples: Samples
+
+
+def difference(new: Samples, old: Samples) -> Samples:
+    """new - old per sample; a sample that went down was reset (an engine restarted, a
+    reload replaced it) and counts from zero."""
+    out = {}
+    for key, value in new.items():
+        before = old.get(key, 0.0)
+        out[key] = value - before if value >= before else value
+    return out
+
+
+class StatsHistory:
+    def __init__(
+        self,
+        read: Callable[[], Samples],
+        interval_s: float = DEFAULT_INTERVAL_S,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._read, self.interval_s, self._clock = read, interval_s, clock
+        self.started_at = clock()
+        self._start = Snapshot(self.started_at, {})  # every counter is zero at start
+        # One more than an hour's worth: the window's baseline must predate the hour.
+        self._ring: deque[Snapshot] = deque([self._start], maxlen=int(KEEP_S / interval_s) + 2)
+
+    def take(self) -> Snapshot:
+        snapshot = Snapshot(self._clock(), self._read())
+        self._ring.append(snapshot)
+        return snapshot
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            self.take()
+
+    def now(self) -> Snapshot:
+        return Snapshot(self._clock(), self._read())
+
+    def baseline(self, seconds: float | None, now: float) -> Snapshot:
+        """The newest snapshot at or before `now - seconds`; the start for None, or when the
+        gateway is younger than the window (then the window is since start)."""
+        if seconds is None:
+            return self._start
+        since = now - seconds
+        best = self._ring[0]
+        for snapshot in self._ring:
+            if snapshot.at > since:
+                break
+            best = snapshot
+        return best
+
+    def points(self, seconds: float, now: Snapshot) -> list[Snapshot]:
+        """The snapshots of the last `seconds` (with one before them) and the live one."""
+        since = now.at - seconds
+        kept = [s for s in self._ring if s.at >= since]
+        older = [s for s in self._ring if s.at < since]
+        return [*older[-1:], *kept, now]
