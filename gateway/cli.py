@@ -1,4 +1,4 @@
-"""The `tiergate` command: serve | engine | check-policy.
+"""The `tiergate` command: serve | engine | check-policy | stats.
 
 Heavy imports (uvicorn, the app, the engine and torch) happen inside each subcommand, so
 `tiergate check-policy` answers in well under a second.
@@ -6,6 +6,7 @@ Heavy imports (uvicorn, the app, the engine and torch) happen inside each subcom
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -86,6 +87,29 @@ def engine(args: argparse.Namespace) -> int:
     return 0
 
 
+def stats(args: argparse.Namespace) -> int:
+    import httpx
+
+    from gateway.stats_table import render
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # its request lines are noise here
+    headers = {"Authorization": f"Bearer {args.key}"} if args.key else {}
+    try:
+        response = httpx.get(f"{args.url.rstrip('/')}/admin/stats", headers=headers, timeout=30)
+    except httpx.HTTPError as exc:
+        print(f"tiergate: cannot reach {args.url}: {exc}", file=sys.stderr)
+        return 1
+    if response.status_code != 200:
+        try:
+            message = response.json()["error"]["message"]
+        except (ValueError, KeyError, TypeError):  # not the gateway's error body
+            message = response.text[:200]
+        print(f"tiergate: {response.status_code}: {message}", file=sys.stderr)
+        return 1
+    print(render(response.json(), args.window))
+    return 0
+
+
 def _add_engine_tuning(p: argparse.ArgumentParser) -> None:
     # Defaults come from EngineConfig, the one source of the engine's settings.
     defaults = EngineConfig(model="")
@@ -136,6 +160,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--served-name", help="model name in the API (default: the model's)")
     _add_engine_tuning(p)
     p.set_defaults(func=engine)
+
+    p = sub.add_parser("stats", help="print a running gateway's admin stats as tables")
+    p.add_argument("--url", default="http://127.0.0.1:8000", help="the gateway's base URL")
+    p.add_argument("--key", default=os.environ.get("TIERGATE_ADMIN_KEY"), help="admin key")
+    p.add_argument("--window", default="1h", choices=["1m", "1h", "all"])
+    p.set_defaults(func=stats)
     return parser
 
 

@@ -226,7 +226,9 @@ def engines_now(engines: dict[str, Any]) -> dict[str, Any]:
         if metrics is None:
             continue
         snap = metrics.snapshot()
+        inner = getattr(engine, "engine", engine)  # AsyncEngine wraps the LLMEngine
         out[name] = {
+            "model_name": getattr(inner, "model_name", name),  # the windows' engine key
             "running": snap.running,
             "waiting": snap.waiting,
             "kv_cache_usage_perc": snap.kv_cache_usage_perc,

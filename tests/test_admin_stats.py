@@ -19,6 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.app import create_app
+from gateway.cli import main
 from gateway.policy import parse_policy
 from tests.paid_api import paid_api_app
 from tests.servers import free_port, run_uvicorn
@@ -249,3 +250,25 @@ def test_admin_actions_are_audited_with_a_fingerprint(
     fingerprint = "key:" + hashlib.sha256(ADMIN.encode()).hexdigest()[:10]
     assert any("policy reload" in m and fingerprint in m for m in records), records
     assert not any(ADMIN in m for m in records)
+
+
+def test_cli_prints_the_same_summary(
+    url: str, workload: dict, capsys: pytest.CaptureFixture
+) -> None:
+    assert main(["stats", "--url", url, "--key", ADMIN, "--window", "all"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("since start (")
+    assert "11 requests, cache hit rate -" in out and "(against all on premium)" in out
+    rows = {tuple(line.split()[:2]): line.split()[2:] for line in out.splitlines() if line}
+    for (tier, model), (requests, prompt, completion) in workload.items():
+        assert rows[tier, model][:3] == [str(requests), str(prompt), str(completion)]
+    assert rows["auto", "one"][0] == "4" and rows["-", "two"][0] == "7"
+    assert rows["smollm2-135m", "0"][:1] == ["0"]  # engine: running 0, waiting 0
+
+
+def test_cli_reports_a_refusal_in_one_line(url: str, capsys: pytest.CaptureFixture) -> None:
+    assert main(["stats", "--url", url, "--key", ONE]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("tiergate: 403: ") and err.count("\n") == 1
+    assert main(["stats", "--url", f"http://127.0.0.1:{free_port()}"]) == 1
+    assert capsys.readouterr().err.startswith("tiergate: cannot reach")

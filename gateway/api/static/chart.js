@@ -15,7 +15,10 @@ function niceMax(value) {
 
 function formatValue(value, unit) {
   if (unit === "%") return (value * 100).toFixed(0) + "%";
-  if (unit === "$") return "$" + (value >= 1 ? value.toFixed(2) : value.toPrecision(2));
+  if (unit === "$") {
+    if (value === 0 || value >= 1) return "$" + value.toFixed(2);
+    return "$" + (value >= 0.01 ? value.toFixed(3) : value.toExponential(1));
+  }
   if (unit === "s") return value >= 1 ? value.toFixed(1) + "s" : (value * 1000).toFixed(0) + "ms";
   return value >= 100 ? value.toFixed(0) : value.toPrecision(2);
 }
