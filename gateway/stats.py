@@ -17,7 +17,7 @@ _PER_MILLION = 1_000_000
 _CUMULATIVE_SUFFIXES = ("_total", "_bucket", "_count", "_sum")
 
 Labels = tuple[tuple[str, str], ...]  # sorted (name, value) pairs
-Samples = dict[tuple[str, Labels], float]  # (sample name, labels) -> value
+Samples = dict[str, dict[Labels, float]]  # sample name -> labels -> value
 
 
 def cost_usd(usage: Usage, price: Price) -> float:
@@ -174,14 +174,15 @@ class Stats:
 
 
 def read_samples(*registries: CollectorRegistry) -> Samples:
-    """Every cumulative sample of the registries, flat: what a window subtracts."""
+    """Every cumulative sample of the registries, by name: what a window subtracts."""
     out: Samples = {}
     for registry in registries:
         for metric in registry.collect():
             for sample in metric.samples:
                 if sample.name.endswith(_CUMULATIVE_SUFFIXES):
+                    values = out.setdefault(sample.name, {})
                     labels = tuple(sorted(sample.labels.items()))
-                    out[(sample.name, labels)] = out.get((sample.name, labels), 0.0) + sample.value
+                    values[labels] = values.get(labels, 0.0) + sample.value
     return out
 
 

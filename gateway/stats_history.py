@@ -10,6 +10,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from gateway.stats import Samples
 
@@ -26,10 +27,13 @@ class Snapshot:
 def difference(new: Samples, old: Samples) -> Samples:
     """new - old per sample; a sample that went down was reset (an engine restarted, a
     reload replaced it) and counts from zero."""
-    out = {}
-    for key, value in new.items():
-        before = old.get(key, 0.0)
-        out[key] = value - before if value >= before else value
+    out: Samples = {}
+    for name, values in new.items():
+        before = old.get(name, {})
+        out[name] = {
+            labels: value - before.get(labels, 0.0) if value >= before.get(labels, 0.0) else value
+            for labels, value in values.items()
+        }
     return out
 
 
@@ -45,10 +49,16 @@ class StatsHistory:
         self._start = Snapshot(self.started_at, {})  # every counter is zero at start
         # One more than an hour's worth: the window's baseline must predate the hour.
         self._ring: deque[Snapshot] = deque([self._start], maxlen=int(KEEP_S / interval_s) + 2)
+        # What views derived from two stored snapshots never changes: computed once, kept
+        # here (keyed by the older snapshot's time first) while that snapshot is kept.
+        self.derived: dict[tuple, Any] = {}
 
     def take(self) -> Snapshot:
         snapshot = Snapshot(self._clock(), self._read())
         self._ring.append(snapshot)
+        oldest = self._ring[0].at
+        for key in [k for k in self.derived if k[0] < oldest]:
+            del self.derived[key]
         return snapshot
 
     async def run(self) -> None:

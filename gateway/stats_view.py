@@ -34,10 +34,9 @@ Prices = dict[tuple[str, str], Price]  # (tier, model) -> price
 def total(samples: Samples, name: str, *labels: str) -> dict[tuple[str, ...], float]:
     """Sum of one sample name's values grouped by `labels` (missing labels read "-")."""
     out: dict[tuple[str, ...], float] = defaultdict(float)
-    for (sample, pairs), value in samples.items():
-        if sample == name:
-            found = dict(pairs)
-            out[tuple(found.get(label, "-") for label in labels)] += value
+    for pairs, value in samples.get(name, {}).items():
+        found = dict(pairs)
+        out[tuple(found.get(label, "-") for label in labels)] += value
     return out
 
 
@@ -61,9 +60,9 @@ def quantile(buckets: dict[float, float], q: float) -> float | None:
 
 def latency(samples: Samples, name: str, tier: str | None) -> dict[str, float | None]:
     buckets: dict[float, float] = defaultdict(float)
-    for (sample, pairs), value in samples.items():
+    for pairs, value in samples.get(f"{name}_bucket", {}).items():
         found = dict(pairs)
-        if sample == f"{name}_bucket" and (tier is None or found.get("tier") == tier):
+        if tier is None or found.get("tier") == tier:
             buckets[float(found["le"])] += value
     return {key: quantile(buckets, q) for key, q in QUANTILES.items()}
 
@@ -120,6 +119,9 @@ def _tiers(samples: Samples) -> dict[str, Any]:
         row["cooldowns"] = int(cooldowns.get((model,), 0))
         entry = tiers.setdefault(tier, {"models": {}})
         entry["models"][model] = row
+    for pair in fallbacks:  # a tier skipped while cooling down has fallbacks and no rows
+        for tier in pair:
+            tiers.setdefault(tier, {"models": {}})
     for tier, entry in tiers.items():
         rows = entry["models"].values()
         for field in ("requests", "errors", "prompt_tokens", "completion_tokens", "cost_usd"):
@@ -195,26 +197,43 @@ def window(samples: Samples, seconds: float, top: tuple[str, Price]) -> dict[str
     }
 
 
-def series(points: list[Snapshot], top: tuple[str, Price]) -> dict[str, Any]:
-    """Per interval between snapshots: what the dashboard's charts plot."""
-    out: dict[str, Any] = {"t": [], "hit_rate": [], "latency_p50_s": [], "latency_p95_s": []}
-    out |= {"cost_saved_usd": [], "requests_per_s": {}}
+def _point(old: Snapshot, new: Snapshot, top: tuple[str, Price]) -> dict[str, Any]:
+    """One interval of the charts."""
+    step = difference(new.samples, old.samples)
+    seconds = max(new.at - old.at, 1e-9)
+    lat = latency(step, "tiergate_request_duration_seconds", None)
+    saved = _savings(new.samples, top)  # cumulative since start
+    per_tier = total(step, "tiergate_requests_total", "tier")
+    return {
+        "t": round(new.at, 3),
+        "hit_rate": _cache_rows(step, ()).get((), {}).get("hit_rate"),
+        "latency_p50_s": lat["p50"],
+        "latency_p95_s": lat["p95"],
+        "cost_saved_usd": saved["cache"]["cost_usd"] + saved["router"]["cost_usd"],
+        "requests_per_s": {tier: n / seconds for (tier,), n in per_tier.items()},
+    }
+
+
+def series(
+    points: list[Snapshot], top: tuple[str, Price], memo: dict[tuple, Any]
+) -> dict[str, Any]:
+    """Per interval between snapshots: what the dashboard's charts plot. Intervals between
+    stored snapshots are computed once (`memo`); only the live one is new per call."""
+    names = ("t", "hit_rate", "latency_p50_s", "latency_p95_s", "cost_saved_usd")
+    out: dict[str, Any] = {name: [] for name in names} | {"requests_per_s": {}}
+    top_key = (top[0], top[1].input, top[1].output)
     for i, (old, new) in enumerate(itertools.pairwise(points)):
-        step = difference(new.samples, old.samples)
-        seconds = max(new.at - old.at, 1e-9)
-        lat = latency(step, "tiergate_request_duration_seconds", None)
-        rows = _cache_rows(step, ()).get((), {})
-        saved = _savings(new.samples, top)  # cumulative since start
-        out["t"].append(round(new.at, 3))
-        out["hit_rate"].append(rows.get("hit_rate"))
-        out["latency_p50_s"].append(lat["p50"])
-        out["latency_p95_s"].append(lat["p95"])
-        out["cost_saved_usd"].append(saved["cache"]["cost_usd"] + saved["router"]["cost_usd"])
-        per_tier = total(step, "tiergate_requests_total", "tier")
-        for (tier,) in per_tier:
+        live = new is points[-1]
+        key = (old.at, new.at, top_key)
+        point = _point(old, new, top) if live else memo.get(key)
+        if point is None:
+            point = memo[key] = _point(old, new, top)
+        for name in names:
+            out[name].append(point[name])
+        for tier in point["requests_per_s"]:
             out["requests_per_s"].setdefault(tier, [0.0] * i)
         for tier, values in out["requests_per_s"].items():
-            values.append(per_tier.get((tier,), 0.0) / seconds)
+            values.append(point["requests_per_s"].get(tier, 0.0))
     return out
 
 
@@ -255,5 +274,5 @@ def stats_view(
         ],
         "windows": windows,
         "engines": engines_now(engines),
-        "series": series(history.points(SERIES_S, now), top),
+        "series": series(history.points(SERIES_S, now), top, history.derived),
     }

@@ -6,6 +6,7 @@ is kept as an artifact; its path is printed.
 """
 
 import shutil
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -70,6 +71,15 @@ def workload(url: str) -> None:
         client.chat.completions.create(model="auto", messages=messages, max_tokens=3)
 
 
+def wait_until(page: Page, expression: str, timeout_s: float = 30.0) -> None:
+    """Polls from Python: playwright's wait_for_function evals strings in the page, which
+    the dashboard's Content-Security-Policy (rightly) forbids."""
+    deadline = time.monotonic() + timeout_s
+    while not page.evaluate(expression):
+        assert time.monotonic() < deadline, f"still false after {timeout_s}s: {expression}"
+        time.sleep(0.1)
+
+
 def points(page: Page, chart: str) -> int:
     return int(page.get_attribute(f"#{chart}", "data-points") or 0)
 
@@ -98,37 +108,33 @@ def test_dashboard_loads_asks_for_the_key_and_draws_live(
 
     page.fill("#key", KEY)  # a tenant key is refused, and the page says so
     page.click("button[type=submit]")
-    page.wait_for_function("document.getElementById('login-error').textContent.length > 0")
+    wait_until(page, "document.getElementById('login-error').textContent.length > 0")
     assert "admin key" in page.text_content("#login-error")
     assert page.evaluate("sessionStorage.getItem('tiergate-admin-key')") is None
 
     page.fill("#key", ADMIN)
     page.click("button[type=submit]")
-    page.wait_for_function("Number(document.body.dataset.updates || 0) >= 1")
+    wait_until(page, "Number(document.body.dataset.updates || 0) >= 1")
     assert points(page, "chart-requests") == 0  # nothing served yet
     before = {chart: inked_pixels(page, chart) for chart in CHARTS}
     assert all(before.values())  # axes and "no data yet" are drawn already
 
     workload(url)
-    page.wait_for_function(
-        "Number(document.getElementById('chart-requests').dataset.points) > 0", timeout=30_000
-    )
-    page.wait_for_function(
-        "Number(document.getElementById('chart-saved').dataset.points) > 0", timeout=30_000
-    )
+    wait_until(page, "Number(document.getElementById('chart-requests').dataset.points) > 0")
+    wait_until(page, "Number(document.getElementById('chart-saved').dataset.points) > 0")
     assert points(page, "chart-latency") > 0
     for chart in ("chart-requests", "chart-latency"):
         assert inked_pixels(page, chart) > before[chart], chart
 
     # Every request has finished: the next update shows all of them.
     done = page.evaluate("Number(document.body.dataset.updates)")
-    page.wait_for_function(f"Number(document.body.dataset.updates) > {done}")
+    wait_until(page, f"Number(document.body.dataset.updates) > {done}")
     table = page.text_content("#route-tenants")
     assert "auto" in table and "acme" in table
     tiers = page.text_content("#tiers")
     assert "smollm2-135m" in tiers and "openai/gpt-4o" in tiers
     assert "smollm2-135m" in page.text_content("#engines")
-    page.wait_for_function("document.getElementById('policy').textContent.includes('tiers')")
+    wait_until(page, "document.getElementById('policy').textContent.includes('tiers')")
     policy = page.text_content("#policy")
     assert ADMIN not in policy and KEY not in policy and "***" in policy
 

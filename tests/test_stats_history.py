@@ -41,25 +41,24 @@ def test_windows_difference_the_snapshot_before_them() -> None:
 def test_ring_keeps_an_hour_and_the_start() -> None:
     clock = Clock()
     value = {"n": 0.0}
-    history = StatsHistory(lambda: {("x_total", ()): value["n"]}, interval_s=60, clock=clock)
+    history = StatsHistory(lambda: {"x_total": {(): value["n"]}}, interval_s=60, clock=clock)
     for _ in range(200):  # more snapshots than an hour holds
         clock.now += 60
         value["n"] += 1
         history.take()
     clock.now += 30
     now = history.now()
-    assert difference(now.samples, history.baseline(None, now.at).samples)[("x_total", ())] == 200
+    assert difference(now.samples, history.baseline(None, now.at).samples)["x_total"][()] == 200
     hour = difference(now.samples, history.baseline(3600, now.at).samples)
-    assert hour[("x_total", ())] == 60
+    assert hour["x_total"][()] == 60
     points = history.points(600, now)
     assert [p.at for p in points][-1] == now.at and len(points) == 12  # 10, one before, now
 
 
 def test_a_counter_that_went_down_was_reset() -> None:
-    assert difference({("a", ()): 3.0, ("b", ()): 9.0}, {("a", ()): 5.0, ("b", ()): 4.0}) == {
-        ("a", ()): 3.0,
-        ("b", ()): 5.0,
-    }
+    new = {"a": {(): 3.0}, "b": {(("k", "v"),): 9.0}, "c": {(): 1.0}}
+    old = {"a": {(): 5.0}, "b": {(("k", "v"),): 4.0}}
+    assert difference(new, old) == {"a": {(): 3.0}, "b": {(("k", "v"),): 5.0}, "c": {(): 1.0}}
 
 
 def test_quantile_interpolates_like_prometheus() -> None:
