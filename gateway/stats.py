@@ -89,6 +89,9 @@ class Stats:
             ["route", "tier", "model"],
             registry=r,
         )
+        self._reloads = Counter(
+            "tiergate_policy_reloads", "Policy reloads by result", ["result"], registry=r
+        )
         self._tenant_requests = Counter(
             "tiergate_tenant_requests",
             "Completion requests by route (as asked; '-' for a tier or model) and tenant",
@@ -111,9 +114,6 @@ class Stats:
             "tiergate_cache_wrong_hits_reported",
             "Cache entries an admin reported as wrong answers (each removed)",
             registry=r,
-        )
-        self._reloads = Counter(
-            "tiergate_policy_reloads", "Policy reloads by result", ["result"], registry=r
         )
 
     def request_done(self, route: str, tier: str, model: str, status: int) -> None:
@@ -143,6 +143,9 @@ class Stats:
         self._saved_tokens.labels(route, tier, model, "completion").inc(usage.completion_tokens)
         self._saved_cost.labels(route, tier, model).inc(cost_usd(usage, price))
 
+    def policy_reload(self, ok: bool) -> None:
+        self._reloads.labels("ok" if ok else "error").inc()
+
     def tenant_request(self, route: str, tenant: str) -> None:
         self._tenant_requests.labels(route, tenant).inc()
 
@@ -154,9 +157,6 @@ class Stats:
 
     def wrong_hit_reported(self) -> None:
         self._wrong_hits.inc()
-
-    def policy_reload(self, ok: bool) -> None:
-        self._reloads.labels("ok" if ok else "error").inc()
 
     def exposition(self, *extra: CollectorRegistry) -> bytes:
         """Prometheus text of this registry and of others (e.g. each local engine's)."""
