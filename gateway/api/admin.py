@@ -7,6 +7,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
 from gateway.api.audit import audit, key_fingerprint
+from gateway.api.openai import authenticate
 from gateway.errors import ApiError
 from gateway.policy import PolicyError
 from gateway.pricing import most_expensive, policy_prices
@@ -24,6 +25,16 @@ async def get_state(request: Request) -> GatewayState:
 State = Annotated[GatewayState, Depends(get_state)]
 
 
+def _is_tenant_key(request: Request, state: GatewayState) -> bool:
+    if not state.runtime.tenants:  # auth off: no key is a tenant's
+        return False
+    try:
+        authenticate(request, state.runtime)  # the API's own check: one source of truth
+    except ApiError:
+        return False
+    return True
+
+
 async def require_admin(request: Request, state: State) -> None:
     admin_key = state.runtime.policy.auth.admin_key
     if admin_key is None:
@@ -31,7 +42,7 @@ async def require_admin(request: Request, state: State) -> None:
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     # Constant-time compare: the admin key guards policy reloads.
     if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip(), admin_key):
-        if token.strip() in state.runtime.tenants:  # a valid key, just not an admin's
+        if _is_tenant_key(request, state):  # a valid key, just not an admin's
             raise ApiError(403, "This endpoint needs the admin key; a tenant key cannot use it.")
         message = "This endpoint needs the admin key as a bearer token."
         raise ApiError(401, message, code="invalid_api_key")
