@@ -103,17 +103,19 @@ def test_dashboard_loads_asks_for_the_key_and_draws_live(
 ) -> None:
     requested: list[str] = []
     page.on("request", lambda request: requested.append(request.url))
+    script_errors: list[str] = []
+    page.on("pageerror", lambda error: script_errors.append(str(error)))
     page.goto(f"{url}/admin?refresh=0.5")
     assert page.is_visible("#login") and not page.is_visible("#board")
 
     page.fill("#key", KEY)  # a tenant key is refused, and the page says so
-    page.click("button[type=submit]")
+    page.click("#login button[type=submit]")
     wait_until(page, "document.getElementById('login-error').textContent.length > 0")
     assert "admin key" in page.text_content("#login-error")
     assert page.evaluate("sessionStorage.getItem('tiergate-admin-key')") is None
 
     page.fill("#key", ADMIN)
-    page.click("button[type=submit]")
+    page.click("#login button[type=submit]")
     wait_until(page, "Number(document.body.dataset.updates || 0) >= 1")
     assert points(page, "chart-requests") == 0  # nothing served yet
     before = {chart: inked_pixels(page, chart) for chart in CHARTS}
@@ -143,6 +145,24 @@ def test_dashboard_loads_asks_for_the_key_and_draws_live(
     print(f"\ndashboard screenshot: {shot}")
     assert shot.stat().st_size > 10_000
     assert all(u.startswith(url) for u in requested), [u for u in requested if url not in u]
+    assert script_errors == []
+
+
+def test_dashboard_actions_show_the_gateways_answer(url: str, page: Page) -> None:
+    page.goto(f"{url}/admin?refresh=60")
+    if page.is_visible("#login"):
+        page.fill("#key", ADMIN)
+        page.click("#login button[type=submit]")
+    wait_until(page, "Number(document.body.dataset.updates || 0) >= 1")
+    page.click("#reload")  # this gateway's policy came from text, not a file
+    wait_until(page, "document.getElementById('action-result').textContent.length > 0")
+    assert "nothing to reload" in page.text_content("#action-result")
+    assert page.get_attribute("#action-result", "class") == "error"
+    page.fill("#report-entry", "entry-1")
+    page.click("#report button[type=submit]")
+    wait_until(page, "document.getElementById('action-result').textContent.includes('cache')")
+    assert "cache is off" in page.text_content("#action-result")
+    assert page.is_visible("#board")  # errors of actions do not sign out
 
 
 def test_dashboard_page_is_public_and_holds_no_data(url: str) -> None:

@@ -11,18 +11,22 @@ let lastStats = null;
 
 const $ = (id) => document.getElementById(id);
 
-async function api(path) {
-  const response = await fetch(path, {
-    headers: {Authorization: "Bearer " + sessionStorage.getItem(KEY_NAME)},
-  });
-  const body = await response.json().catch(() => ({}));
+async function api(path, body) {
+  const headers = {Authorization: "Bearer " + sessionStorage.getItem(KEY_NAME)};
+  const init = body === undefined ? {headers} : {
+    method: "POST",
+    headers: {...headers, "Content-Type": "application/json"},
+    body: JSON.stringify(body),
+  };
+  const response = await fetch(path, init);
+  const answer = await response.json().catch(() => ({}));
   if (!response.ok) {
-    const message = (body.error && body.error.message) || response.statusText;
+    const message = (answer.error && answer.error.message) || response.statusText;
     const error = new Error(message);
     error.status = response.status;
     throw error;
   }
-  return body;
+  return answer;
 }
 
 function fmt(value, kind) {
@@ -158,6 +162,26 @@ function signOut(message) {
   $("status").textContent = "not signed in";
 }
 
+async function action(path, body, done) {
+  const out = $("action-result");
+  try {
+    out.className = "";
+    out.textContent = done(await api(path, body));
+    refresh();
+  } catch (error) {
+    if (error.status === 401 || error.status === 403) return signOut(error.message);
+    out.className = "error";
+    out.textContent = error.message;
+  }
+}
+
+$("report").addEventListener("submit", (event) => {
+  event.preventDefault();
+  const body = {entry_id: $("report-entry").value.trim(), reason: $("report-reason").value || null};
+  action("/admin/cache/report", body, (r) => "removed cache entry " + r.reported);
+});
+$("reload").addEventListener("click", () =>
+  action("/admin/policy/reload", {}, (r) => "policy reloaded").then(loadPolicy));
 $("login").addEventListener("submit", (event) => {
   event.preventDefault();
   sessionStorage.setItem(KEY_NAME, $("key").value.trim());
