@@ -28,6 +28,7 @@ def test_windows_difference_the_snapshot_before_them() -> None:
         stats.usage("small", "m", Usage.of(10, 1), price)
         history.take()
     clock.now = 1000.0 + 122
+    stats.request_done("auto", "large", "m2", 200)  # a sample no stored snapshot has
     now = history.now()
     minute = difference(now.samples, history.baseline(60, now.at).samples)
     hour = difference(now.samples, history.baseline(3600, now.at).samples)
@@ -35,6 +36,7 @@ def test_windows_difference_the_snapshot_before_them() -> None:
     # The baseline is the snapshot at t=60 (taken after that second's request): 61..115.
     assert window(minute, 62, top)["tiers"]["small"]["requests"] == 11
     assert window(hour, 122, top)["tiers"]["small"]["requests"] == 24  # younger than an hour
+    assert window(minute, 62, top)["tiers"]["large"]["requests"] == 1
     assert window(hour, 122, top)["tiers"]["small"]["cost_usd"] == pytest.approx(24 * 12e-6)
 
 
