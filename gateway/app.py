@@ -80,11 +80,11 @@ def create_app(
         try:
             yield
         finally:
-            history_task.cancel()
-            if watch_task is not None:
-                watch_task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await watch_task
+            for task in (history_task, watch_task):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
             await http.aclose()
             await engines.shutdown()
 
