@@ -48,7 +48,12 @@ function table(id, columns, rows) {
   }
   for (const row of rows) {
     const tr = el.insertRow();
-    for (const [, get, kind] of columns) tr.insertCell().textContent = fmt(get(row), kind);
+    for (const [, get, kind] of columns) {
+      const cell = tr.insertCell();
+      const value = get(row);
+      cell.textContent = fmt(value, kind);
+      if (typeof value === "string") cell.className = "name";  // names read left to right
+    }
   }
   if (!rows.length) {
     const cell = el.insertRow().insertCell();
