@@ -8,10 +8,16 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.metrics_core import Metric
 
 from engine.protocol import Usage
+from gateway.backends.fallback import Cooldowns
 from gateway.policy import Price
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _PER_MILLION = 1_000_000
+# What windows are differenced from: counters and histogram parts (gauges are read live).
+_CUMULATIVE_SUFFIXES = ("_total", "_bucket", "_count", "_sum")
+
+Labels = tuple[tuple[str, str], ...]  # sorted (name, value) pairs
+Samples = dict[str, dict[Labels, float]]  # sample name -> labels -> value
 
 
 def cost_usd(usage: Usage, price: Price) -> float:
@@ -59,6 +65,30 @@ class Stats:
             ["tier", "model", "status"],
             registry=r,
         )
+        self._cache = Counter(
+            "tiergate_cache_lookups",
+            "Semantic cache lookups by outcome: exact, semantic (hits), miss, bypass",
+            ["route", "tenant", "outcome"],
+            registry=r,
+        )
+        self._refusals = Counter(
+            "tiergate_cache_verifier_refusals",
+            "Cache candidates above the similarity floor that the verifier refused",
+            ["route", "tenant"],
+            registry=r,
+        )
+        self._saved_tokens = Counter(
+            "tiergate_cache_saved_tokens",
+            "Tokens the cache avoided, on the tier and model that first gave the answer",
+            ["route", "tier", "model", "kind"],
+            registry=r,
+        )
+        self._saved_cost = Counter(
+            "tiergate_cache_saved_cost_usd",
+            "What cache hits would have cost at their tier's price",
+            ["route", "tier", "model"],
+            registry=r,
+        )
         self._reloads = Counter(
             "tiergate_policy_reloads", "Policy reloads by result", ["result"], registry=r
         )
@@ -66,6 +96,29 @@ class Stats:
             "tiergate_engine_restarts",
             "Local engines restarted after their step loop died",
             ["engine"],
+            registry=r,
+        )
+        self._tenant_requests = Counter(
+            "tiergate_tenant_requests",
+            "Completion requests by route (as asked; '-' for a tier or model) and tenant",
+            ["route", "tenant"],
+            registry=r,
+        )
+        self._fallbacks = Counter(
+            "tiergate_fallbacks",
+            "Requests answered by a fallback tier instead of the tier they were routed to",
+            ["tier", "served_tier"],
+            registry=r,
+        )
+        self._cooldowns = Counter(
+            "tiergate_cooldowns",
+            "Times a deployment was put in cooldown after failing",
+            ["model"],
+            registry=r,
+        )
+        self._wrong_hits = Counter(
+            "tiergate_cache_wrong_hits_reported",
+            "Cache entries an admin reported as wrong answers (each removed)",
             registry=r,
         )
 
@@ -86,11 +139,33 @@ class Stats:
     def deployment_failed(self, tier: str, model: str, status: int) -> None:
         self._failures.labels(tier, model, str(status)).inc()
 
+    def cache_lookup(self, route: str, tenant: str, outcome: str, refused: int) -> None:
+        self._cache.labels(route, tenant, outcome).inc()
+        if refused:
+            self._refusals.labels(route, tenant).inc(refused)
+
+    def cache_saved(self, route: str, tier: str, model: str, usage: Usage, price: Price) -> None:
+        self._saved_tokens.labels(route, tier, model, "prompt").inc(usage.prompt_tokens)
+        self._saved_tokens.labels(route, tier, model, "completion").inc(usage.completion_tokens)
+        self._saved_cost.labels(route, tier, model).inc(cost_usd(usage, price))
+
     def policy_reload(self, ok: bool) -> None:
         self._reloads.labels("ok" if ok else "error").inc()
 
     def engine_restarted(self, engine: str) -> None:
         self._engine_restarts.labels(engine).inc()
+
+    def tenant_request(self, route: str, tenant: str) -> None:
+        self._tenant_requests.labels(route, tenant).inc()
+
+    def fallback(self, tier: str, served_tier: str) -> None:
+        self._fallbacks.labels(tier, served_tier).inc()
+
+    def cooldown(self, model: str) -> None:
+        self._cooldowns.labels(model).inc()
+
+    def wrong_hit_reported(self) -> None:
+        self._wrong_hits.inc()
 
     def exposition(self, *extra: CollectorRegistry) -> bytes:
         """Prometheus text of this registry and of others (e.g. each local engine's)."""
@@ -105,6 +180,42 @@ class Stats:
                     key = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
                     out[metric.name][key or "-"] = sample.value
         return dict(out)
+
+
+def read_samples(*registries: CollectorRegistry) -> Samples:
+    """Every cumulative sample of the registries, by name: what a window subtracts."""
+    out: Samples = {}
+    for registry in registries:
+        for metric in registry.collect():
+            for sample in metric.samples:
+                if sample.name.endswith(_CUMULATIVE_SUFFIXES):
+                    values = out.setdefault(sample.name, {})
+                    labels = tuple(sorted(sample.labels.items()))
+                    values[labels] = values.get(labels, 0.0) + sample.value
+    return out
+
+
+class CountedCooldowns(Cooldowns):
+    """Cooldowns that count each trip in the stats (by model: the key is `model@api_base`)."""
+
+    def __init__(self, stats: Stats) -> None:
+        super().__init__()
+        self._stats = stats
+
+    def trip(self, key: str, seconds: float, *args: Any, **kwargs: Any) -> None:
+        super().trip(key, seconds, *args, **kwargs)
+        if seconds > 0:
+            self._stats.cooldown(_model_of_key(key))
+
+
+def _model_of_key(key: str) -> str:
+    # `model@api_base`: either part may hold an "@" (vertex models, user@host), the
+    # api_base's scheme never does, so split at the last "@" before "://".
+    if key.endswith("@local"):
+        return key[: -len("@local")]
+    scheme = key.find("://")
+    cut = key.rfind("@", 0, scheme) if scheme >= 0 else key.rfind("@")
+    return key[:cut] if cut > 0 else key
 
 
 class _Merged:

@@ -163,11 +163,15 @@ async def _complete(
     try:
         tenant = authenticate(request, runtime)
         body = await parse_body(request, model)
+        asked = body.model if body.model in runtime.policy.routes else "-"
+        state.stats.tenant_request(asked, tenant)
         features = _features(body)
         digest = getattr(request.state, "key_digest", None)
         admission = await limiter.admit(runtime.policy, tenant, digest, features.approx_tokens)
         opened = _open(request, runtime, body, tenant, features)
         served, decision = await drain.opening(opened)
+        if decision.deployment is None and served.tier != decision.tier:
+            state.stats.fallback(decision.tier, served.tier)
     except ApiError as exc:  # refused before any answer: counted under the tier, if any
         await admission.finish()
         state.stats.request_done("-", getattr(request.state, "tier", "-"), "-", exc.status)
