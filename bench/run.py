@@ -21,6 +21,7 @@ import common
 HERE = Path(__file__).resolve().parent
 # Cheap ones first: a failure there shows before the long throughput run.
 BENCHMARKS = [
+    "admin_stats",
     "memory",
     "kv_utilization",
     "prefix_sharing",

@@ -11,10 +11,10 @@ import httpx
 from fastapi import FastAPI
 
 from engine.entrypoints.body_limit import BodyLimit
-from gateway.api import admin, admin_cache, openai
+from gateway.api import admin, admin_cache, admin_report, dashboard, openai
 from gateway.api.headers import TiergateHeaders
 from gateway.api.openapi import install_openapi
-from gateway.backends.fallback import Cooldowns, deployment_key
+from gateway.backends.fallback import deployment_key
 from gateway.backends.local import EngineFactory, LocalEngines, default_engine_factory
 from gateway.cache.embedder import Embedder
 from gateway.cache.semantic import SemanticCache
@@ -25,7 +25,8 @@ from gateway.limits import Limiter
 from gateway.policy import Deployment, Policy, PolicyError, PolicyIssue, PolicyWatcher
 from gateway.routing.router import ScorerFactory
 from gateway.state import GatewayState, build_runtime, prepare
-from gateway.stats import Stats
+from gateway.stats import CountedCooldowns, Stats, read_samples
+from gateway.stats_history import StatsHistory
 
 logger = logging.getLogger("tiergate")
 # Streams hold a connection each for their whole length: allow many at once.
@@ -88,7 +89,8 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        stats, cooldowns = Stats(), Cooldowns()
+        stats = Stats()
+        cooldowns = CountedCooldowns(stats)
 
         def on_restart(engine: str) -> None:
             stats.engine_restarted(engine)
@@ -111,6 +113,10 @@ def create_app(
             path,
         )
         state.embedder, state.cache = await _start_cache(policy)
+        state.history = StatsHistory(
+            lambda: read_samples(stats.registry, *state.engine_registries())
+        )
+        history_task = asyncio.create_task(state.history.run())
         app.state.gateway = state
         app.state.limiter = Limiter(stats.registry)
         app.state.drain = Drain()
@@ -123,10 +129,11 @@ def create_app(
         try:
             yield
         finally:
-            if watch_task is not None:
-                watch_task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await watch_task
+            for task in (history_task, watch_task):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
             await _stop_cache(state)
             await http.aclose()
             await app.state.limiter.close()
@@ -138,6 +145,8 @@ def create_app(
     app.include_router(openai.router)
     app.include_router(admin.router)
     app.include_router(admin_cache.router)
+    app.include_router(admin_report.router)
+    app.include_router(dashboard.router)
     app.add_middleware(TiergateHeaders)
     app.add_middleware(BodyLimit, max_body_bytes=policy.server.max_body_bytes)  # outermost
     return app

@@ -1,4 +1,4 @@
-"""The `tiergate` command: serve | engine | check-policy | hash-key.
+"""The `tiergate` command: serve | engine | check-policy | hash-key | stats.
 
 Heavy imports (uvicorn, the app, the engine and torch) happen inside each subcommand, so
 `tiergate check-policy` answers in well under a second.
@@ -53,7 +53,7 @@ def serve(args: argparse.Namespace) -> int:
     except ModelNotFoundError as exc:
         print(f"tiergate: {exc}", file=sys.stderr)
         return 1
-    from engine.shutdown import serve_gracefully
+    from engine.entrypoints.shutdown import serve_gracefully
     from gateway.app import create_app
 
     app = create_app(policy, policy_path=args.policy)
@@ -88,7 +88,7 @@ def engine(args: argparse.Namespace) -> int:
         num_threads=args.threads,
     )
     try:
-        from engine.server import run_engine_server
+        from engine.entrypoints.server import run_engine_server
 
         run_engine_server(
             config,
@@ -113,6 +113,29 @@ def hash_key(args: argparse.Namespace) -> int:
         print("tiergate: hash-key needs a non-empty key (argument or stdin)", file=sys.stderr)
         return 1
     print(key_digest(key.encode()))
+    return 0
+
+
+def stats(args: argparse.Namespace) -> int:
+    import httpx
+
+    from gateway.stats_table import render
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # its request lines are noise here
+    headers = {"Authorization": f"Bearer {args.key}"} if args.key else {}
+    try:
+        response = httpx.get(f"{args.url.rstrip('/')}/admin/stats", headers=headers, timeout=30)
+    except httpx.HTTPError as exc:
+        print(f"tiergate: cannot reach {args.url}: {exc}", file=sys.stderr)
+        return 1
+    if response.status_code != 200:
+        try:
+            message = response.json()["error"]["message"]
+        except (ValueError, KeyError, TypeError):  # not the gateway's error body
+            message = response.text[:200]
+        print(f"tiergate: {response.status_code}: {message}", file=sys.stderr)
+        return 1
+    print(render(response.json(), args.window))
     return 0
 
 
@@ -193,6 +216,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("hash-key", help="print a key's SHA-256 for `key_sha256:` in a policy")
     p.add_argument("key", nargs="?", help="the key (default: read from stdin, kept out of history)")
     p.set_defaults(func=hash_key)
+    p = sub.add_parser("stats", help="print a running gateway's admin stats as tables")
+    p.add_argument("--url", default="http://127.0.0.1:8000", help="the gateway's base URL")
+    p.add_argument("--key", default=os.environ.get("TIERGATE_ADMIN_KEY"), help="admin key")
+    p.add_argument("--window", default="1h", choices=["1m", "1h", "all"])
+    p.set_defaults(func=stats)
     return parser
 
 

@@ -1,10 +1,11 @@
 """The end of a graceful shutdown: abort what is still running once the grace period ends.
 
-Uvicorn stops accepting on SIGTERM and waits for in-flight requests (engine/shutdown.py
-gives it the grace period); when that runs out it calls `Drain.expire`. Each request waits
-for its upstream only inside `Drain.opening` or `Drain.pieces`, whose waits expire
-cancels: the upstream request is aborted (an engine frees its pages), a stream ends with
-an SSE error event and a whole answer with a 503, through the handlers' usual error paths.
+Uvicorn stops accepting on SIGTERM and waits for in-flight requests
+(engine/entrypoints/shutdown.py gives it the grace period); when that runs out it calls
+`Drain.expire`. Each request waits for its upstream only inside `Drain.opening` or
+`Drain.pieces`, whose waits expire cancels: the upstream request is aborted (an engine
+frees its pages), a stream ends with an SSE error event and a whole answer with a 503,
+through the handlers' usual error paths.
 """
 
 import asyncio

@@ -4,6 +4,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from httpx import AsyncClient
 
@@ -15,8 +16,10 @@ from gateway.backends.remote import RemoteBackend, load_litellm
 from gateway.cache.embedder import Embedder
 from gateway.cache.semantic import SemanticCache
 from gateway.policy import Deployment, Policy, PolicyWatcher
+from gateway.pricing import deployment_price
 from gateway.routing.router import Router, Scorer, ScorerFactory
 from gateway.stats import Stats
+from gateway.stats_history import StatsHistory
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,12 @@ class GatewayState:
     cache: SemanticCache | None = None  # None: the policy turns the cache off
     embedder: Embedder | None = None  # shared by the cache and the router
     background: set[asyncio.Task] = field(default_factory=set)  # e.g. cache stores
+    history: StatsHistory | None = None  # snapshots of the stats, for windowed views
+
+    def engine_registries(self) -> list[Any]:
+        """Each running local engine's metrics registry (a test double may have none)."""
+        engines = self.engines.all().values()
+        return [e.metrics.registry for e in engines if hasattr(e, "metrics")]
 
 
 def _uses_litellm(policy: Policy, dep: Deployment) -> bool:
@@ -103,6 +112,7 @@ def build_runtime(
             name,
             tier,
             [(d, _backend(policy, tier.timeout_s, d, engines, http)) for d in tier.deployments],
+            {d.model: deployment_price(policy, tier, d) for d in tier.deployments},
         )
         for name, tier in policy.tiers.items()
     }

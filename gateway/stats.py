@@ -8,10 +8,16 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.metrics_core import Metric
 
 from engine.protocol import Usage
+from gateway.backends.fallback import Cooldowns
 from gateway.policy import Price
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _PER_MILLION = 1_000_000
+# What windows are differenced from: counters and histogram parts (gauges are read live).
+_CUMULATIVE_SUFFIXES = ("_total", "_bucket", "_count", "_sum")
+
+Labels = tuple[tuple[str, str], ...]  # sorted (name, value) pairs
+Samples = dict[str, dict[Labels, float]]  # sample name -> labels -> value
 
 
 def cost_usd(usage: Usage, price: Price) -> float:
@@ -92,6 +98,29 @@ class Stats:
             ["engine"],
             registry=r,
         )
+        self._tenant_requests = Counter(
+            "tiergate_tenant_requests",
+            "Completion requests by route (as asked; '-' for a tier or model) and tenant",
+            ["route", "tenant"],
+            registry=r,
+        )
+        self._fallbacks = Counter(
+            "tiergate_fallbacks",
+            "Requests answered by a fallback tier instead of the tier they were routed to",
+            ["tier", "served_tier"],
+            registry=r,
+        )
+        self._cooldowns = Counter(
+            "tiergate_cooldowns",
+            "Times a deployment was put in cooldown after failing",
+            ["model"],
+            registry=r,
+        )
+        self._wrong_hits = Counter(
+            "tiergate_cache_wrong_hits_reported",
+            "Cache entries an admin reported as wrong answers (each removed)",
+            registry=r,
+        )
 
     def request_done(self, route: str, tier: str, model: str, status: int) -> None:
         self._requests.labels(route or "-", tier or "-", model or "-", str(status)).inc()
@@ -126,6 +155,18 @@ class Stats:
     def engine_restarted(self, engine: str) -> None:
         self._engine_restarts.labels(engine).inc()
 
+    def tenant_request(self, route: str, tenant: str) -> None:
+        self._tenant_requests.labels(route, tenant).inc()
+
+    def fallback(self, tier: str, served_tier: str) -> None:
+        self._fallbacks.labels(tier, served_tier).inc()
+
+    def cooldown(self, model: str) -> None:
+        self._cooldowns.labels(model).inc()
+
+    def wrong_hit_reported(self) -> None:
+        self._wrong_hits.inc()
+
     def exposition(self, *extra: CollectorRegistry) -> bytes:
         """Prometheus text of this registry and of others (e.g. each local engine's)."""
         return generate_latest(_Merged([self.registry, *extra]))
@@ -139,6 +180,42 @@ class Stats:
                     key = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
                     out[metric.name][key or "-"] = sample.value
         return dict(out)
+
+
+def read_samples(*registries: CollectorRegistry) -> Samples:
+    """Every cumulative sample of the registries, by name: what a window subtracts."""
+    out: Samples = {}
+    for registry in registries:
+        for metric in registry.collect():
+            for sample in metric.samples:
+                if sample.name.endswith(_CUMULATIVE_SUFFIXES):
+                    values = out.setdefault(sample.name, {})
+                    labels = tuple(sorted(sample.labels.items()))
+                    values[labels] = values.get(labels, 0.0) + sample.value
+    return out
+
+
+class CountedCooldowns(Cooldowns):
+    """Cooldowns that count each trip in the stats (by model: the key is `model@api_base`)."""
+
+    def __init__(self, stats: Stats) -> None:
+        super().__init__()
+        self._stats = stats
+
+    def trip(self, key: str, seconds: float, *args: Any, **kwargs: Any) -> None:
+        super().trip(key, seconds, *args, **kwargs)
+        if seconds > 0:
+            self._stats.cooldown(_model_of_key(key))
+
+
+def _model_of_key(key: str) -> str:
+    # `model@api_base`: either part may hold an "@" (vertex models, user@host), the
+    # api_base's scheme never does, so split at the last "@" before "://".
+    if key.endswith("@local"):
+        return key[: -len("@local")]
+    scheme = key.find("://")
+    cut = key.rfind("@", 0, scheme) if scheme >= 0 else key.rfind("@")
+    return key[:cut] if cut > 0 else key
 
 
 class _Merged:

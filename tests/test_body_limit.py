@@ -8,7 +8,7 @@ import pytest
 
 from engine.config import EngineConfig
 from engine.engine import AsyncEngine
-from engine.server import create_engine_app
+from engine.entrypoints.server import create_engine_app
 from gateway.app import create_app
 from gateway.policy import PolicyError, parse_policy
 from tests.fake_runner import FakeRunner

@@ -12,7 +12,7 @@ import pytest
 
 from engine.config import EngineConfig
 from engine.engine import AsyncEngine
-from engine.server import create_engine_app
+from engine.entrypoints.server import create_engine_app
 from tests.fake_runner import FakeRunner
 from tests.servers import run_uvicorn
 

@@ -18,7 +18,7 @@ from fastapi import FastAPI
 
 from engine.config import EngineConfig
 from engine.engine import AsyncEngine
-from engine.server import create_engine_app
+from engine.entrypoints.server import create_engine_app
 from gateway.app import create_app
 from gateway.cli import build_parser
 from gateway.policy import PolicyError, load_policy, parse_policy

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 
 from engine.config import EngineConfig
 from engine.engine import AsyncEngine
-from engine.server import create_engine_app
+from engine.entrypoints.server import create_engine_app
 from gateway.app import create_app
 from gateway.policy import parse_policy
 from tests.servers import free_port, run_uvicorn

@@ -6,10 +6,14 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
-from engine.api_key import bearer_token, same_key
+from engine.entrypoints.api_key import bearer_token, same_key
+from gateway.api.audit import audit, key_fingerprint
+from gateway.api.openai import authenticate
 from gateway.errors import ApiError
 from gateway.policy import PolicyError
+from gateway.pricing import most_expensive, policy_prices
 from gateway.state import GatewayState
+from gateway.stats_view import stats_view
 
 router = APIRouter()
 
@@ -28,13 +32,26 @@ def _bearer_matches(request: Request, *keys: str | None) -> bool:
     return token is not None and any(k is not None and same_key(token, k) for k in keys)
 
 
+def _is_tenant_key(request: Request, state: GatewayState) -> bool:
+    if state.runtime.policy.auth.mode == "none":  # auth off: no key is a tenant's
+        return False
+    try:
+        authenticate(request, state.runtime)  # the API's own check: one source of truth
+    except ApiError:
+        return False
+    return True
+
+
 async def require_admin(request: Request, state: State) -> None:
     admin_key = state.runtime.policy.auth.admin_key
     if admin_key is None:
         raise ApiError(403, "The admin API is disabled: set auth.admin_key in the policy.")
     if not _bearer_matches(request, admin_key):
+        if _is_tenant_key(request, state):  # a valid key, just not an admin's
+            raise ApiError(403, "This endpoint needs the admin key; a tenant key cannot use it.")
         message = "This endpoint needs the admin key as a bearer token."
         raise ApiError(401, message, code="invalid_api_key")
+    request.state.admin = key_fingerprint(admin_key)
 
 
 async def require_metrics(request: Request, state: State) -> None:
@@ -105,7 +122,8 @@ async def show_policy(state: State, _: Admin) -> dict[str, Any]:
 
 
 @router.post("/admin/policy/reload")
-async def reload_policy(state: State, _: Admin) -> dict[str, Any]:
+async def reload_policy(request: Request, state: State, _: Admin) -> dict[str, Any]:
+    audit(request, "policy reload", source=str(state.policy_path))
     if state.watcher is None:
         raise ApiError(400, "The policy was not loaded from a file; there is nothing to reload.")
     if await state.watcher.reload() is None:
@@ -121,7 +139,10 @@ async def reload_policy(state: State, _: Admin) -> dict[str, Any]:
 
 @router.get("/admin/stats")
 async def show_stats(state: State, _: Admin) -> dict[str, Any]:
-    return state.stats.snapshot()
+    """Windows (last minute, last hour, since start), engines and chart series: README."""
+    prices = policy_prices(state.runtime.policy)
+    engines = state.engines.all()
+    return stats_view(state.history, prices, most_expensive(prices), engines)
 
 
 @router.get("/metrics")

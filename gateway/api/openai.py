@@ -18,7 +18,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
-from engine.api_key import bearer_token
+from engine.entrypoints.api_key import bearer_token
 from engine.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -188,6 +188,8 @@ async def _open(ctx: RequestContext) -> Served:
     except BackendError as exc:
         raise backend_error(exc) from None
     ctx.mark(tier=served.tier, model=served.model)
+    if decision.deployment is None and served.tier != decision.tier:
+        ctx.state.stats.fallback(decision.tier, served.tier)
     return served
 
 
@@ -214,6 +216,8 @@ async def _complete(
     try:
         tenant = authenticate(request, runtime)
         body = await parse_body(request, model)
+        asked = body.model if body.model in runtime.policy.routes else "-"
+        state.stats.tenant_request(asked, tenant)
         if body.model not in runtime.router.model_names():  # before the cache can answer
             raise _not_found(body.model)
         ctx = RequestContext(request, state, runtime, tenant, body, _features(body))

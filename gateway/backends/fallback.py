@@ -25,6 +25,7 @@ class TierBackends:
     name: str
     tier: Tier
     backends: list[tuple[Deployment, Backend]]
+    prices: dict[str, Price] = field(default_factory=dict)  # deployment model -> its price
 
 
 @dataclass
@@ -250,7 +251,7 @@ class FallbackChain:
                     break
                 continue
             answer = _Answer(pieces, first, backend.name, timeout_s)
-            price = tier.tier.price
+            price = tier.prices.get(dep.model, tier.tier.price)
             return Served(tier.name, backend.name, price, answer, failures, answer.complete)
         self._cooldowns.trip(deployment_key(dep), cooldown_s, blamed)
         return None

@@ -21,10 +21,11 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
-from engine.api_key import RequireApiKey
 from engine.config import EngineConfig
 from engine.engine import AsyncEngine
+from engine.entrypoints.api_key import RequireApiKey
 from engine.entrypoints.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
+from engine.entrypoints.shutdown import serve_gracefully
 from engine.errors import (
     EngineDeadError,
     EngineError,
@@ -54,7 +55,6 @@ from engine.protocol import (
     to_sampling_params,
     validation_error_message,
 )
-from engine.shutdown import serve_gracefully
 
 logger = logging.getLogger("tiergate.engine.server")
 

@@ -1,0 +1,69 @@
+"""What a deployment's tokens cost: the tier's price, or litellm's offline price map.
+
+A local tier is priced by the policy only (its cost is what the operator says a token is
+worth). A remote tier that sets no `price` gets the price litellm ships for its model in
+`model_prices_and_context_window_backup.json`, read from the installed package (no
+network, and no import of litellm itself: that takes seconds).
+"""
+
+import functools
+import importlib.util
+import json
+import logging
+from pathlib import Path
+
+from gateway.policy import Deployment, Policy, Price, Tier
+
+logger = logging.getLogger("tiergate.pricing")
+
+_PRICE_FILE = "model_prices_and_context_window_backup.json"
+_PER_MILLION = 1_000_000
+
+
+@functools.cache
+def _litellm_prices() -> dict[str, dict]:
+    spec = importlib.util.find_spec("litellm")
+    if spec is None or spec.origin is None:
+        return {}
+    path = Path(spec.origin).parent / _PRICE_FILE
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        logger.warning("litellm's price map %s is unreadable: %s", path, exc)
+        return {}
+
+
+def litellm_price(model: str) -> Price | None:
+    """USD per 1M tokens for a litellm model string (`openai/gpt-4o-mini` or `gpt-4o-mini`)."""
+    prices = _litellm_prices()
+    for name in (model, model.split("/", 1)[-1]):
+        entry = prices.get(name)
+        if entry and "input_cost_per_token" in entry:
+            return Price(
+                input=entry["input_cost_per_token"] * _PER_MILLION,
+                output=entry.get("output_cost_per_token", 0.0) * _PER_MILLION,
+            )
+    return None
+
+
+def deployment_price(policy: Policy, tier: Tier, deployment: Deployment) -> Price:
+    if "price" in tier.model_fields_set or policy.is_local(deployment):
+        return tier.price
+    return litellm_price(deployment.model) or tier.price
+
+
+def policy_prices(policy: Policy) -> dict[tuple[str, str], Price]:
+    """(tier, deployment model) -> price, for every deployment of the policy."""
+    return {
+        (name, dep.model): deployment_price(policy, tier, dep)
+        for name, tier in policy.tiers.items()
+        for dep in tier.deployments
+    }
+
+
+def most_expensive(prices: dict[tuple[str, str], Price]) -> tuple[str, Price]:
+    """The tier whose deployment costs most per token (input + output per 1M), and that price."""
+    if not prices:
+        return "-", Price()
+    (tier, _), price = max(prices.items(), key=lambda item: item[1].input + item[1].output)
+    return tier, price
