@@ -11,7 +11,7 @@ import httpx
 from fastapi import FastAPI
 
 from engine.entrypoints.body_limit import BodyLimit
-from gateway.api import admin, admin_cache, admin_report, dashboard, openai
+from gateway.api import admin, admin_cache, dashboard, openai
 from gateway.api.headers import TiergateHeaders
 from gateway.api.openapi import install_openapi
 from gateway.backends.fallback import deployment_key
@@ -145,7 +145,6 @@ def create_app(
     app.include_router(openai.router)
     app.include_router(admin.router)
     app.include_router(admin_cache.router)
-    app.include_router(admin_report.router)
     app.include_router(dashboard.router)
     app.add_middleware(TiergateHeaders)
     app.add_middleware(BodyLimit, max_body_bytes=policy.server.max_body_bytes)  # outermost

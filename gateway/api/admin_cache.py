@@ -1,22 +1,25 @@
-"""Admin actions on the semantic cache: purge (all, by tenant, by route), invalidate one.
+"""Admin actions on the semantic cache: purge (all, by tenant, by route), invalidate one
+entry, report a wrong hit (removed and counted), and the cache's own figures.
 
-A hit names its entry in `x-tiergate-cache-entry`; that id is what invalidation takes.
+A hit names its entry in `x-tiergate-cache-entry`; that id is what invalidation and
+reports take. Every action is audited with the admin key's fingerprint.
 """
 
-import logging
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from engine.protocol import validation_error_message
 from gateway.api.admin import Admin, State
+from gateway.api.audit import audit
 from gateway.cache.semantic import SemanticCache
 from gateway.cache.store import StoreUnavailable
 from gateway.errors import ApiError
+from gateway.state import GatewayState
 
 router = APIRouter()
-audit = logging.getLogger("tiergate.audit")
+Body = TypeVar("Body", bound=BaseModel)
 
 
 class PurgeRequest(BaseModel):
@@ -26,10 +29,34 @@ class PurgeRequest(BaseModel):
     route: str | None = None
 
 
-def _cache(state: Any) -> SemanticCache:
+class WrongHitReport(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    entry_id: str = Field(min_length=1, max_length=256)
+    reason: str | None = Field(default=None, max_length=1000)  # kept in the audit log
+
+
+async def _body(request: Request, model: type[Body]) -> Body:
+    try:
+        return model.model_validate_json(await request.body() or b"{}")
+    except ValidationError as exc:
+        message, param = validation_error_message(exc)
+        raise ApiError(400, message, param=param) from None
+
+
+def _cache(state: GatewayState) -> SemanticCache:
     if state.cache is None:
         raise ApiError(404, "The semantic cache is off in the running policy.", code="cache_off")
     return state.cache
+
+
+async def _remove(state: GatewayState, entry_id: str) -> None:
+    try:
+        found = await _cache(state).invalidate(entry_id)
+    except StoreUnavailable:
+        raise _store_down() from None
+    if not found:
+        raise ApiError(404, f"No cache entry {entry_id!r}.", code="entry_not_found")
 
 
 def _store_down() -> ApiError:
@@ -39,29 +66,30 @@ def _store_down() -> ApiError:
 @router.post("/admin/cache/purge")
 async def purge(request: Request, state: State, _: Admin) -> dict[str, Any]:
     """Body `{}` purges everything; `tenant` and/or `route` narrow it."""
-    raw = await request.body()
+    body = await _body(request, PurgeRequest)
     try:
-        body = PurgeRequest.model_validate_json(raw or b"{}")
-    except ValidationError as exc:
-        message, param = validation_error_message(exc)
-        raise ApiError(400, message, param=param) from None
-    removed = await _cache(state).purge(tenant=body.tenant, route=body.route)
-    audit.info(
-        "admin purged %d cache entries (tenant=%s route=%s)", removed, body.tenant, body.route
-    )
+        removed = await _cache(state).purge(tenant=body.tenant, route=body.route)
+    except StoreUnavailable:
+        raise _store_down() from None
+    audit(request, "cache purged", entries=removed, tenant=body.tenant, route=body.route)
     return {"purged": removed, "tenant": body.tenant, "route": body.route}
 
 
 @router.delete("/admin/cache/entries/{entry_id}")
-async def invalidate(entry_id: str, state: State, _: Admin) -> dict[str, Any]:
-    try:
-        found = await _cache(state).invalidate(entry_id)
-    except StoreUnavailable:
-        raise _store_down() from None
-    if not found:
-        raise ApiError(404, f"No cache entry {entry_id!r}.", code="entry_not_found")
-    audit.info("admin invalidated cache entry %s", entry_id)
+async def invalidate(request: Request, entry_id: str, state: State, _: Admin) -> dict[str, Any]:
+    await _remove(state, entry_id)
+    audit(request, "cache entry invalidated", entry_id=entry_id)
     return {"invalidated": entry_id}
+
+
+@router.post("/admin/cache/report")
+async def report_wrong_hit(request: Request, state: State, _: Admin) -> dict[str, Any]:
+    """A hit an operator found wrong: removed, and counted next to the hit rate."""
+    body = await _body(request, WrongHitReport)
+    await _remove(state, body.entry_id)
+    state.stats.wrong_hit_reported()
+    audit(request, "cache wrong hit reported", entry_id=body.entry_id, reason=body.reason)
+    return {"reported": body.entry_id, "removed": True}
 
 
 @router.get("/admin/cache")
