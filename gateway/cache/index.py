@@ -17,6 +17,16 @@ POINTS_PER_LIST = 64  # training sample per list: k-means cost stays well under 
 RETRAIN_GROWTH = 4  # an IVF trained at n is retrained (more lists) once it holds 4n
 
 
+def use_one_thread() -> None:
+    """Run this thread's FAISS calls single-threaded (OpenMP's setting is per thread).
+
+    One query has too little work to split: measured on a loaded 2-core machine, a 10k flat
+    search took 70-85 ms p50 with two OpenMP threads spin-waiting on a descheduled sibling,
+    and 0.4-0.5 ms with one.
+    """
+    faiss.omp_set_num_threads(1)
+
+
 @dataclass(frozen=True)
 class Hit:
     entry_id: str
@@ -46,17 +56,24 @@ class ScopeIndex:
     def add(self, ids: list[str], vectors: np.ndarray) -> None:
         """Add (or replace) vectors; rows of `vectors` are float32, L2-normalised."""
         self.remove([i for i in ids if i in self._labels])
+        rows = _rows(vectors, self.dim)
         labels = np.arange(self._next_label, self._next_label + len(ids), dtype=np.int64)
         self._next_label += len(ids)
-        for entry_id, label in zip(ids, labels.tolist(), strict=True):
-            self._labels[entry_id] = label
-            self._ids[label] = entry_id
-        self._index.add_with_ids(_rows(vectors, self.dim), labels)
-        n = len(self)
+        n = len(self) + len(ids)
         if n > self.approximate_above and (
             not self._trained_at or n > RETRAIN_GROWTH * self._trained_at
         ):
-            self._rebuild(approximate=True)
+            old_labels, old_rows = self._contents()
+            self._replace(
+                np.concatenate([old_labels, labels]),
+                np.concatenate([old_rows, rows]),
+                approximate=True,
+            )
+        else:
+            self._index.add_with_ids(rows, labels)
+        for entry_id, label in zip(ids, labels.tolist(), strict=True):
+            self._labels[entry_id] = label
+            self._ids[label] = entry_id
 
     def remove(self, ids: list[str]) -> int:
         labels = [self._labels.pop(i) for i in ids if i in self._labels]
@@ -65,7 +82,7 @@ class ScopeIndex:
         if labels:
             self._index.remove_ids(np.asarray(labels, dtype=np.int64))
         if self._trained_at and len(self) < self.approximate_above // 2:
-            self._rebuild(approximate=False)
+            self._replace(*self._contents(), approximate=False)
         return len(labels)
 
     def search(self, vector: np.ndarray, k: int) -> list[Hit]:
@@ -90,16 +107,20 @@ class ScopeIndex:
     def _flat(self) -> faiss.Index:
         return faiss.IndexIDMap2(faiss.IndexFlatIP(self.dim))
 
-    def _rebuild(self, approximate: bool) -> None:
+    def _contents(self) -> tuple[np.ndarray, np.ndarray]:
         labels = np.fromiter(self._ids, dtype=np.int64, count=len(self._ids))
-        vectors = self._index.reconstruct_batch(labels) if len(labels) else None
+        if not len(labels):
+            return labels, np.zeros((0, self.dim), dtype=np.float32)
+        return labels, self._index.reconstruct_batch(labels)
+
+    def _replace(self, labels: np.ndarray, rows: np.ndarray, approximate: bool) -> None:
+        """A new index of the given contents: IVF trained on them, or flat."""
         if approximate:
-            index = self._ivf(vectors)
-            self._trained_at = len(labels)
+            index, self._trained_at = self._ivf(rows), len(labels)
         else:
             index, self._trained_at = self._flat(), 0
-        if vectors is not None:
-            index.add_with_ids(vectors, labels)
+        if len(labels):
+            index.add_with_ids(rows, labels)
         self._index = index
 
     def _ivf(self, vectors: np.ndarray) -> faiss.Index:

@@ -20,7 +20,7 @@ from typing import TypeVar
 import numpy as np
 
 from gateway.cache.entry import Entry, answer_serves, normalise
-from gateway.cache.index import CacheIndex, Hit
+from gateway.cache.index import CacheIndex, Hit, use_one_thread
 
 T = TypeVar("T")
 HELD_BYTES = 400  # a Held with its question (~100 characters) and its exact-table item
@@ -55,7 +55,9 @@ class EntryTables:
         self._held: dict[str, Held] = {}
         self._exact: dict[bytes, str] = {}
         self._expiry: list[tuple[float, str]] = []  # heap; items of dropped entries linger
-        self._index_thread = ThreadPoolExecutor(1, thread_name_prefix="cache-index")
+        self._index_thread = ThreadPoolExecutor(
+            1, thread_name_prefix="cache-index", initializer=use_one_thread
+        )
 
     def __len__(self) -> int:
         return len(self._held)
