@@ -33,7 +33,7 @@ from gateway.cache.store_sqlite import SqliteStore
 from gateway.policy import CacheSettings, RouteCacheSettings
 
 CANDIDATE_FLOOR = 0.7  # lowest similarity floor a route is likely to set
-GOALS = {"index_search_p99_ms_at_100k": 2.0, "lookup_p50_ms": 15.0}
+GOALS = {"index_search_p99_ms": 2.0, "lookup_p50_ms": 15.0}  # at 100k entries
 SCOPE = "bench-scope"
 PAIRS = [  # (stored question, how a later user asks it)
     ("How do I reset my password?", "How can I change my password?"),
@@ -234,7 +234,10 @@ async def main() -> int:
         help="the embedder's torch threads (2 threads on a loaded 2-core "
         "machine spin-wait: 10x slower)",
     )
+    parser.add_argument("--quick", action="store_true", help="10k and 30k entries only")
     args = parser.parse_args()
+    if args.quick:
+        args.sizes = [10_000, 30_000]
     torch.set_num_threads(args.torch_threads)
     use_one_thread()  # as the cache's index thread does
     embedder = Embedder(max_wait_ms=0)
@@ -267,10 +270,11 @@ async def main() -> int:
         "torch_threads": args.torch_threads,
         "sizes": results,
         "verifier_skipped": verifier_skipped,
+        "goals_at_entries": max(args.sizes),
         "goals": {
-            "index_search_p99_ms_at_100k": common.goal(
+            "index_search_p99_ms": common.goal(
                 largest["index"]["search"]["p99_ms"],
-                GOALS["index_search_p99_ms_at_100k"],
+                GOALS["index_search_p99_ms"],
                 higher_is_better=False,
             ),
             "lookup_p50_ms": common.goal(

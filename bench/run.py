@@ -20,7 +20,14 @@ import common
 
 HERE = Path(__file__).resolve().parent
 # Cheap ones first: a failure there shows before the long throughput run.
-BENCHMARKS = ["memory", "kv_utilization", "prefix_sharing", "gateway_overhead", "throughput"]
+BENCHMARKS = [
+    "memory",
+    "cache_lookup",
+    "kv_utilization",
+    "prefix_sharing",
+    "gateway_overhead",
+    "throughput",
+]
 
 
 def parse_args() -> argparse.Namespace:
