@@ -233,7 +233,9 @@ async def test_restart_keeps_the_embedded_store(opened, embedder) -> None:
     assert semantic.outcome == "semantic" and semantic.answer.text == "Paris."
 
 
-async def test_a_broken_store_file_bypasses_and_is_left_alone(opened, embedder, tmp_path) -> None:
+async def test_a_broken_store_file_is_bypassed_left_alone_and_retried(
+    opened, embedder, tmp_path
+) -> None:
     garbage = b"this is not an SQLite file" * 100
     (tmp_path / "cache.sqlite3").write_bytes(garbage)
     cache, embeds = await opened(verifier="off"), Embeds(embedder)
@@ -242,4 +244,13 @@ async def test_a_broken_store_file_bypasses_and_is_left_alone(opened, embedder, 
     text = "What is the capital of France?"
     assert await cache.store(query(text), embeds(text), answer(), None) is None
     assert cache.info()["store"]["healthy"] is False
+    await asyncio.sleep(1.5)  # the cache retries opening its store meanwhile
     assert (tmp_path / "cache.sqlite3").read_bytes() == garbage
+
+    (tmp_path / "cache.sqlite3").unlink()  # the operator moves the broken file away
+    deadline = asyncio.get_running_loop().time() + 30
+    while (await ask(cache, embeds, text)).outcome == "bypass":
+        assert asyncio.get_running_loop().time() < deadline, "the store never reopened"
+        await asyncio.sleep(0.1)
+    assert await cache.store(query(text), embeds(text), answer(), None) is not None
+    assert (await ask(cache, embeds, text)).outcome == "exact"

@@ -168,7 +168,7 @@ class CacheIndex:
     def stats(self) -> dict:
         kinds = {"flat": 0, "ivf": 0}
         total_bytes = 0
-        for index in self._scopes.values():
+        for index in list(self._scopes.values()):  # called from the event loop
             kinds[index.kind] += len(index)
             total_bytes += index.bytes_per_entry() * len(index)
         entries = sum(kinds.values())

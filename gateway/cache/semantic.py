@@ -21,6 +21,7 @@ from typing import Literal, Protocol
 
 import numpy as np
 
+from gateway.cache.embedder import Embedder
 from gateway.cache.entry import (
     STORABLE_FINISH_REASONS,
     CachedAnswer,
@@ -89,23 +90,23 @@ class SemanticCache:
         # Verifying has its own thread: it must not wait behind an index rebuild.
         self._verify_thread = ThreadPoolExecutor(1, thread_name_prefix="cache-verify")
         self._sweeper: asyncio.Task | None = None
+        self._loaded = False
 
     @classmethod
     async def open(
         cls,
         settings: CacheSettings,
-        embedder: object,
+        embedder: Embedder,
         verifier: Verifier | None,
         store: Store | None = None,
     ) -> "SemanticCache":
         """Open the policy's store and load its entries; a store that is down is not fatal."""
         cache = cls(settings, store or _make_store(settings), embedder.dim, verifier)
-        try:
-            await cache.tables.replace_all(await cache._store.load())
-        except StoreUnavailable as exc:
-            logger.warning("semantic cache store unavailable at start, bypassing: %s", exc)
         follow = getattr(cache._store, "follow", None)
+        if not await cache._load() and follow is None:
+            logger.warning("semantic cache bypassed until its store opens")
         if follow is not None:
+            cache._loaded = True  # the follower loads and reloads by itself
             follow(cache.tables)  # replicas: apply other gateways' inserts and deletes
         cache._sweeper = asyncio.create_task(cache._sweep_forever())
         return cache
@@ -207,8 +208,11 @@ class SemanticCache:
             evicted = await self._store.put(entry, self.settings.max_entries)
         except StoreUnavailable:
             return None
-        await self.tables.put(entry)
+        raced = await self.tables.put(entry)  # a concurrent store of the same question
         await self.tables.delete(evicted)
+        if raced is not None:
+            with contextlib.suppress(StoreUnavailable):
+                await self._store.delete([raced])
         return entry.id
 
     def _storable(
@@ -236,6 +240,15 @@ class SemanticCache:
         ids.update(self.tables.matching(tenant, route))
         await self.tables.delete(list(ids))
         return len(ids)
+
+    def reconfigure(self, settings: CacheSettings) -> bool:
+        """Take a reloaded policy's cache section. False: the store or index settings
+        changed, and only a new cache (close this one, open another) can apply them."""
+        fixed = ("store", "path", "redis_url", "redis_prefix", "approximate_above")
+        if any(getattr(settings, k) != getattr(self.settings, k) for k in fixed):
+            return False
+        self.settings = settings
+        return True
 
     def info(self) -> dict:
         return {
@@ -282,10 +295,21 @@ class SemanticCache:
                 await self._store.forget_expired(expired)
         return len(expired)
 
+    async def _load(self) -> bool:
+        try:
+            await self.tables.replace_all(await self._store.load())
+        except StoreUnavailable as exc:
+            logger.warning("semantic cache store unavailable: %s", exc)
+            return False
+        self._loaded = True
+        return True
+
     async def _sweep_forever(self) -> None:
         while True:
             await asyncio.sleep(SWEEP_INTERVAL_S)
             try:
+                if not self._loaded:  # a store that failed to open: try it again
+                    await self._load()
                 await self.sweep()
             except Exception:  # one failed sweep must not end sweeping
                 logger.exception("cache sweep failed")

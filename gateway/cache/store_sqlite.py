@@ -43,6 +43,7 @@ LOAD_COLUMNS = (
     "id, scope, tenant, route, question, vector, finish_reason, completion_tokens, max_tokens,"
     " created_at, expires_at"
 )
+RETRY_S = 5.0  # after an error, requests bypass the store this long before trying it again
 INSERT = f"INSERT OR REPLACE INTO entries VALUES ({', '.join('?' * 13)})"
 
 
@@ -55,10 +56,14 @@ class SqliteStore:
         self._db: sqlite3.Connection | None = None
         self._count = 0
         self._error: str | None = None
+        self._failed_at = 0.0  # monotonic time of the last error
 
     @property
     def healthy(self) -> bool:
-        return self._db is not None and self._error is None
+        """Open, and no error in the last RETRY_S (then the next call tries again: a full
+        disk may have room by now)."""
+        recent = self._error is not None and time.monotonic() - self._failed_at < RETRY_S
+        return self._db is not None and not recent
 
     async def load(self) -> list[Entry]:
         return await self._call(self._open_and_load)
@@ -110,6 +115,7 @@ class SqliteStore:
             result = await loop.run_in_executor(self._executor, fn, *args)
         except sqlite3.Error as exc:  # a full disk or a broken file: bypass, never corrupt
             self._error = f"{type(exc).__name__}: {exc}"
+            self._failed_at = time.monotonic()
             raise StoreUnavailable(self._error) from exc
         self._error = None
         return result

@@ -111,15 +111,17 @@ class EntryTables:
                 by_scope.setdefault(entry.scope, []).append(entry)
         await self._in_index_thread(self._rebuild_index, by_scope)
 
-    async def put(self, entry: Entry) -> None:
+    async def put(self, entry: Entry) -> str | None:
+        """Hold an entry; returns the id of an entry it replaced (same scope and question)."""
         if entry.expires_at is not None and entry.expires_at <= time.time():
-            return
+            return None
         replaced = self._hold(entry)
         await self._in_index_thread(
             self._index.add, entry.scope, [entry.id], entry.vector.reshape(1, -1)
         )
         if replaced is not None:
             await self._in_index_thread(self._remove_from_index, {entry.scope: [replaced]})
+        return replaced
 
     async def delete(self, ids: list[str]) -> None:
         by_scope: dict[str, list[str]] = {}
