@@ -254,3 +254,29 @@ async def test_a_broken_store_file_is_bypassed_left_alone_and_retried(
         await asyncio.sleep(0.1)
     assert await cache.store(query(text), embeds(text), answer(), None) is not None
     assert (await ask(cache, embeds, text)).outcome == "exact"
+
+
+async def test_a_failing_embedder_degrades_to_bypass(opened, embedder) -> None:
+    cache, embeds = await opened(verifier="off"), Embeds(embedder)
+    await put(cache, embeds, "What is the capital of France?")
+
+    async def broken() -> np.ndarray:
+        raise RuntimeError("embedder thread died")
+
+    route = cache.settings.for_route(None)
+    result = await cache.lookup(query("Tell me the capital city of France"), broken, route)
+    assert (result.outcome, result.reason) == ("bypass", "embed_failed: RuntimeError")
+    exact = await cache.lookup(query("What is the capital of France?"), broken, route)
+    assert exact.outcome == "exact"  # the exact table needs no vector
+    assert await cache.store(query("How do magnets work?"), broken, answer(), None) is None
+
+
+async def test_reloaded_settings_apply_unless_the_store_changes(opened, embedder) -> None:
+    cache, embeds = await opened(verifier="off"), Embeds(embedder)
+    await put(cache, embeds, "What is the capital of France?")
+    stricter = cache.settings.model_copy(update={"min_similarity": 0.99})
+    assert cache.reconfigure(stricter)
+    paraphrase = await ask(cache, embeds, "Tell me the capital city of France")
+    assert paraphrase.outcome == "miss"
+    moved = cache.settings.model_copy(update={"path": "/elsewhere/cache.sqlite3"})
+    assert not cache.reconfigure(moved) and cache.settings.min_similarity == 0.99
