@@ -138,6 +138,11 @@ class SemanticCache:
         except Exception as exc:  # the embedder failing degrades to a bypass
             logger.exception("embedding for the cache failed")
             return Lookup("bypass", reason=f"embed_failed: {type(exc).__name__}")
+        return await self._semantic(query, vector, rs, now)
+
+    async def _semantic(
+        self, query: CacheQuery, vector: np.ndarray, rs: RouteCacheSettings, now: float
+    ) -> Lookup:
         k = self.settings.candidates * SEARCH_SLACK
         hits = await self.tables.search(query.scope, vector, k)
         floor = _setting(rs.min_similarity, self.settings.min_similarity)
