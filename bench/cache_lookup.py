@@ -282,6 +282,18 @@ async def main() -> int:
                 GOALS["lookup_p50_ms"],
                 higher_is_better=False,
             ),
+            # The same goals in CPU time: on a shared machine under load, wall-clock tails
+            # are the scheduler's time slices, not ours.
+            "index_search_p99_cpu_ms": common.goal(
+                largest["index"]["search_cpu"]["p99_ms"],
+                GOALS["index_search_p99_ms"],
+                higher_is_better=False,
+            ),
+            "lookup_cpu_ms": common.goal(
+                largest["lookup_embedding_included"]["cpu_ms_per_lookup"],
+                GOALS["lookup_p50_ms"],
+                higher_is_better=False,
+            ),
         },
     }
     common.write_result("cache_lookup", payload)
