@@ -45,18 +45,19 @@ class RedisStore:
         self._lru = f"{prefix}:lru"
         self._events = f"{prefix}:events"
         self._origin = uuid.uuid4().hex  # our own events are applied already: skip them
-        retry = Retry(NoBackoff(), 1)  # one retry: a pooled connection may predate a restart
         self._client = Redis.from_url(
             url,
             socket_timeout=REQUEST_TIMEOUT_S,
             socket_connect_timeout=REQUEST_TIMEOUT_S,
-            retry=retry,
+            retry=Retry(NoBackoff(), 1),  # a pooled connection may predate a Redis restart
         )
+        # The follower's connection never retries silently: a broken connection means
+        # events may have been missed (or Redis restarted empty), so it must resync.
         self._reader = Redis.from_url(
             url,
             socket_timeout=BLOCK_MS / 1000 + 5,
             socket_connect_timeout=REQUEST_TIMEOUT_S,
-            retry=retry,
+            retry=Retry(NoBackoff(), 0),
         )
         self._synced = False
         self._last_id: bytes | str = "0-0"
