@@ -7,6 +7,15 @@ the first it accepts is a semantic hit. The store holds answers; this object kee
 lookup needs to decide (questions, vectors, a few answer facts) in memory, and a shared
 store keeps those tables in step across replicas. A store that is down makes lookups
 `bypass` and stores no-ops: nothing here raises to a request.
+
+The request pipeline's calls:
+
+    cache = await SemanticCache.open(policy.cache, embedder, verifier)  # at start-up
+    settings = policy.cache.for_route(policy.routes.get(route_name))
+    query = CacheQuery(scope, tenant, route_name, last_user_text, max_tokens, temperature)
+    found = await cache.lookup(query, embed, settings)  # embed: memoised, the router reuses it
+    ...  # a miss: answer it, then with the complete answer
+    await cache.store(query, embed, CachedAnswer(...), request_ttl_s, settings)
 """
 
 import asyncio
@@ -22,11 +31,7 @@ from typing import Literal, Protocol
 import numpy as np
 
 from gateway.cache.embedder import Embedder
-from gateway.cache.entry import (
-    STORABLE_FINISH_REASONS,
-    CachedAnswer,
-    Entry,
-)
+from gateway.cache.entry import STORABLE_FINISH_REASONS, CachedAnswer, Entry
 from gateway.cache.store import Store, StoreUnavailable
 from gateway.cache.tables import EntryTables
 from gateway.policy import CacheSettings, RouteCacheSettings
