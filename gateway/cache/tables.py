@@ -51,7 +51,11 @@ def exact_key(scope: str, text: str) -> bytes:
 
 class EntryTables:
     def __init__(self, dim: int, approximate_above: int) -> None:
-        self._index = CacheIndex(dim, approximate_above)
+        # IVF training has its own thread, so a scope that grows never stalls lookups.
+        self._trainer = ThreadPoolExecutor(
+            1, thread_name_prefix="cache-index-train", initializer=use_one_thread
+        )
+        self._index = CacheIndex(dim, approximate_above, self._trainer)
         self._held: dict[str, Held] = {}
         self._exact: dict[bytes, str] = {}
         self._expiry: list[tuple[float, str]] = []  # heap; items of dropped entries linger
@@ -134,6 +138,7 @@ class EntryTables:
 
     def close(self) -> None:
         self._index_thread.shutdown(wait=True)
+        self._trainer.shutdown(wait=False, cancel_futures=True)
 
     # --- internals -----------------------------------------------------------------------
 
