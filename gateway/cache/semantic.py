@@ -96,6 +96,7 @@ class SemanticCache:
         self._verify_thread = ThreadPoolExecutor(1, thread_name_prefix="cache-verify")
         self._sweeper: asyncio.Task | None = None
         self._loaded = False
+        self._touches: set[asyncio.Task] = set()
 
     @classmethod
     async def open(
@@ -271,6 +272,8 @@ class SemanticCache:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sweeper
+        if self._touches:
+            await asyncio.wait(list(self._touches))
         await self._store.close()
         self.tables.close()
         self._verify_thread.shutdown(wait=False)
@@ -282,9 +285,15 @@ class SemanticCache:
         if answer is None:  # gone from the store (evicted, expired, deleted elsewhere)
             await self.tables.delete([entry_id])
             return None
-        with contextlib.suppress(StoreUnavailable):
-            await self._store.touch(entry_id, time.time())
+        # Recency is bookkeeping: the hit does not wait for it.
+        touch = asyncio.create_task(self._touch(entry_id, time.time()))
+        self._touches.add(touch)
+        touch.add_done_callback(self._touches.discard)
         return answer
+
+    async def _touch(self, entry_id: str, now: float) -> None:
+        with contextlib.suppress(StoreUnavailable):
+            await self._store.touch(entry_id, now)
 
     async def _verify(self, query: str, candidate: str, cosine: float, strictness: str) -> Verdict:
         loop = asyncio.get_running_loop()
