@@ -280,3 +280,36 @@ async def test_reloaded_settings_apply_unless_the_store_changes(opened, embedder
     assert paraphrase.outcome == "miss"
     moved = cache.settings.model_copy(update={"path": "/elsewhere/cache.sqlite3"})
     assert not cache.reconfigure(moved) and cache.settings.min_similarity == 0.99
+
+
+async def test_concurrent_stores_lookups_and_deletes_stay_consistent(opened, tmp_path) -> None:
+    # Vectors straight from a seeded generator stand in for the caller's memoised embedding.
+    cache = await opened(verifier="off", approximate_above=30, max_entries=150)
+    rng = np.random.default_rng(7)
+    vectors = rng.standard_normal((400, 384)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+
+    def vector_of(i: int) -> Embed:
+        async def embed() -> np.ndarray:
+            return vectors[i]
+
+        return embed
+
+    async def worker(i: int) -> None:
+        q = query(f"question {i}", scope=f"s{i % 3}", tenant=f"t{i % 2}")
+        await cache.store(q, vector_of(i), answer(f"answer {i}"), None)
+        found = await cache.lookup(q, vector_of(i), cache.settings.for_route(None))
+        assert found.outcome in ("exact", "miss")  # a miss: evicted by a concurrent store
+        if found.outcome == "exact":
+            assert found.answer.text == f"answer {i}"
+        if i % 7 == 0 and found.entry_id:
+            await cache.invalidate(found.entry_id)
+
+    await asyncio.gather(*(worker(i) for i in range(400)))
+    assert cache.info()["vectors_by_index_kind"]["ivf"] > 0  # scopes outgrew exact search
+    await cache.purge(tenant="t1")
+    entries = cache.info()["entries"]
+    assert 0 < entries <= 150 and cache.info()["vectors"] == entries
+    await cache.close()
+    reopened = await opened(verifier="off", approximate_above=30, max_entries=150)
+    assert reopened.info()["entries"] == entries  # memory and the store agree
