@@ -1,5 +1,7 @@
 """FAISS per scope: exact while small, IVF above the policy's size; deletes remove vectors."""
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 
 from gateway.cache.index import CacheIndex, ScopeIndex
@@ -61,3 +63,28 @@ def test_a_scope_never_sees_another_scopes_vectors() -> None:
     index.remove("tenant-a", ["a0", "a1"])
     assert index.stats()["scopes"] == 1  # an emptied scope's index is dropped
     assert index.stats()["vectors_by_index_kind"] == {"flat": 2, "ivf": 0}
+
+
+def test_a_serving_index_trains_in_the_background_and_replays_changes() -> None:
+    vectors = unit_vectors(700, seed=2)
+    ids = [f"e{i}" for i in range(700)]
+    with ThreadPoolExecutor(1) as trainer:
+        index = ScopeIndex(DIM, approximate_above=400, trainer=trainer)
+        index.add(ids[:300], vectors[:300])
+        index.add(ids[300:500], vectors[300:500])  # crosses 400: training starts elsewhere
+        assert index.kind == "flat"  # the add returned without training
+        index.add(ids[500:], vectors[500:])  # changes while it trains are logged...
+        index.remove(ids[:100])
+        assert index.search(vectors[650], 1)[0].entry_id == "e650"  # ...and served meanwhile
+        index.wait_for_training()
+        assert index.kind == "ivf" and len(index) == 600
+        found = sum(index.search(vectors[i], 1)[0].entry_id == ids[i] for i in range(100, 700, 5))
+        assert found >= 114  # of 120: the replayed adds are in the new index
+        assert all(h.entry_id not in ids[:100] for h in index.search(vectors[5], 50))
+
+
+def test_a_bulk_load_into_an_empty_index_trains_at_once() -> None:
+    with ThreadPoolExecutor(1) as trainer:
+        index = ScopeIndex(DIM, approximate_above=400, trainer=trainer)
+        index.add([f"e{i}" for i in range(1000)], unit_vectors(1000))
+        assert index.kind == "ivf"  # nothing was serving yet: no reason to wait

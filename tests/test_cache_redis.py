@@ -100,13 +100,34 @@ async def test_two_caches_see_each_others_inserts_and_deletes(opened, embedder, 
 async def test_lru_bound_is_shared_by_replicas(opened, embedder, redis_url) -> None:
     a, b = await opened(redis_url, max_entries=2), await opened(redis_url, max_entries=2)
     first = await put(a, embedder, "How do magnets work?")
-    await put(b, embedder, "Why is the sky blue?")
+    second = await put(b, embedder, "Why is the sky blue?")
+
+    async def b_hits_first() -> bool:  # a hit through one replica refreshes it for all
+        return (await ask(b, embedder, "How do magnets work?")).entry_id == first
+
+    await eventually(b_hits_first, within_s=1.0)
     await put(a, embedder, "What causes tides?")
 
-    async def evicted_everywhere() -> bool:
-        return all(c.tables.get(first) is None for c in (a, b)) and b.info()["entries"] == 2
+    async def second_evicted_everywhere() -> bool:
+        gone = all(c.tables.get(second) is None for c in (a, b))
+        return gone and a.info()["entries"] == b.info()["entries"] == 2
 
-    await eventually(evicted_everywhere, within_s=1.0)
+    await eventually(second_evicted_everywhere, within_s=1.0)
+    assert (await ask(a, embedder, "How do magnets work?")).entry_id == first
+
+
+async def test_ttl_expires_on_every_replica(opened, embedder, redis_url) -> None:
+    a, b = await opened(redis_url), await opened(redis_url)
+    text = "What is the capital of France?"
+    entry_id = await a.store(query(text), embed_of(embedder, text), ANSWER, ttl_s=0.5)
+
+    async def b_hits() -> bool:
+        return (await ask(b, embedder, text)).entry_id == entry_id
+
+    await eventually(b_hits, within_s=1.0)
+    await asyncio.sleep(0.6)
+    for replica in (a, b):
+        assert (await ask(replica, embedder, text)).outcome == "miss"
 
 
 async def test_redis_down_bypasses_and_recovers_without_a_restart(opened, embedder) -> None:

@@ -233,7 +233,9 @@ async def test_restart_keeps_the_embedded_store(opened, embedder) -> None:
     assert semantic.outcome == "semantic" and semantic.answer.text == "Paris."
 
 
-async def test_a_broken_store_file_bypasses_and_is_left_alone(opened, embedder, tmp_path) -> None:
+async def test_a_broken_store_file_is_bypassed_left_alone_and_retried(
+    opened, embedder, tmp_path
+) -> None:
     garbage = b"this is not an SQLite file" * 100
     (tmp_path / "cache.sqlite3").write_bytes(garbage)
     cache, embeds = await opened(verifier="off"), Embeds(embedder)
@@ -242,4 +244,72 @@ async def test_a_broken_store_file_bypasses_and_is_left_alone(opened, embedder, 
     text = "What is the capital of France?"
     assert await cache.store(query(text), embeds(text), answer(), None) is None
     assert cache.info()["store"]["healthy"] is False
+    await asyncio.sleep(1.5)  # the cache retries opening its store meanwhile
     assert (tmp_path / "cache.sqlite3").read_bytes() == garbage
+
+    (tmp_path / "cache.sqlite3").unlink()  # the operator moves the broken file away
+    deadline = asyncio.get_running_loop().time() + 30
+    while (await ask(cache, embeds, text)).outcome == "bypass":
+        assert asyncio.get_running_loop().time() < deadline, "the store never reopened"
+        await asyncio.sleep(0.1)
+    assert await cache.store(query(text), embeds(text), answer(), None) is not None
+    assert (await ask(cache, embeds, text)).outcome == "exact"
+
+
+async def test_a_failing_embedder_degrades_to_bypass(opened, embedder) -> None:
+    cache, embeds = await opened(verifier="off"), Embeds(embedder)
+    await put(cache, embeds, "What is the capital of France?")
+
+    async def broken() -> np.ndarray:
+        raise RuntimeError("embedder thread died")
+
+    route = cache.settings.for_route(None)
+    result = await cache.lookup(query("Tell me the capital city of France"), broken, route)
+    assert (result.outcome, result.reason) == ("bypass", "embed_failed: RuntimeError")
+    exact = await cache.lookup(query("What is the capital of France?"), broken, route)
+    assert exact.outcome == "exact"  # the exact table needs no vector
+    assert await cache.store(query("How do magnets work?"), broken, answer(), None) is None
+
+
+async def test_reloaded_settings_apply_unless_the_store_changes(opened, embedder) -> None:
+    cache, embeds = await opened(verifier="off"), Embeds(embedder)
+    await put(cache, embeds, "What is the capital of France?")
+    stricter = cache.settings.model_copy(update={"min_similarity": 0.99})
+    assert cache.reconfigure(stricter)
+    paraphrase = await ask(cache, embeds, "Tell me the capital city of France")
+    assert paraphrase.outcome == "miss"
+    moved = cache.settings.model_copy(update={"path": "/elsewhere/cache.sqlite3"})
+    assert not cache.reconfigure(moved) and cache.settings.min_similarity == 0.99
+
+
+async def test_concurrent_stores_lookups_and_deletes_stay_consistent(opened, tmp_path) -> None:
+    # Vectors straight from a seeded generator stand in for the caller's memoised embedding.
+    cache = await opened(verifier="off", approximate_above=30, max_entries=150)
+    rng = np.random.default_rng(7)
+    vectors = rng.standard_normal((400, 384)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+
+    def vector_of(i: int) -> Embed:
+        async def embed() -> np.ndarray:
+            return vectors[i]
+
+        return embed
+
+    async def worker(i: int) -> None:
+        q = query(f"question {i}", scope=f"s{i % 3}", tenant=f"t{i % 2}")
+        await cache.store(q, vector_of(i), answer(f"answer {i}"), None)
+        found = await cache.lookup(q, vector_of(i), cache.settings.for_route(None))
+        assert found.outcome in ("exact", "miss")  # a miss: evicted by a concurrent store
+        if found.outcome == "exact":
+            assert found.answer.text == f"answer {i}"
+        if i % 7 == 0 and found.entry_id:
+            await cache.invalidate(found.entry_id)
+
+    await asyncio.gather(*(worker(i) for i in range(400)))
+    assert cache.info()["vectors_by_index_kind"]["ivf"] > 0  # scopes outgrew exact search
+    await cache.purge(tenant="t1")
+    entries = cache.info()["entries"]
+    assert 0 < entries <= 150 and cache.info()["vectors"] == entries
+    await cache.close()
+    reopened = await opened(verifier="off", approximate_above=30, max_entries=150)
+    assert reopened.info()["entries"] == entries  # memory and the store agree

@@ -42,9 +42,16 @@ def answer_serves(
     return True
 
 
-@dataclass(frozen=True)
+def facts_only(finish_reason: str, completion_tokens: int, max_tokens: int | None) -> CachedAnswer:
+    """An answer without its text: all the in-memory tables need. Loading every entry at
+    start reads these facts only; a hit reads the whole answer from the store."""
+    return CachedAnswer("", finish_reason, 0, completion_tokens, "", "", max_tokens)
+
+
+@dataclass(slots=True)
 class Entry:
-    """One stored question and answer; the vector is the question's embedding."""
+    """One stored question and answer; the vector is the question's embedding. Entries a
+    store loads carry `facts_only` answers."""
 
     id: str
     scope: str

@@ -7,6 +7,15 @@ the first it accepts is a semantic hit. The store holds answers; this object kee
 lookup needs to decide (questions, vectors, a few answer facts) in memory, and a shared
 store keeps those tables in step across replicas. A store that is down makes lookups
 `bypass` and stores no-ops: nothing here raises to a request.
+
+The request pipeline's calls:
+
+    cache = await SemanticCache.open(policy.cache, embedder, verifier)  # at start-up
+    settings = policy.cache.for_route(policy.routes.get(route_name))
+    query = CacheQuery(scope, tenant, route_name, last_user_text, max_tokens, temperature)
+    found = await cache.lookup(query, embed, settings)  # embed: memoised, the router reuses it
+    ...  # a miss: answer it, then with the complete answer
+    await cache.store(query, embed, CachedAnswer(...), request_ttl_s, settings)
 """
 
 import asyncio
@@ -21,11 +30,8 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-from gateway.cache.entry import (
-    STORABLE_FINISH_REASONS,
-    CachedAnswer,
-    Entry,
-)
+from gateway.cache.embedder import Embedder
+from gateway.cache.entry import STORABLE_FINISH_REASONS, CachedAnswer, Entry
 from gateway.cache.store import Store, StoreUnavailable
 from gateway.cache.tables import EntryTables
 from gateway.policy import CacheSettings, RouteCacheSettings
@@ -89,23 +95,24 @@ class SemanticCache:
         # Verifying has its own thread: it must not wait behind an index rebuild.
         self._verify_thread = ThreadPoolExecutor(1, thread_name_prefix="cache-verify")
         self._sweeper: asyncio.Task | None = None
+        self._loaded = False
+        self._touches: set[asyncio.Task] = set()
 
     @classmethod
     async def open(
         cls,
         settings: CacheSettings,
-        embedder: object,
+        embedder: Embedder,
         verifier: Verifier | None,
         store: Store | None = None,
     ) -> "SemanticCache":
         """Open the policy's store and load its entries; a store that is down is not fatal."""
         cache = cls(settings, store or _make_store(settings), embedder.dim, verifier)
-        try:
-            await cache.tables.replace_all(await cache._store.load())
-        except StoreUnavailable as exc:
-            logger.warning("semantic cache store unavailable at start, bypassing: %s", exc)
         follow = getattr(cache._store, "follow", None)
+        if not await cache._load() and follow is None:
+            logger.warning("semantic cache bypassed until its store opens")
         if follow is not None:
+            cache._loaded = True  # the follower loads and reloads by itself
             follow(cache.tables)  # replicas: apply other gateways' inserts and deletes
         cache._sweeper = asyncio.create_task(cache._sweep_forever())
         return cache
@@ -137,6 +144,11 @@ class SemanticCache:
         except Exception as exc:  # the embedder failing degrades to a bypass
             logger.exception("embedding for the cache failed")
             return Lookup("bypass", reason=f"embed_failed: {type(exc).__name__}")
+        return await self._semantic(query, vector, rs, now)
+
+    async def _semantic(
+        self, query: CacheQuery, vector: np.ndarray, rs: RouteCacheSettings, now: float
+    ) -> Lookup:
         k = self.settings.candidates * SEARCH_SLACK
         hits = await self.tables.search(query.scope, vector, k)
         floor = _setting(rs.min_similarity, self.settings.min_similarity)
@@ -207,8 +219,11 @@ class SemanticCache:
             evicted = await self._store.put(entry, self.settings.max_entries)
         except StoreUnavailable:
             return None
-        await self.tables.put(entry)
+        raced = await self.tables.put(entry)  # a concurrent store of the same question
         await self.tables.delete(evicted)
+        if raced is not None:
+            with contextlib.suppress(StoreUnavailable):
+                await self._store.delete([raced])
         return entry.id
 
     def _storable(
@@ -237,6 +252,15 @@ class SemanticCache:
         await self.tables.delete(list(ids))
         return len(ids)
 
+    def reconfigure(self, settings: CacheSettings) -> bool:
+        """Take a reloaded policy's cache section. False: the store or index settings
+        changed, and only a new cache (close this one, open another) can apply them."""
+        fixed = ("store", "path", "redis_url", "redis_prefix", "approximate_above")
+        if any(getattr(settings, k) != getattr(self.settings, k) for k in fixed):
+            return False
+        self.settings = settings
+        return True
+
     def info(self) -> dict:
         return {
             **self.tables.stats(),
@@ -248,6 +272,8 @@ class SemanticCache:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sweeper
+        if self._touches:
+            await asyncio.wait(list(self._touches))
         await self._store.close()
         self.tables.close()
         self._verify_thread.shutdown(wait=False)
@@ -259,9 +285,15 @@ class SemanticCache:
         if answer is None:  # gone from the store (evicted, expired, deleted elsewhere)
             await self.tables.delete([entry_id])
             return None
-        with contextlib.suppress(StoreUnavailable):
-            await self._store.touch(entry_id, time.time())
+        # Recency is bookkeeping: the hit does not wait for it.
+        touch = asyncio.create_task(self._touch(entry_id, time.time()))
+        self._touches.add(touch)
+        touch.add_done_callback(self._touches.discard)
         return answer
+
+    async def _touch(self, entry_id: str, now: float) -> None:
+        with contextlib.suppress(StoreUnavailable):
+            await self._store.touch(entry_id, now)
 
     async def _verify(self, query: str, candidate: str, cosine: float, strictness: str) -> Verdict:
         loop = asyncio.get_running_loop()
@@ -282,10 +314,21 @@ class SemanticCache:
                 await self._store.forget_expired(expired)
         return len(expired)
 
+    async def _load(self) -> bool:
+        try:
+            await self.tables.replace_all(await self._store.load())
+        except StoreUnavailable as exc:
+            logger.warning("semantic cache store unavailable: %s", exc)
+            return False
+        self._loaded = True
+        return True
+
     async def _sweep_forever(self) -> None:
         while True:
             await asyncio.sleep(SWEEP_INTERVAL_S)
             try:
+                if not self._loaded:  # a store that failed to open: try it again
+                    await self._load()
                 await self.sweep()
             except Exception:  # one failed sweep must not end sweeping
                 logger.exception("cache sweep failed")

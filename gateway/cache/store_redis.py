@@ -23,7 +23,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
-from gateway.cache.entry import CachedAnswer, Entry
+from gateway.cache.entry import CachedAnswer, Entry, facts_only
 from gateway.cache.store import StoreListener, StoreUnavailable, answer_from_json, answer_to_json
 
 logger = logging.getLogger("tiergate.cache")
@@ -45,18 +45,19 @@ class RedisStore:
         self._lru = f"{prefix}:lru"
         self._events = f"{prefix}:events"
         self._origin = uuid.uuid4().hex  # our own events are applied already: skip them
-        retry = Retry(NoBackoff(), 1)  # one retry: a pooled connection may predate a restart
         self._client = Redis.from_url(
             url,
             socket_timeout=REQUEST_TIMEOUT_S,
             socket_connect_timeout=REQUEST_TIMEOUT_S,
-            retry=retry,
+            retry=Retry(NoBackoff(), 1),  # a pooled connection may predate a Redis restart
         )
+        # The follower's connection never retries silently: a broken connection means
+        # events may have been missed (or Redis restarted empty), so it must resync.
         self._reader = Redis.from_url(
             url,
             socket_timeout=BLOCK_MS / 1000 + 5,
             socket_connect_timeout=REQUEST_TIMEOUT_S,
-            retry=retry,
+            retry=Retry(NoBackoff(), 0),
         )
         self._synced = False
         self._last_id: bytes | str = "0-0"
@@ -237,7 +238,7 @@ class RedisStore:
             batch = ids[start : start + SCAN_BATCH]
             async with self._client.pipeline(transaction=False) as pipe:
                 for entry_id in batch:
-                    pipe.hgetall(self._key(entry_id))
+                    pipe.hmget(self._key(entry_id), LOAD_FIELDS)
                 rows = await pipe.execute()
             entries += [_entry(i, row) for i, row in zip(batch, rows, strict=True)]
         return entries
@@ -250,33 +251,52 @@ class RedisStore:
         return StoreUnavailable(self._error)
 
 
-def _fields(entry: Entry) -> dict[str, str | bytes | float]:
+# Loading reads every field but the answer text, which only a hit needs.
+LOAD_FIELDS = (
+    "scope",
+    "tenant",
+    "route",
+    "question",
+    "vector",
+    "finish_reason",
+    "completion_tokens",
+    "max_tokens",
+    "created_at",
+    "expires_at",
+)
+
+
+def _fields(entry: Entry) -> dict[str, str | bytes | float | int]:
+    answer = entry.answer
     return {
         "scope": entry.scope,
         "tenant": entry.tenant,
         "route": entry.route,
         "question": entry.question,
         "vector": np.asarray(entry.vector, dtype=np.float32).tobytes(),
-        "answer": answer_to_json(entry.answer),
+        "answer": answer_to_json(answer),
+        "finish_reason": answer.finish_reason,
+        "completion_tokens": answer.completion_tokens,
+        "max_tokens": "" if answer.max_tokens is None else answer.max_tokens,
         "created_at": entry.created_at,
         "expires_at": "" if entry.expires_at is None else entry.expires_at,
     }
 
 
-def _entry(entry_id: str, row: dict[bytes, bytes]) -> Entry | None:
-    if not row or b"answer" not in row:  # deleted or expired since it was listed
+def _entry(entry_id: str, values: list[bytes | None]) -> Entry | None:
+    if any(v is None for v in values):  # deleted or expired since it was listed
         return None
-    expires_at = row[b"expires_at"].decode()
+    scope, tenant, route, question, vector, finish, completion, limit, created, expires = values
     return Entry(
         id=entry_id,
-        scope=row[b"scope"].decode(),
-        tenant=row[b"tenant"].decode(),
-        route=row[b"route"].decode(),
-        question=row[b"question"].decode(),
-        vector=np.frombuffer(row[b"vector"], dtype=np.float32),
-        answer=answer_from_json(row[b"answer"]),
-        created_at=float(row[b"created_at"]),
-        expires_at=float(expires_at) if expires_at else None,
+        scope=scope.decode(),
+        tenant=tenant.decode(),
+        route=route.decode(),
+        question=question.decode(),
+        vector=np.frombuffer(vector, dtype=np.float32),
+        answer=facts_only(finish.decode(), int(completion), int(limit) if limit else None),
+        created_at=float(created),
+        expires_at=float(expires) if expires else None,
     )
 
 

@@ -15,7 +15,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from gateway.cache.entry import CachedAnswer, Entry
+from gateway.cache.entry import CachedAnswer, Entry, facts_only
 from gateway.cache.store import StoreUnavailable, answer_from_json, answer_to_json
 
 SCHEMA = """
@@ -27,6 +27,9 @@ CREATE TABLE IF NOT EXISTS entries (
     question TEXT NOT NULL,
     vector BLOB NOT NULL,
     answer TEXT NOT NULL,
+    finish_reason TEXT NOT NULL,
+    completion_tokens INTEGER NOT NULL,
+    max_tokens INTEGER,
     created_at REAL NOT NULL,
     expires_at REAL,
     last_used REAL NOT NULL
@@ -35,7 +38,13 @@ CREATE INDEX IF NOT EXISTS entries_by_last_used ON entries (last_used);
 CREATE INDEX IF NOT EXISTS entries_by_tenant_route ON entries (tenant, route);
 """
 T = TypeVar("T")
-COLUMNS = "id, scope, tenant, route, question, vector, answer, created_at, expires_at"
+# What loading reads: everything but the answer text, which only a hit needs.
+LOAD_COLUMNS = (
+    "id, scope, tenant, route, question, vector, finish_reason, completion_tokens, max_tokens,"
+    " created_at, expires_at"
+)
+RETRY_S = 5.0  # after an error, requests bypass the store this long before trying it again
+INSERT = f"INSERT OR REPLACE INTO entries VALUES ({', '.join('?' * 13)})"
 
 
 class SqliteStore:
@@ -47,10 +56,14 @@ class SqliteStore:
         self._db: sqlite3.Connection | None = None
         self._count = 0
         self._error: str | None = None
+        self._failed_at = 0.0  # monotonic time of the last error
 
     @property
     def healthy(self) -> bool:
-        return self._db is not None and self._error is None
+        """Open, and no error in the last RETRY_S (then the next call tries again: a full
+        disk may have room by now)."""
+        recent = self._error is not None and time.monotonic() - self._failed_at < RETRY_S
+        return self._db is not None and not recent
 
     async def load(self) -> list[Entry]:
         return await self._call(self._open_and_load)
@@ -102,6 +115,7 @@ class SqliteStore:
             result = await loop.run_in_executor(self._executor, fn, *args)
         except sqlite3.Error as exc:  # a full disk or a broken file: bypass, never corrupt
             self._error = f"{type(exc).__name__}: {exc}"
+            self._failed_at = time.monotonic()
             raise StoreUnavailable(self._error) from exc
         self._error = None
         return result
@@ -116,7 +130,7 @@ class SqliteStore:
         db.execute(
             "DELETE FROM entries WHERE expires_at IS NOT NULL AND expires_at <= ?", (time.time(),)
         )
-        rows = db.execute(f"SELECT {COLUMNS} FROM entries").fetchall()
+        rows = db.execute(f"SELECT {LOAD_COLUMNS} FROM entries").fetchall()
         self._count = len(rows)
         return [_entry(row) for row in rows]
 
@@ -124,10 +138,7 @@ class SqliteStore:
         db = self._connection()
         with _transaction(db):
             existed = db.execute("SELECT 1 FROM entries WHERE id = ?", (entry.id,)).fetchone()
-            db.execute(
-                f"INSERT OR REPLACE INTO entries VALUES ({', '.join('?' * 10)})",
-                (*_row(entry), entry.created_at),
-            )
+            db.execute(INSERT, (*_row(entry), entry.created_at))
             self._count += 0 if existed else 1
             if self._count <= max_entries:
                 return []
@@ -142,10 +153,7 @@ class SqliteStore:
     def _put_many(self, entries: list[Entry]) -> None:
         db = self._connection()
         with _transaction(db):
-            db.executemany(
-                f"INSERT OR REPLACE INTO entries VALUES ({', '.join('?' * 10)})",
-                [(*_row(e), e.created_at) for e in entries],
-            )
+            db.executemany(INSERT, [(*_row(e), e.created_at) for e in entries])
         self._count = db.execute("SELECT count(*) FROM entries").fetchone()[0]
 
     def _delete(self, ids: list[str]) -> list[str]:
@@ -192,6 +200,7 @@ class _transaction:
 
 
 def _row(entry: Entry) -> tuple:
+    answer = entry.answer
     vector = np.asarray(entry.vector, dtype=np.float32).tobytes()
     return (
         entry.id,
@@ -200,14 +209,19 @@ def _row(entry: Entry) -> tuple:
         entry.route,
         entry.question,
         vector,
-        answer_to_json(entry.answer),
+        answer_to_json(answer),
+        answer.finish_reason,
+        answer.completion_tokens,
+        answer.max_tokens,
         entry.created_at,
         entry.expires_at,
     )
 
 
 def _entry(row: tuple) -> Entry:
-    entry_id, scope, tenant, route, question, vector, answer, created_at, expires_at = row
+    entry_id, scope, tenant, route, question, vector, finish, completion, limit = row[:9]
+    created_at, expires_at = row[9:]
+    answer = facts_only(finish, completion, limit)
     return Entry(
         entry_id,
         scope,
@@ -215,7 +229,7 @@ def _entry(row: tuple) -> Entry:
         route,
         question,
         np.frombuffer(vector, np.float32),
-        answer_from_json(answer),
+        answer,
         created_at,
         expires_at,
     )

@@ -20,7 +20,7 @@ from typing import TypeVar
 import numpy as np
 
 from gateway.cache.entry import Entry, answer_serves, normalise
-from gateway.cache.index import CacheIndex, Hit
+from gateway.cache.index import CacheIndex, Hit, use_one_thread
 
 T = TypeVar("T")
 HELD_BYTES = 400  # a Held with its question (~100 characters) and its exact-table item
@@ -51,11 +51,17 @@ def exact_key(scope: str, text: str) -> bytes:
 
 class EntryTables:
     def __init__(self, dim: int, approximate_above: int) -> None:
-        self._index = CacheIndex(dim, approximate_above)
+        # IVF training has its own thread, so a scope that grows never stalls lookups.
+        self._trainer = ThreadPoolExecutor(
+            1, thread_name_prefix="cache-index-train", initializer=use_one_thread
+        )
+        self._index = CacheIndex(dim, approximate_above, self._trainer)
         self._held: dict[str, Held] = {}
         self._exact: dict[bytes, str] = {}
         self._expiry: list[tuple[float, str]] = []  # heap; items of dropped entries linger
-        self._index_thread = ThreadPoolExecutor(1, thread_name_prefix="cache-index")
+        self._index_thread = ThreadPoolExecutor(
+            1, thread_name_prefix="cache-index", initializer=use_one_thread
+        )
 
     def __len__(self) -> int:
         return len(self._held)
@@ -109,15 +115,17 @@ class EntryTables:
                 by_scope.setdefault(entry.scope, []).append(entry)
         await self._in_index_thread(self._rebuild_index, by_scope)
 
-    async def put(self, entry: Entry) -> None:
+    async def put(self, entry: Entry) -> str | None:
+        """Hold an entry; returns the id of an entry it replaced (same scope and question)."""
         if entry.expires_at is not None and entry.expires_at <= time.time():
-            return
+            return None
         replaced = self._hold(entry)
         await self._in_index_thread(
             self._index.add, entry.scope, [entry.id], entry.vector.reshape(1, -1)
         )
         if replaced is not None:
             await self._in_index_thread(self._remove_from_index, {entry.scope: [replaced]})
+        return replaced
 
     async def delete(self, ids: list[str]) -> None:
         by_scope: dict[str, list[str]] = {}
@@ -130,6 +138,7 @@ class EntryTables:
 
     def close(self) -> None:
         self._index_thread.shutdown(wait=True)
+        self._trainer.shutdown(wait=False, cancel_futures=True)
 
     # --- internals -----------------------------------------------------------------------
 
