@@ -41,6 +41,7 @@ def _applier(state: GatewayState):
             logger.warning("server settings changed: they take effect at the next restart")
         try:
             prepared = await prepare(policy, state.engines, state.scorer_factory)
+            await _reload_cache(state, policy)
         except Exception as exc:  # e.g. a model that is not installed
             issue = PolicyIssue("", f"preparing the policy failed: {exc}")
             raise PolicyError(str(state.policy_path), [issue]) from exc
@@ -50,16 +51,31 @@ def _applier(state: GatewayState):
     return apply
 
 
-async def _start_cache(policy: Policy) -> tuple[Embedder | None, SemanticCache | None]:
-    """The embedder and the semantic cache, when the policy turns the cache on."""
+async def _start_cache(
+    policy: Policy, embedder: Embedder | None = None
+) -> tuple[Embedder | None, SemanticCache | None]:
+    """The embedder (reused when given) and the semantic cache, when the policy turns it on."""
     if not policy.cache.enabled:
-        return None, None
-    settings = policy.embedder
-    embedder = await asyncio.to_thread(
-        Embedder, settings.model, settings.batch_size, settings.max_wait_ms
-    )
+        return embedder, None
+    if embedder is None:
+        settings = policy.embedder
+        embedder = await asyncio.to_thread(
+            Embedder, settings.model, settings.batch_size, settings.max_wait_ms
+        )
     verifier = await asyncio.to_thread(PairVerifier.load)
     return embedder, await SemanticCache.open(policy.cache, embedder, verifier)
+
+
+async def _reload_cache(state: GatewayState, policy: Policy) -> None:
+    """A reload's cache section: most keys apply to the open cache at once; a new store
+    (or the cache turned on) opens a new cache, and the old one closes after the swap.
+    Turned off, the cache stays open unused (every route reads `enabled` per request)."""
+    old = state.cache
+    if not policy.cache.enabled or (old is not None and old.reconfigure(policy.cache)):
+        return
+    state.embedder, state.cache = await _start_cache(policy, state.embedder)
+    if old is not None:
+        await old.close()
 
 
 async def _stop_cache(state: GatewayState) -> None:

@@ -169,3 +169,26 @@ def test_embedded_store_survives_a_restart(cache_dir: Path) -> None:
         time.sleep(0.3)
     with run_uvicorn(create_app(policy)) as base:
         assert ask(base, text).headers["x-tiergate-cache"] == "hit"
+
+
+def test_reload_turns_the_cache_on_and_applies_route_settings(tmp_path: Path) -> None:
+    path = tmp_path / "policy.yaml"
+    off = cache_policy("{enabled: false}")
+    path.write_text(off)
+    app = create_app(parse_policy(off, env={}), policy_path=path)
+    text = "What is the chemical symbol for gold?"
+    with run_uvicorn(app) as base:
+        assert ask(base, text).headers["x-tiergate-cache"] == "off"
+        on = cache_policy(f"{{enabled: true, path: {tmp_path / 'reload.sqlite3'}}}")
+        path.write_text(on)
+        admin = {"Authorization": f"Bearer {ADMIN}"}
+        reload = httpx.post(f"{base}/admin/policy/reload", headers=admin, timeout=120)
+        assert reload.status_code == 200, reload.text
+        assert ask(base, text).headers["x-tiergate-cache"] == "miss"
+        time.sleep(0.3)
+        assert ask(base, text).headers["x-tiergate-cache"] == "hit"
+        path.write_text(
+            on.replace("auto: {default: small}", "auto: {default: small, cache: {enabled: false}}")
+        )
+        assert httpx.post(f"{base}/admin/policy/reload", headers=admin, timeout=120).is_success
+        assert ask(base, text).headers["x-tiergate-cache"] == "off"
