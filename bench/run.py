@@ -24,6 +24,7 @@ BENCHMARKS = [
     "admin_stats",
     "memory",
     "cache_lookup",
+    "cache_replay",
     "kv_utilization",
     "prefix_sharing",
     "fuzz",
