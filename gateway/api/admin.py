@@ -1,70 +1,18 @@
 """Operator endpoints: the running policy, its reload, stats, and /metrics for Prometheus."""
 
-from typing import Annotated, Any
+from typing import Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
-from fastapi import APIRouter, Depends, Request
-from fastapi.responses import Response
+from fastapi import APIRouter, Request
 
-from engine.entrypoints.api_key import bearer_token, same_key
-from gateway.api.audit import audit, key_fingerprint
-from gateway.api.openai import authenticate
+from gateway.api.audit import audit
+from gateway.api.deps import Admin, State
 from gateway.errors import ApiError
 from gateway.policy import PolicyError
 from gateway.pricing import most_expensive, policy_prices
-from gateway.state import GatewayState
 from gateway.stats_view import stats_view
 
 router = APIRouter()
-
-
-async def get_state(request: Request) -> GatewayState:
-    # async: FastAPI runs a plain-def dependency in its thread pool, a hop per request.
-    return request.app.state.gateway
-
-
-State = Annotated[GatewayState, Depends(get_state)]
-
-
-def _bearer_matches(request: Request, *keys: str | None) -> bool:
-    token = bearer_token(request.headers.get("authorization", ""))
-    # Constant-time compare on bytes: these keys guard policy reloads and the stats.
-    return token is not None and any(k is not None and same_key(token, k) for k in keys)
-
-
-def _is_tenant_key(request: Request, state: GatewayState) -> bool:
-    if state.runtime.policy.auth.mode == "none":  # auth off: no key is a tenant's
-        return False
-    try:
-        authenticate(request, state.runtime)  # the API's own check: one source of truth
-    except ApiError:
-        return False
-    return True
-
-
-async def require_admin(request: Request, state: State) -> None:
-    admin_key = state.runtime.policy.auth.admin_key
-    if admin_key is None:
-        raise ApiError(403, "The admin API is disabled: set auth.admin_key in the policy.")
-    if not _bearer_matches(request, admin_key):
-        if _is_tenant_key(request, state):  # a valid key, just not an admin's
-            raise ApiError(403, "This endpoint needs the admin key; a tenant key cannot use it.")
-        message = "This endpoint needs the admin key as a bearer token."
-        raise ApiError(401, message, code="invalid_api_key")
-    request.state.admin = key_fingerprint(admin_key)
-
-
-async def require_metrics(request: Request, state: State) -> None:
-    auth = state.runtime.policy.auth
-    if auth.metrics_key is None and auth.admin_key is None:
-        raise ApiError(403, "/metrics is disabled: set auth.metrics_key in the policy.")
-    if not _bearer_matches(request, auth.metrics_key, auth.admin_key):
-        message = "/metrics needs the metrics key (auth.metrics_key) or the admin key."
-        raise ApiError(401, message, code="invalid_api_key")
-
-
-Admin = Annotated[None, Depends(require_admin)]
-Metrics = Annotated[None, Depends(require_metrics)]
 
 
 def redact_url(url: str | None) -> str | None:
@@ -94,9 +42,10 @@ def _redacted(policy_json: dict[str, Any]) -> dict[str, Any]:
     for tier in policy_json.get("tiers", {}).values():
         for deployment in tier.get("deployments", []):
             deployment["api_base"] = redact_url(deployment.get("api_base"))
-    cache = policy_json.get("cache", {})
-    if "redis_url" in cache:
-        cache["redis_url"] = redact_url(cache["redis_url"])
+    for section in ("cache", "limits"):
+        part = policy_json.get(section, {})
+        if part.get("redis_url"):
+            part["redis_url"] = redact_url(part["redis_url"])
     return policy_json
 
 
@@ -143,12 +92,3 @@ async def show_stats(state: State, _: Admin) -> dict[str, Any]:
     prices = policy_prices(state.runtime.policy)
     engines = state.engines.all()
     return stats_view(state.history, prices, most_expensive(prices), engines)
-
-
-@router.get("/metrics")
-async def metrics(state: State, _: Metrics) -> Response:
-    engine_registries = [
-        e.metrics.registry for e in state.engines.all().values() if hasattr(e, "metrics")
-    ]
-    body = state.stats.exposition(*engine_registries)
-    return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")

@@ -11,8 +11,8 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from engine.protocol import validation_error_message
-from gateway.api.admin import Admin, State
 from gateway.api.audit import audit
+from gateway.api.deps import Admin, State
 from gateway.cache.semantic import SemanticCache
 from gateway.cache.store import StoreUnavailable
 from gateway.errors import ApiError

@@ -11,77 +11,31 @@ never FastAPI's 422.
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Annotated
 
 import anyio
-from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, Response
-from pydantic import ValidationError
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
 
-from engine.entrypoints.api_key import bearer_token
 from engine.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     ModelCard,
     ModelList,
     Usage,
-    validation_error_message,
 )
 from gateway.api.cache_step import CacheControl, CacheStep, EmbeddingMemo, matched_text, scope_of
+from gateway.api.deps import State, authenticate, parse_body
 from gateway.api.respond import Call, backend_error, streamed, whole
 from gateway.api.shapes import ChatShape, Shape, TextShape
 from gateway.backends.base import BackendError, GenerationRequest, OpenAIRequest
 from gateway.backends.fallback import Served
-from gateway.backends.local import engine_alive
 from gateway.cache.semantic import CacheQuery
 from gateway.errors import ApiError
 from gateway.limits import NOT_LIMITED, Admission
-from gateway.policy import key_digest
 from gateway.routing.router import PromptFeatures, extract_features
 from gateway.state import GatewayState, Runtime
 
 router = APIRouter()
-
-
-async def get_state(request: Request) -> GatewayState:
-    # async: FastAPI runs a plain-def dependency in its thread pool, a hop per request.
-    return request.app.state.gateway
-
-
-State = Annotated[GatewayState, Depends(get_state)]
-
-
-def _mask(key: str) -> str:
-    return f"{key[:6]}...{key[-4:]}" if len(key) > 12 else "***"
-
-
-def authenticate(request: Request, runtime: Runtime) -> str:
-    """The caller's tenant; with `auth: {mode: none}` everyone is tenant "default"."""
-    if runtime.policy.auth.mode == "none":
-        return "default"
-    token = bearer_token(request.headers.get("authorization", ""))
-    if token is None:
-        raise ApiError(
-            401,
-            "You didn't provide an API key. Send it as 'Authorization: Bearer YOUR_KEY'.",
-            code="missing_api_key",
-        )
-    # Keys are looked up by their SHA-256, so policies may store hashes instead of keys.
-    digest = key_digest(token)
-    tenant = runtime.tenants.get(digest)
-    if tenant is None:
-        shown = _mask(token.decode("latin-1"))
-        raise ApiError(401, f"Incorrect API key provided: {shown}.", code="invalid_api_key")
-    request.state.key_digest = digest  # per-key limits
-    return tenant
-
-
-async def parse_body(request: Request, model: type[OpenAIRequest]) -> OpenAIRequest:
-    try:
-        return model.model_validate_json(await request.body())
-    except ValidationError as exc:
-        message, param = validation_error_message(exc)
-        raise ApiError(400, message, param=param) from None
 
 
 def _features(body: OpenAIRequest) -> PromptFeatures:
@@ -263,19 +217,3 @@ async def list_models(request: Request, state: State) -> dict:
         for name in runtime.router.model_names()
     ]
     return ModelList(data=cards).model_dump()
-
-
-@router.get("/health")
-async def health() -> dict:
-    return {"status": "ok"}
-
-
-@router.get("/ready")
-async def ready(state: State) -> JSONResponse:
-    engines, restarts = state.engines.all(), state.engines.restarts()
-    report = {n: {"running": engine_alive(e), "restarts": restarts[n]} for n, e in engines.items()}
-    dead = [name for name, e in report.items() if not e["running"]]
-    if dead:  # a dead engine is being restarted; its tier's fallback serves meanwhile
-        body = {"status": "unavailable", "dead_engines": dead, "engines": report}
-        return JSONResponse(body, status_code=503)
-    return JSONResponse({"status": "ready", "engines": report})

@@ -1,0 +1,101 @@
+"""What the routes depend on: the gateway state, who is calling (tenant, admin, metrics
+scraper), and the request body parsed with OpenAI's error shape.
+
+One module for every router, so a key is checked one way everywhere: tenants by their
+key's SHA-256, the admin and metrics keys compared in constant time on bytes.
+"""
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+from pydantic import ValidationError
+
+from engine.entrypoints.api_key import bearer_token, same_key
+from engine.protocol import validation_error_message
+from gateway.api.audit import key_fingerprint
+from gateway.backends.base import OpenAIRequest
+from gateway.errors import ApiError
+from gateway.policy import key_digest
+from gateway.state import GatewayState, Runtime
+
+
+async def get_state(request: Request) -> GatewayState:
+    # async: FastAPI runs a plain-def dependency in its thread pool, a hop per request.
+    return request.app.state.gateway
+
+
+State = Annotated[GatewayState, Depends(get_state)]
+
+
+def _mask(key: str) -> str:
+    return f"{key[:6]}...{key[-4:]}" if len(key) > 12 else "***"
+
+
+def authenticate(request: Request, runtime: Runtime) -> str:
+    """The caller's tenant; with `auth: {mode: none}` everyone is tenant "default"."""
+    if runtime.policy.auth.mode == "none":
+        return "default"
+    token = bearer_token(request.headers.get("authorization", ""))
+    if token is None:
+        raise ApiError(
+            401,
+            "You didn't provide an API key. Send it as 'Authorization: Bearer YOUR_KEY'.",
+            code="missing_api_key",
+        )
+    # Keys are looked up by their SHA-256, so policies may store hashes instead of keys.
+    digest = key_digest(token)
+    tenant = runtime.tenants.get(digest)
+    if tenant is None:
+        shown = _mask(token.decode("latin-1"))
+        raise ApiError(401, f"Incorrect API key provided: {shown}.", code="invalid_api_key")
+    request.state.key_digest = digest  # per-key limits
+    return tenant
+
+
+async def parse_body(request: Request, model: type[OpenAIRequest]) -> OpenAIRequest:
+    try:
+        return model.model_validate_json(await request.body())
+    except ValidationError as exc:
+        message, param = validation_error_message(exc)
+        raise ApiError(400, message, param=param) from None
+
+
+def _bearer_matches(request: Request, *keys: str | None) -> bool:
+    token = bearer_token(request.headers.get("authorization", ""))
+    # Constant-time compare on bytes: these keys guard policy reloads and the stats.
+    return token is not None and any(k is not None and same_key(token, k) for k in keys)
+
+
+def _is_tenant_key(request: Request, state: GatewayState) -> bool:
+    if state.runtime.policy.auth.mode == "none":  # auth off: no key is a tenant's
+        return False
+    try:
+        authenticate(request, state.runtime)  # the API's own check: one source of truth
+    except ApiError:
+        return False
+    return True
+
+
+async def require_admin(request: Request, state: State) -> None:
+    admin_key = state.runtime.policy.auth.admin_key
+    if admin_key is None:
+        raise ApiError(403, "The admin API is disabled: set auth.admin_key in the policy.")
+    if not _bearer_matches(request, admin_key):
+        if _is_tenant_key(request, state):  # a valid key, just not an admin's
+            raise ApiError(403, "This endpoint needs the admin key; a tenant key cannot use it.")
+        message = "This endpoint needs the admin key as a bearer token."
+        raise ApiError(401, message, code="invalid_api_key")
+    request.state.admin = key_fingerprint(admin_key)
+
+
+async def require_metrics(request: Request, state: State) -> None:
+    auth = state.runtime.policy.auth
+    if auth.metrics_key is None and auth.admin_key is None:
+        raise ApiError(403, "/metrics is disabled: set auth.metrics_key in the policy.")
+    if not _bearer_matches(request, auth.metrics_key, auth.admin_key):
+        message = "/metrics needs the metrics key (auth.metrics_key) or the admin key."
+        raise ApiError(401, message, code="invalid_api_key")
+
+
+Admin = Annotated[None, Depends(require_admin)]
+Metrics = Annotated[None, Depends(require_metrics)]
