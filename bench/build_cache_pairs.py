@@ -212,7 +212,9 @@ def word_stats(corpus: list[str], keep: int) -> dict:
         for t in tokens:
             if not t.initial and t.lower.isalpha():
                 (capital if t.capitalised else lower)[t.lower] += 1
-    vocab = [w for w, n in df.most_common(keep) if n >= 5 and w.isalpha()]
+    # Sorted by count, then word: set order varies from run to run (hash seeds).
+    ranked = sorted(df.items(), key=lambda item: (-item[1], item[0]))[:keep]
+    vocab = [w for w, n in ranked if n >= 5 and w.isalpha()]
     n = len(corpus)
     idf = {w: round(math.log(n / (df[w] + 1)), 2) for w in vocab}
     cap = {
