@@ -114,6 +114,15 @@ def test_strict_never_accepts_what_balanced_refuses(
     assert accepted["strict"] < accepted["lenient"]  # the knob does something
 
 
+def test_long_texts_are_compared_word_for_word(verifier: PairVerifier) -> None:
+    document = "def f(x):\n    return x + 1\n" * 200  # a pasted file, past the comparison limit
+    assert verifier.verify(document, document.replace("  ", " "), 0.99).accept
+    edited = document[:-3] + "2\n"
+    verdict = verifier.verify(document, edited, 0.999, "lenient")
+    assert not verdict.accept and verdict.reason == "too long to compare"
+    assert not verifier.verify("", "What is Python?", 0.1, "lenient").accept
+
+
 def test_bad_strictness_and_stale_artifact_are_refused(verifier: PairVerifier) -> None:
     with pytest.raises(ValueError, match="strictness"):
         verifier.verify("a b c", "a b c", 1.0, "paranoid")

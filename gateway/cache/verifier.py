@@ -17,6 +17,9 @@ from gateway.cache.pair_features import FEATURES, align, features, veto
 from gateway.cache.pair_text import WordStats, analyse
 
 DEFAULT_ARTIFACT = Path(__file__).with_name("verifier_model.json")
+# Longer texts (pasted code, documents) are compared word for word only: word alignment
+# grows with the square of the length, and the embedder reads no further than this either.
+MAX_COMPARED_CHARS = 2048
 STRICTNESS = ("strict", "balanced", "lenient")
 
 
@@ -67,6 +70,9 @@ class PairVerifier:
 
     def probability(self, query: str, candidate: str, cosine: float) -> tuple[float, str]:
         """The model's probability and the veto reason ("" when none); 0 when vetoed."""
+        if max(len(query), len(candidate)) > MAX_COMPARED_CHARS:
+            same = " ".join(query.lower().split()) == " ".join(candidate.lower().split())
+            return (1.0, "") if same else (0.0, "too long to compare")
         a, b = analyse(query, self.stats), analyse(candidate, self.stats)
         al = align(a, b, self.stats)
         reason = veto(a, b, al, self.stats)
