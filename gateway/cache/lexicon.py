@@ -312,7 +312,15 @@ error bug issue problem glitch
 explain describe clarify elaborate
 show display print output
 fetch obtain retrieve grab acquire get
-fast quick rapid speedy
+fast quick rapid speedy quickly rapidly swiftly
+biggest largest
+smallest tiniest
+calculate compute
+learn study
+kill terminate
+cheap inexpensive affordable
+drawback disadvantage downside
+benefit advantage
 big large huge enormous
 small little tiny
 use utilize employ leverage
@@ -324,7 +332,7 @@ help assist support
 need require
 choose pick select
 tip advice suggestion recommendation hint
-method approach technique
+method approach technique way
 write compose
 convert transform turn translate
 job work occupation career
@@ -567,9 +575,6 @@ SCOPE_WORDS = frozenset(
         "tweet",
         "email",
         "letter",
-        "code",
-        "snippet",
-        "script",
         "function",
         "class",
         "diagram",
@@ -595,13 +600,6 @@ SCOPE_WORDS = frozenset(
         "pages",
         "line",
         "lines",
-        "compare",
-        "comparison",
-        "versus",
-        "vs",
-        "define",
-        "definition",
-        "meaning",
         "pros",
         "cons",
         "all",
