@@ -37,6 +37,7 @@ WHY_PHRASES = re.compile(
     r"\b(?:what (?:makes|causes|is the reason|are the reasons)|how come)\b", re.IGNORECASE
 )
 STEP_BY_STEP = re.compile(r"\bstep[- ]by[- ]step\b", re.IGNORECASE)
+TRIGRAM_CHARS = 600  # enough to tell a typo from a rewording; bounds the cache entry
 APOSTROPHES = str.maketrans({"’": "'", "‘": "'", "´": "'"})
 
 
@@ -134,6 +135,7 @@ def lemma_candidates(word: str) -> list[str]:
     return out
 
 
+@lru_cache(maxsize=65536)  # words repeat across texts; a bounded vocabulary
 def content_key(word: str) -> str:
     for candidate in lemma_candidates(word):
         if candidate in lx.SYNONYMS:
@@ -205,7 +207,8 @@ def is_entity(t: Token, stats: WordStats) -> bool:
     return t.capitalised and not t.initial and not stats.usually_lower(w)
 
 
-@lru_cache(maxsize=16384)
+# Bounded: an entry of a 2,048-character text holds ~100 KB (tokens, trigrams).
+@lru_cache(maxsize=1024)
 def analyse(text: str, stats: WordStats) -> PairText:
     text = POLITE_PHRASES.sub(" ", expand_contractions(text))
     text = WHY_PHRASES.sub("why", FILLER_PHRASES.sub("way", text))
@@ -231,7 +234,7 @@ def analyse(text: str, stats: WordStats) -> PairText:
         negations=sum(counts[n] for n in lx.NEGATIONS),
         quoted=_quoted(text),
         entities=frozenset(t.lower for t in tokens if is_entity(t, stats)),
-        trigrams=trigrams(" ".join(words)),
+        trigrams=trigrams(" ".join(words)[:TRIGRAM_CHARS]),
     )
 
 
