@@ -12,6 +12,17 @@ import random
 import re
 from collections.abc import Callable
 
+
+def _pairs(text: str) -> list[tuple[str, str]]:
+    """Word pairs written as "a b, c d" (one line holds many)."""
+    return [tuple(p.split()) for p in text.split(",") if p.strip()]  # type: ignore[misc]
+
+
+def _words(text: str) -> list[str]:
+    """A word list written as one string (shorter to read than a list of strings)."""
+    return text.split()
+
+
 Edit = Callable[[str, random.Random], str | None]
 
 FILLER_PREFIXES = [
@@ -57,241 +68,57 @@ FRAMES = [
     ["give me ", "can you give me ", "i'd like ", "provide "],
     ["tell me about ", "what can you tell me about ", "explain ", "describe "],
 ]
-GEN_SYNONYMS = [
-    ("make", "create"),
-    ("build", "create"),
-    ("fix", "solve"),
-    ("error", "issue"),
-    ("show", "display"),
-    ("get", "obtain"),
-    ("big", "large"),
-    ("use", "utilize"),
-    ("start", "begin"),
-    ("buy", "purchase"),
-    ("help", "assist"),
-    ("need", "require"),
-    ("choose", "pick"),
-    ("tips", "advice"),
-    ("write", "compose"),
-    ("movie", "film"),
-    ("car", "vehicle"),
-    ("kids", "children"),
-    ("photo", "picture"),
-    ("quick", "fast"),
-    ("delete", "remove"),
-    ("change", "modify"),
-    ("find", "locate"),
-    ("job", "position"),
-    ("idea", "suggestion"),
-    ("app", "application"),
-    ("ways", "methods"),
-    ("improve", "enhance"),
-    ("understand", "grasp"),
-    ("common", "frequent"),
-    ("important", "crucial"),
-    ("main", "primary"),
-    ("simple", "easy"),
-    ("begin", "start"),
-    ("shows", "displays"),
-    ("creating", "making"),
-    ("using", "utilizing"),
-]
+GEN_SYNONYMS = _pairs(
+    """make create, build create, fix solve, error issue, show display, get obtain, big
+    large, use utilize, start begin, buy purchase, help assist, need require, choose
+    pick, tips advice, write compose, movie film, car vehicle, kids children, photo
+    picture, quick fast, delete remove, change modify, find locate, job position, idea
+    suggestion, app application, ways methods, improve enhance, understand grasp, common
+    frequent, important crucial, main primary, simple easy, begin start, shows displays,
+    creating making, using utilizing"""
+)
 NEGATABLE = re.compile(
     r"\b(is|are|was|were|can|could|should|would|will|do|does|did|has|have)\b", re.IGNORECASE
 )
 EXISTING_NEGATION = re.compile(r"\b(not|never)\b\s*|n't\b", re.IGNORECASE)
-ANTONYM_SWAPS = [
-    ("enable", "disable"),
-    ("increase", "decrease"),
-    ("add", "remove"),
-    ("best", "worst"),
-    ("before", "after"),
-    ("start", "stop"),
-    ("open", "close"),
-    ("buy", "sell"),
-    ("install", "uninstall"),
-    ("import", "export"),
-    ("upload", "download"),
-    ("max", "min"),
-    ("maximum", "minimum"),
-    ("more", "less"),
-    ("positive", "negative"),
-    ("good", "bad"),
-    ("advantages", "disadvantages"),
-    ("pros", "cons"),
-    ("first", "last"),
-    ("hot", "cold"),
-    ("easy", "hard"),
-    ("cheap", "expensive"),
-    ("fast", "slow"),
-    ("high", "low"),
-    ("long", "short"),
-    ("large", "small"),
-    ("big", "small"),
-    ("encrypt", "decrypt"),
-    ("include", "exclude"),
-    ("input", "output"),
-    ("send", "receive"),
-    ("win", "lose"),
-    ("true", "false"),
-    ("always", "never"),
-    ("benefits", "risks"),
-    ("love", "hate"),
-    ("connect", "disconnect"),
-    ("lock", "unlock"),
-    ("show", "hide"),
-    ("public", "private"),
-    ("possible", "impossible"),
-    ("legal", "illegal"),
-    ("like", "dislike"),
-    ("old", "new"),
-    ("strengths", "weaknesses"),
-    ("success", "failure"),
-    ("better", "worse"),
-    ("up", "down"),
-]
+ANTONYM_SWAPS = _pairs(
+    """enable disable, increase decrease, add remove, best worst, before after, start stop,
+    open close, buy sell, install uninstall, import export, upload download, max min,
+    maximum minimum, more less, positive negative, good bad, advantages disadvantages,
+    pros cons, first last, hot cold, easy hard, cheap expensive, fast slow, high low,
+    long short, large small, big small, encrypt decrypt, include exclude, input output,
+    send receive, win lose, true false, always never, benefits risks, love hate, connect
+    disconnect, lock unlock, show hide, public private, possible impossible, legal
+    illegal, like dislike, old new, strengths weaknesses, success failure, better worse,
+    up down"""
+)
 ENTITY_CLASSES = [
-    [
-        "France",
-        "Germany",
-        "Spain",
-        "Italy",
-        "Japan",
-        "China",
-        "India",
-        "Brazil",
-        "Canada",
-        "Mexico",
-        "Egypt",
-        "Kenya",
-        "Norway",
-        "Poland",
-        "Vietnam",
-        "Chile",
-        "Turkey",
-        "Greece",
-        "Sweden",
-        "Argentina",
-        "Australia",
-        "Nigeria",
-        "Peru",
-    ],
-    [
-        "Paris",
-        "London",
-        "Berlin",
-        "Tokyo",
-        "Madrid",
-        "Rome",
-        "Chicago",
-        "Boston",
-        "Seattle",
-        "Toronto",
-        "Sydney",
-        "Dubai",
-        "Amsterdam",
-        "Vienna",
-        "Prague",
-        "Lisbon",
-        "Mumbai",
-        "Seoul",
-        "Bangkok",
-        "Cairo",
-        "Denver",
-        "Austin",
-    ],
-    [
-        "Python",
-        "Java",
-        "JavaScript",
-        "TypeScript",
-        "Rust",
-        "Go",
-        "Ruby",
-        "PHP",
-        "Swift",
-        "Kotlin",
-        "Scala",
-        "Haskell",
-        "C++",
-        "C#",
-        "Perl",
-        "Elixir",
-        "Dart",
-        "Lua",
-    ],
-    [
-        "React",
-        "Angular",
-        "Vue",
-        "Django",
-        "Flask",
-        "Spring",
-        "Rails",
-        "Laravel",
-        "Express",
-        "Svelte",
-        "Next.js",
-    ],
-    ["Windows", "Linux", "macOS", "Ubuntu", "Android", "iOS", "Debian", "Fedora"],
-    [
-        "Google",
-        "Microsoft",
-        "Apple",
-        "Amazon",
-        "Meta",
-        "Netflix",
-        "Tesla",
-        "IBM",
-        "Oracle",
-        "Intel",
-        "Nvidia",
-        "Samsung",
-        "Spotify",
-        "Uber",
-        "Airbnb",
-        "Shopify",
-        "Salesforce",
-    ],
-    ["MySQL", "PostgreSQL", "MongoDB", "Redis", "SQLite", "Cassandra", "DynamoDB", "Elasticsearch"],
+    _words(
+        """France Germany Spain Italy Japan China India Brazil Canada Mexico Egypt Kenya Norway
+        Poland Vietnam Chile Turkey Greece Sweden Argentina Australia Nigeria Peru"""
+    ),
+    _words(
+        """Paris London Berlin Tokyo Madrid Rome Chicago Boston Seattle Toronto Sydney Dubai
+        Amsterdam Vienna Prague Lisbon Mumbai Seoul Bangkok Cairo Denver Austin"""
+    ),
+    _words(
+        """Python Java JavaScript TypeScript Rust Go Ruby PHP Swift Kotlin Scala Haskell C++ C#
+        Perl Elixir Dart Lua"""
+    ),
+    _words("""React Angular Vue Django Flask Spring Rails Laravel Express Svelte Next.js"""),
+    _words("""Windows Linux macOS Ubuntu Android iOS Debian Fedora"""),
+    _words(
+        """Google Microsoft Apple Amazon Meta Netflix Tesla IBM Oracle Intel Nvidia Samsung Spotify
+        Uber Airbnb Shopify Salesforce"""
+    ),
+    _words("""MySQL PostgreSQL MongoDB Redis SQLite Cassandra DynamoDB Elasticsearch"""),
     ["AWS", "Azure", "GCP", "Heroku", "DigitalOcean", "Vercel", "Netlify"],
-    [
-        "Excel",
-        "Word",
-        "PowerPoint",
-        "Notion",
-        "Slack",
-        "Jira",
-        "Trello",
-        "Figma",
-        "Photoshop",
-        "WordPress",
-    ],
+    _words("""Excel Word PowerPoint Notion Slack Jira Trello Figma Photoshop WordPress"""),
     ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"],
-    [
-        "January",
-        "February",
-        "April",
-        "June",
-        "July",
-        "August",
-        "September",
-        "October",
-        "November",
-        "December",
-    ],
-    [
-        "Shakespeare",
-        "Einstein",
-        "Newton",
-        "Darwin",
-        "Napoleon",
-        "Lincoln",
-        "Gandhi",
-        "Picasso",
-        "Mozart",
-        "Beethoven",
-    ],
+    _words("""January February April June July August September October November December"""),
+    _words(
+        """Shakespeare Einstein Newton Darwin Napoleon Lincoln Gandhi Picasso Mozart Beethoven"""
+    ),
 ]
 SCOPE_SWAPS = [
     ("explain", "summarize"),
