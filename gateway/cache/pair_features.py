@@ -1,0 +1,195 @@
+"""Compare two analysed questions: align their content words, apply the hard vetoes, and
+compute the features the learned part of the verifier scores.
+
+A veto is a difference that changes the answer whatever the cosine says: another number,
+unit or date, a negation, an opposite, a swapped direction, another name, quoted term or
+scope word. What no veto decides (synonyms nobody listed, extra words of uncertain weight)
+is left to the classifier over these features.
+"""
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+
+from gateway.cache import lexicon as lx
+from gateway.cache.pair_text import PairText, WordStats, lemma_candidates
+
+FEATURES = (
+    "cosine",
+    "unmatched_max",  # content words of one side the other lacks (the larger side)
+    "unmatched_min",
+    "weight_frac_max",  # share of a side's content weight (idf) left unmatched
+    "weight_frac_min",
+    "max_unmatched_idf",  # the rarest unmatched word: rare words carry the topic
+    "substitution",  # both sides have unmatched words: one thing swapped for another
+    "jaccard",
+    "char_jaccard",
+    "length_ratio",
+    "log_content",
+    "cosine_x_matched",
+)
+DIRECTIONAL = ("to", "into", "from", "than")
+
+
+@dataclass(frozen=True)
+class Alignment:
+    only_a: dict[str, str]  # content key -> word, in a but not b (typos forgiven)
+    only_b: dict[str, str]
+    shared: int
+
+
+def within_one_edit(a: str, b: str) -> bool:
+    """Damerau distance <= 1: one insertion, deletion, substitution or adjacent swap."""
+    if a == b:
+        return True
+    if abs(len(a) - len(b)) > 1:
+        return False
+    if len(a) == len(b):
+        diff = [i for i in range(len(a)) if a[i] != b[i]]
+        if len(diff) == 1:
+            return True
+        i, j = diff[0], diff[-1]
+        return len(diff) == 2 and j == i + 1 and a[i] == b[j] and a[j] == b[i]
+    short, long = (a, b) if len(a) < len(b) else (b, a)
+    i = next((k for k in range(len(short)) if short[k] != long[k]), len(short))
+    return short[i:] == long[i + 1 :]
+
+
+def _typo_of(word: str, other: PairText, stats: WordStats) -> bool:
+    """A misspelling (an unknown word one edit away) or a split/joined form of a word."""
+    for w in other.words:
+        typo = not stats.known(word) or not stats.known(w)  # two real words: two meanings
+        if typo and max(len(w), len(word)) >= 4 and within_one_edit(word, w):
+            return True
+    tokens = [t.lower for t in other.tokens]
+    return any(tokens[i] + tokens[i + 1] == word for i in range(len(tokens) - 1))
+
+
+def align(a: PairText, b: PairText, stats: WordStats) -> Alignment:
+    """Content words each side lacks, after synonyms (a function word's too) and typos."""
+    keys_a, keys_b = set(a.content), set(b.content)
+    only_a = {k: a.content[k] for k in keys_a - b.keys if not _typo_of(a.content[k], b, stats)}
+    only_b = {k: b.content[k] for k in keys_b - a.keys if not _typo_of(b.content[k], a, stats)}
+    return Alignment(only_a, only_b, len(keys_a & keys_b))
+
+
+def _opposite(x: str, y: str) -> bool:
+    if y in lx.ANTONYMS.get(x, ()):
+        return True
+    for p, q in lx.OPPOSITE_PREFIXES:
+        for u, v in ((x, y), (y, x)):
+            stem = u[len(p) :]
+            long_enough = len(stem) >= (3 if p else 4)  # not bug/debug
+            if long_enough and u.startswith(p) and v.startswith(q) and stem == v[len(q) :]:
+                return True
+    return any(
+        u.endswith(p) and v.endswith(q) and u[: -len(p)] == v[: -len(q)]
+        for p, q in lx.OPPOSITE_SUFFIXES
+        for u, v in ((x, y), (y, x))
+    )
+
+
+def _extra(a: PairText, b: PairText) -> set[str]:
+    """Words a has more often than b ("minimum and minimum" vs "maximum and minimum")."""
+    return set(Counter(t.lower for t in a.tokens) - Counter(t.lower for t in b.tokens))
+
+
+def has_antonym(a: PairText, b: PairText) -> bool:
+    only_a, only_b = _extra(a, b), _extra(b, a)
+    forms_b = {c for y in only_b for c in lemma_candidates(y)}
+    for x in only_a:
+        for cx in lemma_candidates(x):
+            if lx.ANTONYMS.get(cx, frozenset()) & forms_b:
+                return True
+    return any(_opposite(x, y) for x in only_a for y in only_b)
+
+
+def _after(text: PairText, prep: str) -> set[str]:
+    words = [t.lower for t in text.tokens]
+    found = set()
+    for i, w in enumerate(words):
+        if w == prep:
+            nxt = next((v for v in words[i + 1 :] if v not in lx.STOPWORDS), None)
+            if nxt:
+                found.add(nxt)
+    return found
+
+
+def direction_swapped(a: PairText, b: PairText) -> bool:
+    """ "Celsius to Fahrenheit" vs "Fahrenheit to Celsius": same words, other direction."""
+    for prep in DIRECTIONAL:
+        xa, xb = _after(a, prep), _after(b, prep)
+        moved = xa ^ xb  # a swap moves words on both sides, a rewording only on one
+        if xa - xb and xb - xa and all(w in a.words and w in b.words for w in moved):
+            return True
+    return False
+
+
+def _quoted_missing(a: PairText, b: PairText, stats: WordStats) -> bool:
+    """A quoted term of a that b lacks, word for word (a misspelling inside is forgiven)."""
+    for term in a.quoted:
+        if term in b.quoted or term in b.normalised:
+            continue
+        if not all(w in b.words or _typo_of(w, b, stats) for w in term.split()):
+            return True
+    return False
+
+
+def _is_scope(word: str) -> bool:
+    return any(c in lx.SCOPE_WORDS for c in lemma_candidates(word))
+
+
+def veto(a: PairText, b: PairText, al: Alignment, stats: WordStats) -> str | None:
+    """Why the two cannot share an answer, or None when no hard rule says so."""
+    if a.numbers != b.numbers:
+        return "numbers differ"
+    if a.units and b.units and a.units != b.units:
+        return "units differ"  # one side alone ("a day" vs "daily") is left to the model
+    if a.dates != b.dates:
+        return "dates differ"
+    if _quoted_missing(a, b, stats) or _quoted_missing(b, a, stats):
+        return "quoted term"
+    if a.negations != b.negations:
+        return "negation"
+    if has_antonym(a, b):
+        return "antonym"
+    if direction_swapped(a, b):
+        return "direction"
+    unmatched = set(al.only_a.values()) | set(al.only_b.values())
+    if (a.entities | b.entities) & unmatched:
+        return "entity"
+    if any(_is_scope(w) for w in unmatched):
+        return "scope"
+    qa, qb = a.words & lx.QUESTION_WORDS, b.words & lx.QUESTION_WORDS
+    if qa - qb and qb - qa and (qa ^ qb) & lx.DISTINCT_QUESTION_WORDS:
+        return "question word"
+    return None
+
+
+def features(
+    a: PairText, b: PairText, al: Alignment, cosine: float, stats: WordStats
+) -> list[float]:
+    def frac(text: PairText, unmatched: dict[str, str]) -> float:
+        total = sum(stats.weight(w) for w in text.content.values())
+        return sum(stats.weight(w) for w in unmatched.values()) / total if total else 0.0
+
+    na, nb = len(al.only_a), len(al.only_b)
+    fa, fb = frac(a, al.only_a), frac(b, al.only_b)
+    unmatched = list(al.only_a.values()) + list(al.only_b.values())
+    union = al.shared + na + nb
+    tri_union = len(a.trigrams | b.trigrams)
+    la, lb = len(a.content), len(b.content)
+    return [
+        cosine,
+        float(min(max(na, nb), 5)),
+        float(min(min(na, nb), 5)),
+        max(fa, fb),
+        min(fa, fb),
+        max((stats.weight(w) for w in unmatched), default=0.0) / stats.max_idf,
+        float(na > 0 and nb > 0),
+        al.shared / union if union else 1.0,
+        len(a.trigrams & b.trigrams) / tri_union if tri_union else 1.0,
+        min(la, lb) / max(la, lb) if max(la, lb) else 1.0,
+        math.log1p(la + lb),
+        cosine * (1.0 - max(fa, fb)),
+    ]

@@ -1,0 +1,243 @@
+"""One question taken apart for the pair verifier: tokens, content words, numbers, units,
+dates, negations, quoted terms and names. Computed once per text (cached: a stored
+question is compared with many queries) and compared in pair_features.
+"""
+
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from gateway.cache import lexicon as lx
+
+WORD = re.compile(r"[A-Za-z][A-Za-z0-9+#]*|[0-9]+")
+NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
+ORDINAL = re.compile(r"\b(\d+)(?:st|nd|rd|th)\b")
+# Maths between numbers ("2+2" vs "2*2"): the operator is part of the question.
+OPERATOR = re.compile(r"(?<=\d)\s*([-+*/x×÷^%=<>])\s*(?=\d)")
+QUOTED = re.compile(
+    r"\"([^\"]{1,80})\"|“([^”]{1,80})”|`([^`]{1,80})`|(?:^|\s)'([^']{1,80})'(?=$|[\s.,;:?!])"
+)
+# "the best way to" says nothing about which answer: drop it before "best" reads as scope.
+FILLER_PHRASES = re.compile(
+    r"\b(?:best|right|proper|correct|easiest|simplest|recommended|good|quickest|fastest"
+    r"|most effective|most efficient|ideal)\s+(?:way|ways|method|approach)\b",
+    re.IGNORECASE,
+)
+# Politeness around the ask: carries no content, but its words would look like content.
+POLITE_PHRASES = re.compile(
+    r"\b(?:thanks|thank you)(?: so much| very much| a lot)?(?: in advance)?\b|\bin advance\b"
+    r"|\bquick question\b|\bany help (?:would be |is )?(?:greatly |much )?appreciated\b"
+    r"|\b(?:just )?asking for a friend\b|\bi was wondering(?: if)?\b|\bif possible\b"
+    r"|\bif you (?:can|could|don't mind)\b|\bsorry to bother you\b",
+    re.IGNORECASE,
+)
+# "What makes the sky blue?" asks why: one form, so the question-word veto compares asks.
+WHY_PHRASES = re.compile(
+    r"\b(?:what (?:makes|causes|is the reason|are the reasons)|how come)\b", re.IGNORECASE
+)
+STEP_BY_STEP = re.compile(r"\bstep[- ]by[- ]step\b", re.IGNORECASE)
+TRIGRAM_CHARS = 600  # enough to tell a typo from a rewording; bounds the cache entry
+APOSTROPHES = str.maketrans({"’": "'", "‘": "'", "´": "'"})
+
+
+@dataclass(frozen=True, eq=False)  # hashed by identity: analyse() caches per artifact
+class WordStats:
+    """Corpus statistics from the artifact: rarity and how a word is usually written."""
+
+    idf: dict[str, float] = field(default_factory=dict)
+    capitalised: dict[str, float] = field(default_factory=dict)  # share written Capitalised
+    max_idf: float = 10.0
+
+    def weight(self, word: str) -> float:
+        return self.idf.get(word, self.max_idf)
+
+    def known(self, word: str) -> bool:
+        return word in self.idf
+
+    def usually_capitalised(self, word: str) -> bool:
+        return self.capitalised.get(word, 0.0) >= 0.6
+
+    def usually_lower(self, word: str) -> bool:
+        return word in self.capitalised and self.capitalised[word] < 0.4
+
+
+@dataclass(frozen=True)
+class Token:
+    lower: str
+    capitalised: bool  # first letter upper in the original text
+    initial: bool  # first word of a sentence (capital tells nothing there)
+
+
+@dataclass(frozen=True)
+class PairText:
+    normalised: str  # lower case, words joined by one space: the exact-repeat form
+    tokens: tuple[Token, ...]
+    words: frozenset[str]  # every lower-case word
+    content: dict[str, str]  # key (synonym or stem) -> the word it came from
+    keys: frozenset[str]  # content_key of every word, function words too ("get" ~ "obtain")
+    numbers: tuple[str, ...]  # sorted multiset: digits, number words, operators
+    units: frozenset[str]
+    dates: frozenset[str]
+    negations: int
+    quoted: frozenset[str]
+    entities: frozenset[str]  # lower-case words that name something
+    trigrams: frozenset[str]  # of `normalised`: typos keep most of them
+    trigrams: frozenset[str]  # of `normalised`: typos keep most of them
+
+
+CONTRACTION = re.compile(
+    "|".join(
+        (re.escape(short) if short[0] in "'n" else r"\b" + re.escape(short)) + r"\b"
+        for short in sorted(lx.CONTRACTIONS, key=len, reverse=True)
+    ),
+    re.IGNORECASE,
+)
+
+
+def expand_contractions(text: str) -> str:
+    text = CONTRACTION.sub(
+        lambda m: lx.CONTRACTIONS[m.group().lower()], text.translate(APOSTROPHES)
+    )
+    return re.sub(r"'s\b", "", text)  # possessive: "Python's" names Python
+
+
+def stem(word: str) -> str:
+    """A crude stemmer: plural, -ing, -ed and a final e go, so make/making/makes meet."""
+    w = word
+    if len(w) > 4 and w.endswith("ies"):
+        w = w[:-3] + "y"
+    elif len(w) > 3 and w.endswith("s") and not w.endswith(("ss", "us", "is")):
+        w = w[:-1]
+    if len(w) > 5 and w.endswith("ing"):
+        w = w[:-3]
+    elif len(w) > 4 and w.endswith("ed"):
+        w = w[:-2]
+    if len(w) > 3 and w[-1] == w[-2] and w[-1] not in "aeiouls":
+        w = w[:-1]  # running -> runn -> run
+    if len(w) > 2 and w.endswith("e"):
+        w = w[:-1]
+    return w
+
+
+def lemma_candidates(word: str) -> list[str]:
+    out = [word]
+    if word.endswith("ies"):
+        out.append(word[:-3] + "y")
+    if word.endswith("es"):
+        out.append(word[:-2])
+    if word.endswith("s"):
+        out.append(word[:-1])
+    if word.endswith("ing"):
+        out += [word[:-3], word[:-3] + "e"]
+    if word.endswith("ed"):
+        out += [word[:-2], word[:-1]]
+    return out
+
+
+@lru_cache(maxsize=65536)  # words repeat across texts; a bounded vocabulary
+def content_key(word: str) -> str:
+    for candidate in lemma_candidates(word):
+        if candidate in lx.SYNONYMS:
+            return "=" + lx.SYNONYMS[candidate]
+    return stem(word)
+
+
+def tokenize(text: str) -> list[Token]:
+    out, prev_end = [], 0
+    for m in WORD.finditer(text):
+        raw = m.group()
+        between = text[prev_end : m.start()]
+        initial = not out or any(c in ".?!:;\n" for c in between)
+        out.append(Token(raw.lower(), raw[0].isupper(), initial))
+        prev_end = m.end()
+    return out
+
+
+def _numbers(lower: str, tokens: list[Token]) -> tuple[str, ...]:
+    lower = ORDINAL.sub(r"\1", lower)
+    found = []
+    for raw in NUMBER.findall(lower):
+        if re.fullmatch(r"\d{1,3}(,\d{3})+", raw):
+            raw = raw.replace(",", "")
+        if "." in raw:
+            raw = raw.rstrip("0").rstrip(".")
+        found.append(raw.lstrip("0") or "0")
+    for t in tokens:
+        if t.lower in lx.NUMBER_WORDS and t.lower not in lx.WEAK_NUMBER_WORDS:
+            found.append(lx.NUMBER_WORDS[t.lower].lstrip("#x"))
+    found += ["op" + op for op in OPERATOR.findall(lower)]
+    return tuple(sorted(found))
+
+
+def _units(tokens: list[Token]) -> frozenset[str]:
+    units = set()
+    for i, t in enumerate(tokens):
+        unit = lx.UNITS.get(t.lower)
+        if unit is None:
+            continue
+        after_number = i > 0 and tokens[i - 1].lower.isdigit()
+        if t.lower not in lx.AMBIGUOUS_UNITS or after_number:
+            units.add(unit)
+    return frozenset(units)
+
+
+def _dates(tokens: list[Token]) -> frozenset[str]:
+    return frozenset(t.lower for t in tokens if t.lower in lx.DATES)
+
+
+def _quoted(text: str) -> frozenset[str]:
+    terms = set()
+    for groups in QUOTED.findall(text):
+        term = next(g for g in groups if g)
+        words = " ".join(w.lower() for w in WORD.findall(term))
+        if words:
+            terms.add(words)
+    return frozenset(terms)
+
+
+def is_entity(t: Token, stats: WordStats) -> bool:
+    w = t.lower
+    if w in lx.GAZETTEER:
+        return True
+    if w in lx.STOPWORDS or len(w) < 2 or w.isdigit():
+        return False
+    if stats.usually_capitalised(w):
+        return True
+    return t.capitalised and not t.initial and not stats.usually_lower(w)
+
+
+# Bounded: an entry of a 2,048-character text holds ~100 KB (tokens, trigrams).
+@lru_cache(maxsize=1024)
+def analyse(text: str, stats: WordStats) -> PairText:
+    text = POLITE_PHRASES.sub(" ", expand_contractions(text))
+    text = WHY_PHRASES.sub("why", FILLER_PHRASES.sub("way", text))
+    text = STEP_BY_STEP.sub("stepwise", text)  # asks for another answer; "steps" alone not
+    tokens = tokenize(text)
+    words = [t.lower for t in tokens]
+    lower = text.lower()
+    content = {
+        content_key(w): w
+        for w in words
+        if w not in lx.STOPWORDS and not w.isdigit() and w not in lx.NUMBER_WORDS
+    }
+    counts = Counter(words)
+    return PairText(
+        normalised=" ".join(words),
+        tokens=tuple(tokens),
+        words=frozenset(words),
+        content=content,
+        keys=frozenset(content_key(w) for w in words),
+        numbers=_numbers(lower, tokens),
+        units=_units(tokens),
+        dates=_dates(tokens),
+        negations=sum(counts[n] for n in lx.NEGATIONS),
+        quoted=_quoted(text),
+        entities=frozenset(t.lower for t in tokens if is_entity(t, stats)),
+        trigrams=trigrams(" ".join(words)[:TRIGRAM_CHARS]),
+    )
+
+
+def trigrams(text: str) -> frozenset[str]:
+    padded = f" {text} "
+    return frozenset(padded[i : i + 3] for i in range(len(padded) - 2))

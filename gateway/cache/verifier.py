@@ -1,0 +1,94 @@
+"""The pair verifier: does the answer stored for `candidate` answer `query`?
+
+Similarity only finds candidates; cosine cannot tell "enable 2FA" from "disable 2FA"
+(must-not pairs score above paraphrases, see DESIGN.md). The verifier applies hard vetoes
+(pair_features.veto) and then a logistic model over the cosine and token-alignment
+features, trained by `python -m gateway.cache.train_verifier` and shipped as
+verifier_model.json. Pure Python over the artifact: no model load, tens of microseconds a
+pair (bench/cache_eval.py measures it).
+"""
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from gateway.cache.pair_features import FEATURES, align, features, veto
+from gateway.cache.pair_text import WordStats, analyse
+
+DEFAULT_ARTIFACT = Path(__file__).with_name("verifier_model.json")
+# Longer texts (pasted code, documents) are compared word for word only: word alignment
+# grows with the square of the length, and the embedder reads no further than this either.
+MAX_COMPARED_CHARS = 2048
+STRICTNESS = ("strict", "balanced", "lenient")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    accept: bool
+    probability: float  # P(the stored answer answers the query), 0..1
+    reason: str  # "ok", or why not: "numbers differ", "negation", "entity", "low probability"
+
+
+@dataclass(frozen=True)
+class LogisticModel:
+    mean: list[float]
+    scale: list[float]
+    weights: list[float]
+    bias: float
+
+    def probability(self, x: list[float]) -> float:
+        z = self.bias + sum(
+            w * (v - m) / s
+            for w, v, m, s in zip(self.weights, x, self.mean, self.scale, strict=True)
+        )
+        return 1.0 / (1.0 + math.exp(-max(-60.0, min(60.0, z))))
+
+
+class PairVerifier:
+    def __init__(self, model: LogisticModel, thresholds: dict[str, float], stats: WordStats):
+        missing = set(STRICTNESS) - set(thresholds)
+        if missing:
+            raise ValueError(f"verifier thresholds missing {sorted(missing)}")
+        self.model = model
+        self.thresholds = thresholds
+        self.stats = stats
+
+    @classmethod
+    def load(cls, path: str | Path | None = None) -> "PairVerifier":
+        return cls.from_artifact(json.loads(Path(path or DEFAULT_ARTIFACT).read_text()))
+
+    @classmethod
+    def from_artifact(cls, artifact: dict) -> "PairVerifier":
+        if tuple(artifact["features"]) != FEATURES:
+            raise ValueError("verifier artifact was trained on other features: retrain it")
+        words = artifact["word_stats"]
+        stats = WordStats(words["idf"], words["capitalised"], words["max_idf"])
+        m = artifact["model"]
+        model = LogisticModel(m["mean"], m["scale"], m["weights"], m["bias"])
+        return cls(model, artifact["thresholds"], stats)
+
+    def probability(self, query: str, candidate: str, cosine: float) -> tuple[float, str]:
+        """The model's probability and the veto reason ("" when none); 0 when vetoed."""
+        if max(len(query), len(candidate)) > MAX_COMPARED_CHARS:
+            same = " ".join(query.lower().split()) == " ".join(candidate.lower().split())
+            return (1.0, "") if same else (0.0, "too long to compare")
+        a, b = analyse(query, self.stats), analyse(candidate, self.stats)
+        al = align(a, b, self.stats)
+        reason = veto(a, b, al, self.stats)
+        if reason:
+            return 0.0, reason
+        if a.normalised == b.normalised:
+            return 1.0, ""  # the same words: case, punctuation or spacing only
+        return self.model.probability(features(a, b, al, cosine, self.stats)), ""
+
+    def verify(
+        self, query: str, candidate: str, cosine: float, strictness: str = "balanced"
+    ) -> Verdict:
+        if strictness not in self.thresholds:
+            raise ValueError(f"strictness must be one of {', '.join(STRICTNESS)}")
+        p, reason = self.probability(query, candidate, cosine)
+        if reason:
+            return Verdict(False, p, reason)
+        accept = p >= self.thresholds[strictness]
+        return Verdict(accept, p, "ok" if accept else "low probability")

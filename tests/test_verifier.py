@@ -1,0 +1,161 @@
+"""The semantic cache's pair verifier: each veto, paraphrases accepted, strictness ordering,
+the labelled pair set's shape, and an artifact the training command reproduces."""
+
+import json
+
+import pytest
+
+from gateway.cache import train_verifier
+from gateway.cache.embedder import Embedder
+from gateway.cache.verifier import DEFAULT_ARTIFACT, STRICTNESS, PairVerifier
+
+
+@pytest.fixture(scope="module")
+def verifier() -> PairVerifier:
+    return PairVerifier.load()
+
+
+@pytest.fixture(scope="module")
+def embedder(one_torch_thread: None) -> Embedder:
+    return Embedder()
+
+
+@pytest.fixture(scope="module")
+def pairs() -> list[dict]:
+    return train_verifier.load_pairs()
+
+
+def cosine(embedder: Embedder, a: str, b: str) -> float:
+    va, vb = embedder.embed_many([a, b])
+    return float(va @ vb)
+
+
+VETOES = [
+    ("What is 2+2?", "What is 2+3?", "numbers differ"),
+    ("What is 2+2?", "What is 2*2?", "numbers differ"),
+    ("What happened in the year 1776?", "What happened in the year 1777?", "numbers differ"),
+    ("How many feet are in 10 km?", "How many feet are in 10 miles?", "units differ"),
+    ("What's on TV on Monday night?", "What's on TV on Tuesday night?", "dates differ"),
+    (
+        'What does the error "permission denied" mean?',
+        'What does the error "connection refused" mean?',
+        "quoted term",
+    ),
+    ("Is Python a compiled language?", "Is Python not a compiled language?", "negation"),
+    ("Why does my code work?", "Why doesn't my code work?", "negation"),
+    (
+        "How do I enable two-factor authentication?",
+        "How do I disable two-factor authentication?",
+        "antonym",
+    ),
+    ("How do I install Docker on Ubuntu?", "How do I uninstall Docker on Ubuntu?", "antonym"),
+    ("What is the largest planet?", "What is the smallest planet?", "antonym"),
+    (
+        "How do I convert Celsius to Fahrenheit?",
+        "How do I convert Fahrenheit to Celsius?",
+        "direction",
+    ),
+    ("What is the capital of France?", "What is the capital of Germany?", "entity"),
+    ("what is the capital of france", "what is the capital of germany", "entity"),
+    ("How do I sort a list in Python?", "How do I sort a list in Rust?", "entity"),
+    ("Who painted the Mona Lisa?", "Who painted the Last Supper?", "entity"),
+    ("Explain recursion for beginners", "Explain recursion for experts", "scope"),
+    ("Write a poem about the sea", "Write a story about the sea", "scope"),
+    ("Summarize the causes of World War I", "Explain the causes of World War I", "scope"),
+    ("Who founded Microsoft?", "When was Microsoft founded?", "question word"),
+]
+
+
+@pytest.mark.parametrize(("query", "stored", "reason"), VETOES)
+def test_each_veto_refuses_even_when_lenient(
+    verifier: PairVerifier, embedder: Embedder, query: str, stored: str, reason: str
+) -> None:
+    verdict = verifier.verify(query, stored, cosine(embedder, query, stored), "lenient")
+    assert not verdict.accept
+    assert verdict.reason == reason
+    assert verdict.probability == 0.0
+
+
+PARAPHRASES = [
+    ("How do I reset my password?", "how do i reset my password"),
+    ("What is the capital of France?", "what's the capital of france??"),
+    ("How can I reverse a string in Python?", "How do I reverse a string in Python?"),
+    ("How do I install numpy on Windows?", "How do I instal numpy on Windows?"),
+    ("Can you explain how photosynthesis works?", "Please explain how photosynthesis works."),
+    ("What are the symptoms of the flu?", "hey, what are the symptoms of the flu? thanks"),
+    ("How do I make a budget?", "How can I create a budget?"),
+]
+
+
+@pytest.mark.parametrize(("query", "stored"), PARAPHRASES)
+def test_repeats_and_paraphrases_are_accepted(
+    verifier: PairVerifier, embedder: Embedder, query: str, stored: str
+) -> None:
+    verdict = verifier.verify(query, stored, cosine(embedder, query, stored))
+    assert verdict.accept, verdict
+    assert verdict.reason == "ok"
+    assert 0.0 < verdict.probability <= 1.0
+
+
+def test_strict_never_accepts_what_balanced_refuses(
+    verifier: PairVerifier, pairs: list[dict]
+) -> None:
+    t = verifier.thresholds
+    assert t["strict"] >= t["balanced"] >= t["lenient"]
+    held_out = [p for p in pairs if p["split"] != "train"]
+    for p in held_out:
+        verdicts = {s: verifier.verify(p["a"], p["b"], p["cosine"], s) for s in STRICTNESS}
+        assert verdicts["balanced"].accept or not verdicts["strict"].accept, p
+        assert verdicts["lenient"].accept or not verdicts["balanced"].accept, p
+    accepted = {
+        s: sum(verifier.verify(p["a"], p["b"], p["cosine"], s).accept for p in held_out)
+        for s in STRICTNESS
+    }
+    assert accepted["strict"] < accepted["lenient"]  # the knob does something
+
+
+def test_long_texts_are_compared_word_for_word(verifier: PairVerifier) -> None:
+    document = "def f(x):\n    return x + 1\n" * 200  # a pasted file, past the comparison limit
+    assert verifier.verify(document, document.replace("  ", " "), 0.99).accept
+    edited = document[:-3] + "2\n"
+    verdict = verifier.verify(document, edited, 0.999, "lenient")
+    assert not verdict.accept and verdict.reason == "too long to compare"
+    assert not verifier.verify("", "What is Python?", 0.1, "lenient").accept
+
+
+def test_bad_strictness_and_stale_artifact_are_refused(verifier: PairVerifier) -> None:
+    with pytest.raises(ValueError, match="strictness"):
+        verifier.verify("a b c", "a b c", 1.0, "paranoid")
+    artifact = json.loads(DEFAULT_ARTIFACT.read_text())
+    artifact["features"] = artifact["features"][:-1]
+    with pytest.raises(ValueError, match="retrain"):
+        PairVerifier.from_artifact(artifact)
+
+
+def test_pair_set_is_split_by_source_with_enough_must_not_pairs(pairs: list[dict]) -> None:
+    assert len(pairs) >= 2000
+    assert sum(1 for p in pairs if p["split"] == "test" and p["label"] == 0) >= 300
+    split_of: dict[str, set[str]] = {}
+    for p in pairs:
+        prefix, ids = p["source"].split(":", 1)  # "sharegpt:12+40": two sources, one pair
+        for i in ids.split("+"):
+            split_of.setdefault(f"{prefix}:{i}", set()).add(p["split"])
+    assert all(len(splits) == 1 for splits in split_of.values())
+    kinds = {p["kind"] for p in pairs if p["label"] == 0}
+    assert {"negation", "antonym", "entity", "number", "scope", "unrelated"} <= kinds
+
+
+def test_training_is_reproducible_and_matches_the_shipped_artifact(pairs: list[dict]) -> None:
+    words = json.loads(train_verifier.DEFAULT_WORDS.read_text())
+    first = train_verifier.train(pairs, words, limit=400, seed=7)
+    again = train_verifier.train(pairs, words, limit=400, seed=7)
+    assert first["model"] == again["model"] and first["thresholds"] == again["thresholds"]
+    other = train_verifier.train(pairs, words, limit=400, seed=8)
+    assert other["model"] != first["model"]  # the seed picks the slice
+
+    shipped = json.loads(DEFAULT_ARTIFACT.read_text())
+    full = train_verifier.train(pairs, words)
+    for key in ("weights", "mean", "scale"):
+        assert full["model"][key] == pytest.approx(shipped["model"][key], abs=2e-6)
+    assert full["thresholds"] == pytest.approx(shipped["thresholds"], abs=2e-6)
+    assert full["word_stats"] == shipped["word_stats"]
