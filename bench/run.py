@@ -23,6 +23,7 @@ HERE = Path(__file__).resolve().parent
 BENCHMARKS = [
     "admin_stats",
     "memory",
+    "cache_eval",
     "cache_lookup",
     "cache_replay",
     "kv_utilization",

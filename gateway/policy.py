@@ -181,7 +181,7 @@ class CacheSettings(_Strict):
     max_entries: int = 100_000  # beyond it the least recently used entries are evicted
     approximate_above: int = 20_000  # a scope's index turns from exact to IVF above this
     min_similarity: float = 0.8  # default cosine floor for candidates
-    verifier: Strictness = "balanced"
+    verifier: Strictness = "strict"  # the one of the three under 1% wrong hits on test
     candidates: int = 3  # most candidates the verifier sees per lookup, best first
     max_temperature: float = 1.0  # answers sampled hotter are not stored
 

@@ -34,6 +34,7 @@ from gateway.cache.embedder import Embedder
 from gateway.cache.entry import STORABLE_FINISH_REASONS, CachedAnswer, Entry
 from gateway.cache.store import Store, StoreUnavailable
 from gateway.cache.tables import EntryTables
+from gateway.cache.verifier import Verdict
 from gateway.policy import CacheSettings, RouteCacheSettings
 
 __all__ = [
@@ -71,13 +72,6 @@ class Lookup:
     similarity: float | None = None  # 1.0 for an exact hit; a miss: the best candidate's
     refused: int = 0  # candidates the verifier refused
     reason: str | None = None  # why a bypass / the first refusal
-
-
-@dataclass(frozen=True)
-class Verdict:
-    accept: bool
-    probability: float
-    reason: str
 
 
 class Verifier(Protocol):
