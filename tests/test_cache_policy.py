@@ -7,6 +7,7 @@ import pytest
 from gateway.policy import CacheSettings, PolicyError, parse_policy
 
 TIERS = """
+auth: {mode: none}
 tiers:
   small:
     deployments: [{model: smollm2-135m}]
