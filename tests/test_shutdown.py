@@ -29,7 +29,7 @@ def started(args: list[str], port: int) -> Iterator[subprocess.Popen]:
     with tempfile.TemporaryFile("w+") as log:
         proc = subprocess.Popen([*TIERGATE, *args], env=env, stdout=log, stderr=log)
         try:
-            wait_for_port(port, timeout=180)
+            _wait_listening(proc, port, timeout=180)
             yield proc
         finally:
             if proc.poll() is None:
@@ -39,11 +39,24 @@ def started(args: list[str], port: int) -> Iterator[subprocess.Popen]:
             print(log.read()[-4000:])  # pytest shows it when the test failed
 
 
+def _wait_listening(proc: subprocess.Popen, port: int, timeout: float) -> None:
+    """Like wait_for_port, but a process that exits (a bad policy) fails at once."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with status {proc.returncode}")
+        with contextlib.suppress(TimeoutError):
+            wait_for_port(port, timeout=1)
+            return
+    raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout}s")
+
+
 def gateway(tmp: Path, grace_s: float) -> tuple[list[str], int]:
     port = free_port()
     policy = tmp / "policy.yaml"
     policy.write_text(
         f"server: {{port: {port}, shutdown_grace_s: {grace_s}, reload_interval_s: 0}}\n"
+        "auth: {mode: none}\n"
         f"engines:\n  {MODEL}: {{kv_cache_mb: 32, max_model_len: 4096, num_threads: 1}}\n"
         f"tiers:\n  small: {{deployments: [{{model: {MODEL}}}], timeout_s: 600}}\n"
     )

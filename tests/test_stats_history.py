@@ -83,6 +83,7 @@ def test_cooldowns_are_counted_by_model() -> None:
 
 
 POLICY = """
+auth: {mode: none}
 tiers:
   local: {deployments: [{model: smollm2-135m}]}
   mini: {deployments: [{model: openai/gpt-4o-mini, api_base: "http://127.0.0.1:1/v1"}]}

@@ -16,7 +16,7 @@ from engine.sampling_params import SamplingParams
 from gateway.app import create_app
 from gateway.backends.base import BackendError, GenerationRequest
 from gateway.backends.fallback import Cooldowns, FallbackChain, TierBackends, deployment_key
-from gateway.backends.local import LocalBackend
+from gateway.backends.local import EngineSlot, LocalBackend
 from gateway.policy import parse_policy
 from tests.fake_runner import FakeRunner
 from tests.limits_helpers import KEY_A, KEY_A2, KEY_B, POLICY, client, complete, fake_engine
@@ -100,7 +100,7 @@ def wait_for(check, deadline_s: float = 30.0) -> None:
 async def test_a_full_tenant_share_cools_nothing_down_for_other_tenants() -> None:
     config = EngineConfig(model="fake", max_num_seqs=1, max_waiting=4, max_waiting_per_tenant=1)
     engine = AsyncEngine(config, FakeRunner(delay=0.01))
-    backend = LocalBackend("fake", engine)
+    backend = LocalBackend("fake", EngineSlot("fake", config, engine))
     policy = parse_policy(POLICY, env={})
     deployment = policy.tiers["small"].deployments[0]
     tier = policy.tiers["small"].model_copy(update={"retries": 1})
