@@ -14,8 +14,10 @@ from gateway.api import admin, openai
 from gateway.api.headers import TiergateHeaders
 from gateway.backends.fallback import Cooldowns
 from gateway.backends.local import EngineFactory, LocalEngines, default_engine_factory
+from gateway.embedding import SharedEmbedder
 from gateway.errors import install_error_handlers
 from gateway.policy import Policy, PolicyError, PolicyIssue, PolicyWatcher
+from gateway.routing.difficulty import difficulty_scorer_factory
 from gateway.routing.router import ScorerFactory
 from gateway.state import GatewayState, build_runtime, prepare
 from gateway.stats import Stats
@@ -33,6 +35,8 @@ def _applier(state: GatewayState):
             logger.warning("server settings changed: they take effect at the next restart")
         try:
             prepared = await prepare(policy, state.engines, state.scorer_factory)
+        except PolicyError:  # e.g. a difficulty example set the classifier cannot use
+            raise
         except Exception as exc:  # e.g. a model that is not installed
             issue = PolicyIssue("", f"preparing the policy failed: {exc}")
             raise PolicyError(str(state.policy_path), [issue]) from exc
@@ -52,8 +56,12 @@ def create_app(
     """The gateway for `policy`. With `policy_path` the file is watched and reloadable.
 
     `engine_factory` builds local engines (tests may pass their own); `scorer_factory` is
-    the difficulty router's hook: it builds a policy's scorer at start-up and on reload.
+    the difficulty router's hook: it builds a policy's scorer at start-up and on reload
+    (default: the trained difficulty score, on the embedder the cache shares).
     """
+    embedder = SharedEmbedder()
+    if scorer_factory is None:
+        scorer_factory = difficulty_scorer_factory(embedder.get)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -64,7 +72,9 @@ def create_app(
         http = httpx.AsyncClient(limits=_HTTP_LIMITS)
         runtime = build_runtime(policy, prepared, cooldowns, stats, http)
         path = Path(policy_path) if policy_path is not None else None
-        state = GatewayState(runtime, stats, engines, cooldowns, http, scorer_factory, path)
+        state = GatewayState(
+            runtime, stats, engines, cooldowns, http, scorer_factory, path, embedder=embedder
+        )
         app.state.gateway = state
         watch_task = None
         if path is not None:
@@ -81,6 +91,7 @@ def create_app(
                     await watch_task
             await http.aclose()
             await engines.shutdown()
+            await embedder.close()
 
     app = FastAPI(title="tiergate", lifespan=lifespan, docs_url=None, redoc_url=None)
     install_error_handlers(app)

@@ -13,6 +13,7 @@ from gateway.backends.fallback import Cooldowns, FallbackChain, TierBackends
 from gateway.backends.local import LocalBackend, LocalEngines
 from gateway.backends.openai_compat import NATIVE_PROVIDERS, OpenAICompatBackend
 from gateway.backends.remote import RemoteBackend, load_litellm
+from gateway.embedding import SharedEmbedder
 from gateway.policy import Deployment, Policy, PolicyWatcher
 from gateway.routing.router import Router, Scorer, ScorerFactory
 from gateway.stats import Stats
@@ -40,6 +41,7 @@ class GatewayState:
     scorer_factory: ScorerFactory | None = None
     policy_path: Path | None = None
     watcher: PolicyWatcher | None = None
+    embedder: SharedEmbedder | None = None  # one for the cache and the router
 
 
 def _uses_litellm(policy: Policy, dep: Deployment) -> bool:

@@ -42,6 +42,8 @@ class TiergateHeaders:
                 headers["x-tiergate-tier"] = state.get("tier", UNKNOWN)
                 headers["x-tiergate-model"] = state.get("model", UNKNOWN)
                 headers["x-tiergate-cache"] = state.get("cache", "off")
+                if "explain" in state:  # asked for with x-tiergate-explain: 1
+                    headers["x-tiergate-explain"] = state["explain"]
             await send(message)
 
         await self.app(scope, receive, send_with_headers)

@@ -29,13 +29,15 @@ from engine.protocol import (
 from gateway.api.shapes import ChatShape, Shape, TextShape, sse
 from gateway.backends.base import BackendError, GenerationRequest, OpenAIRequest, Piece
 from gateway.backends.fallback import Served
+from gateway.embedding import embed_once
 from gateway.errors import ApiError
-from gateway.routing.router import Decision, PromptFeatures, extract_features
+from gateway.routing.router import Decision, PromptFeatures, RoutingInput, extract_features
 from gateway.state import GatewayState, Runtime
 from gateway.stats import Stats
 
 router = APIRouter()
 
+EXPLAIN_HEADER = "x-tiergate-explain"  # "1": the answer carries the routing decision
 _CLIENT_CLOSED = 499  # nginx's status for "client closed the request", used in stats only
 _CHARS_PER_TOKEN = 4
 # Proxies (nginx) buffer responses unless told otherwise; a buffered stream is no stream.
@@ -119,11 +121,37 @@ class Call:
         self.stats.request_done(self.route, served.tier, served.model, status)
 
 
+def _routing_input(
+    request: Request,
+    state: GatewayState,
+    body: OpenAIRequest,
+    tenant: str,
+    features: PromptFeatures,
+) -> RoutingInput:
+    embedder = state.embedder.current if state.embedder is not None else None
+    _, _, key = request.headers.get("authorization", "").partition(" ")
+    return RoutingInput(
+        model=body.model,
+        features=features,
+        embed=embed_once(embedder, features.last_user_text),
+        headers=request.headers,
+        tenant=tenant,
+        api_key=key.strip() or None,
+        max_tokens=getattr(body, "max_completion_tokens", None) or body.max_tokens,
+        tools=bool(getattr(body, "tools", None)),
+    )
+
+
 async def _open(
-    request: Request, runtime: Runtime, body: OpenAIRequest, tenant: str, features: PromptFeatures
+    request: Request,
+    runtime: Runtime,
+    body: OpenAIRequest,
+    tenant: str,
+    inp: RoutingInput,
+    stats: Stats,
 ) -> tuple[Served, Decision]:
     """Route the request and find a deployment that starts answering it."""
-    decision = await runtime.router.decide(body.model, features)
+    decision = await runtime.router.decide(inp)
     if decision is None:
         raise ApiError(
             404,
@@ -132,6 +160,9 @@ async def _open(
             code="model_not_found",
         )
     request.state.tier = decision.tier
+    if request.headers.get(EXPLAIN_HEADER) == "1":
+        request.state.explain = json.dumps(decision.explain(), separators=(",", ":"))
+    stats.routed(decision)
     generation = GenerationRequest(request.state.request_id, body, tenant)
     try:
         served = await runtime.chain.open(generation, decision.tier, decision.deployment)
@@ -153,7 +184,8 @@ async def _complete(
         tenant = authenticate(request, runtime)
         body = await parse_body(request, model)
         features = _features(body)
-        served, decision = await _open(request, runtime, body, tenant, features)
+        inp = _routing_input(request, state, body, tenant, features)
+        served, decision = await _open(request, runtime, body, tenant, inp, state.stats)
     except ApiError as exc:  # refused before any answer: counted under the tier, if any
         state.stats.request_done("-", getattr(request.state, "tier", "-"), "-", exc.status)
         raise
