@@ -100,7 +100,11 @@ def conversion(rng: random.Random, i: int) -> Task:
     src, dst, factor = rng.choice(_UNITS)
     value = rng.choice([1, 2, 3, 4, 5, 6, 8, 10, 12, 15, 2.5, 0.5, 1.5, 7, 9])
     phrasing = rng.choice(
-        ["How many {dst} are in {v} {src}?", "Convert {v} {src} to {dst}.", "{v} {src} is how many {dst}?"]
+        [
+            "How many {dst} are in {v} {src}?",
+            "Convert {v} {src} to {dst}.",
+            "{v} {src} is how many {dst}?",
+        ]
     )
     expected = value * factor
     prompt = phrasing.format(dst=dst, src=src, v=value)
@@ -179,7 +183,13 @@ _ELEMENTS = {
 def fact(rng: random.Random, i: int) -> Task:
     if rng.random() < 0.7:
         country = rng.choice(sorted(_CAPITALS))
-        phrasing = rng.choice(["What is the capital of {}?", "Name the capital city of {}.", "Which city is the capital of {}?"])
+        phrasing = rng.choice(
+            [
+                "What is the capital of {}?",
+                "Name the capital city of {}.",
+                "Which city is the capital of {}?",
+            ]
+        )
         return Task(f"fact-{i}", "fact", phrasing.format(country), _CAPITALS[country], "text")
     element = rng.choice(sorted(_ELEMENTS))
     prompt = f"What is the chemical symbol for {element}?"
@@ -200,7 +210,10 @@ def word_problem(rng: random.Random, i: int) -> Task:
     if steps == 1:
         prompt, value = f"{name} has {a} {thing} and gets {b} more. How many {thing} now?", a + b
     elif steps == 2:
-        prompt = f"{name} buys {c} bags with {a} {thing} in each, then gives away {b}. How many {thing} are left?"
+        prompt = (
+            f"{name} buys {c} bags with {a} {thing} in each, then gives away {b}. "
+            f"How many {thing} are left?"
+        )
         value = c * a - b
     else:
         prompt = (
@@ -233,20 +246,20 @@ def gsm8k(rng: random.Random, count: int) -> list[Task]:
             rows[j]["answer"].rsplit("####", 1)[1].strip().replace(",", ""),
             "number",
             GSM8K_SYSTEM,
-            max_tokens=256,
+            max_tokens=200,
         )
         for j in picked
     ]
 
 
 FAMILIES: dict[str, tuple[Callable[[random.Random, int], Task], int]] = {
-    "arithmetic": (arithmetic, 450),
+    "arithmetic": (arithmetic, 500),
     "conversion": (conversion, 320),
     "code_output": (code_output, 330),
     "fact": (fact, 260),
     "word_problem": (word_problem, 260),
 }
-GSM8K_COUNT = 100
+GSM8K_COUNT = 60
 
 
 def build_tasks(seed: int = 10) -> list[Task]:

@@ -40,8 +40,9 @@ def read_example_file(path: Path) -> list[ExamplePrompt]:
 
 
 def _describe(error: dict) -> str:
-    where = ".".join(map(str, error["loc"])) or "line"
-    return f"{where}: {error['msg'].removeprefix('Value error, ')}"
+    message = error["msg"].removeprefix("Value error, ")
+    where = ".".join(map(str, error["loc"]))
+    return f"{where}: {message}" if where else message
 
 
 def resolve_example_files(policy: Policy, policy_path: Path, text: str) -> Policy:
