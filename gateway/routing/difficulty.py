@@ -129,7 +129,8 @@ def build_scorer(policy: Policy, embed_many: EmbedMany | None) -> DifficultyScor
     if examples and settings.blend.classifier > 0:
         if embed_many is None:
             raise ValueError("the difficulty classifier needs the embedder")
-        classifier = _trained(examples, settings.regularization, embed_many)
+        key = (policy.embedder.model, settings.regularization)
+        classifier = _trained(examples, key, embed_many)
     return DifficultyScorer(classifier, settings.blend, _dim(classifier))
 
 
@@ -141,8 +142,11 @@ def _dim(classifier: Classifier | None) -> int:
 _trained_cache: dict[str, Classifier] = {}
 
 
-def _trained(examples: list[ExamplePrompt], c: float, embed_many: EmbedMany) -> Classifier:
-    digest = hashlib.sha256(repr((c, [(e.prompt, e.target) for e in examples])).encode())
+def _trained(
+    examples: list[ExamplePrompt], settings: tuple[str, float], embed_many: EmbedMany
+) -> Classifier:
+    """`settings`: the embedder model and the regularization, part of the cache key."""
+    digest = hashlib.sha256(repr((settings, [(e.prompt, e.target) for e in examples])).encode())
     key = digest.hexdigest()
     if key not in _trained_cache:
         prompts = [e.prompt for e in examples]
@@ -150,7 +154,7 @@ def _trained(examples: list[ExamplePrompt], c: float, embed_many: EmbedMany) -> 
         signals = np.stack([example_signals(p).vector() for p in prompts])
         targets = np.array([e.target for e in examples], dtype=np.float64)
         _trained_cache.clear()  # one policy's classifier at a time is all a gateway serves
-        _trained_cache[key] = train_classifier(embeddings, signals, targets, c)
+        _trained_cache[key] = train_classifier(embeddings, signals, targets, settings[1])
         logger.info("difficulty classifier trained on %d examples", len(examples))
     return _trained_cache[key]
 
@@ -178,6 +182,7 @@ def difficulty_scorer_factory(
         try:
             return await asyncio.to_thread(build_scorer, policy, embed_many)
         except ValueError as exc:
-            raise PolicyError("difficulty", [PolicyIssue("difficulty", str(exc))]) from None
+            issue = PolicyIssue("difficulty.examples", str(exc))
+            raise PolicyError("the policy's difficulty examples", [issue]) from None
 
     return factory
