@@ -2,7 +2,7 @@
 
     python bench/router_eval.py [--policy router_policies/default.yaml]
 
-Reads `bench/results/router_outcomes.jsonl` (bench/router_outcomes.py: both local tiers'
+Reads `bench/data/router_outcomes.jsonl` (bench/router_outcomes.py: both local tiers'
 answers to checkable tasks) and trains the policy's classifier on the `train` split, exactly
 as the gateway does at load. On the `heldout` split, in the same run:
 

@@ -4,10 +4,10 @@
     python bench/router_outcomes.py --tiers small   # one tier (run two processes at once)
     python bench/router_outcomes.py --limit 40 # a quick look
 
-Each tier's answers are kept in `bench/results/router_answers_<tier>.jsonl` and reused by
+Each tier's answers are kept in `bench/data/router_answers_<tier>.jsonl` and reused by
 later runs (delete the file to run that tier again).
 
-Writes `bench/results/router_outcomes.jsonl` (one line per task: prompt, expected answer,
+Writes `bench/data/router_outcomes.jsonl` (one line per task: prompt, expected answer,
 each tier's answer, correctness, tokens) and, from its `train` split,
 `router_policies/difficulty_examples.jsonl` ({prompt, label}). The label is the outcome,
 RouteLLM's way: 1 ("needs the large tier") when the small tier (smollm2-135m) answers
@@ -35,7 +35,7 @@ from engine.llm_engine import LLMEngine  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
 
 TIERS = {"small": "smollm2-135m", "large": "qwen2.5-coder-0.5b"}
-OUTCOMES = ROOT / "bench" / "results" / "router_outcomes.jsonl"
+OUTCOMES = ROOT / "bench" / "data" / "router_outcomes.jsonl"  # kept in git: the eval reuses it
 EXAMPLES = ROOT / "router_policies" / "difficulty_examples.jsonl"
 HELDOUT_SHARE = 0.25
 
