@@ -148,6 +148,20 @@ def scoring_latency(scorer, prompts: list[str], vectors: np.ndarray) -> dict:
     }
 
 
+def at_threshold(policy, scores, small_ok, large_ok, small_cost, large_cost) -> dict | None:
+    """Routing by the policy's own first min_score rule (the calibrated threshold)."""
+    rules = [r for route in policy.routes.values() for r in route.rules if r.min_score]
+    if not rules:
+        return None
+    to_large = scores >= rules[0].min_score
+    return {
+        "min_score": rules[0].min_score,
+        "large_share": round(float(to_large.mean()), 4),
+        "accuracy": round(float(np.where(to_large, large_ok, small_ok).mean()), 4),
+        "cost_usd": float(np.where(to_large, large_cost, small_cost).sum()),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--policy", default=str(ROOT / "router_policies" / "default.yaml"))
@@ -208,6 +222,9 @@ def main() -> None:
         "scoring_latency": scoring_latency(scorer, prompts, vectors),
     }
     report["curves"]["random"] = random_curve(small_ok, large_ok, small_cost, large_cost)
+    report["at_policy_threshold"] = at_threshold(
+        policy, ours, small_ok, large_ok, small_cost, large_cost
+    )
     ours_curve, rand_curve = report["curves"]["difficulty"], report["curves"]["random"]
     report["beats_random_at_every_share"] = all(
         o["accuracy"] >= r["accuracy"]

@@ -13,7 +13,7 @@ import numpy as np
 import yaml
 
 from gateway.policy import Policy
-from gateway.routing.difficulty import build_scorer, example_signals
+from gateway.routing.difficulty import build_scorer, embeddings_of, example_signals
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,10 @@ def read_prompts(path: Path) -> list[str]:
 
 def score_prompts(policy: Policy, prompts: list[str], embed_many) -> np.ndarray:
     scorer = build_scorer(policy, embed_many)
-    embeddings = embed_many(prompts) if scorer.needs_embedding else [None] * len(prompts)
+    if scorer.needs_embedding:
+        embeddings = embeddings_of(prompts, policy.embedder.model, embed_many)
+    else:
+        embeddings = [None] * len(prompts)
     pairs = zip(embeddings, prompts, strict=True)
     return np.array([scorer.score_embedded(e, example_signals(p)).score for e, p in pairs])
 

@@ -150,13 +150,50 @@ def _trained(
     key = digest.hexdigest()
     if key not in _trained_cache:
         prompts = [e.prompt for e in examples]
-        embeddings = embed_many(prompts)
+        embeddings = embeddings_of(prompts, settings[0], embed_many)
         signals = np.stack([example_signals(p).vector() for p in prompts])
         targets = np.array([e.target for e in examples], dtype=np.float64)
         _trained_cache.clear()  # one policy's classifier at a time is all a gateway serves
         _trained_cache[key] = train_classifier(embeddings, signals, targets, settings[1])
         logger.info("difficulty classifier trained on %d examples", len(examples))
     return _trained_cache[key]
+
+
+def _embed_in_batches(prompts: list[str], embed_many: EmbedMany, size: int = 64) -> np.ndarray:
+    """Batches of similar length: one batch of everything would pad every prompt to the
+    longest one."""
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    parts = [
+        embed_many([prompts[i] for i in order[k : k + size]]) for k in range(0, len(order), size)
+    ]
+    vectors = np.empty((len(prompts), parts[0].shape[1]), dtype=np.float32)
+    vectors[order] = np.concatenate(parts)
+    return vectors
+
+
+def embeddings_of(prompts: list[str], model: str, embed_many: EmbedMany) -> np.ndarray:
+    """The examples' vectors, kept on disk: a restart (or `tiergate calibrate`) with the
+    same examples and embedder loads them instead of embedding a thousand prompts again."""
+    from engine.model_registry import cache_dir
+
+    digest = hashlib.sha256(repr((model, prompts)).encode()).hexdigest()[:32]
+    path = cache_dir() / "difficulty" / f"{digest}.npy"
+    if path.is_file():
+        try:
+            vectors = np.load(path)
+            if vectors.shape[0] == len(prompts):
+                return vectors
+        except (OSError, ValueError):
+            pass  # a damaged file: embed again and replace it
+    vectors = _embed_in_batches(prompts, embed_many)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp.npy")
+        np.save(tmp, vectors)
+        tmp.replace(path)
+    except OSError:
+        logger.warning("cannot keep the example embeddings in %s", path.parent)
+    return vectors
 
 
 def difficulty_scorer_factory(
