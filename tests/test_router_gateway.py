@@ -154,3 +154,19 @@ def test_calibrate_hits_the_asked_share_on_its_own_input(
         scores = score_prompts(load_policy(path), read_prompts(prompts), embedder.embed_many)
         assert abs(float(np.mean(scores >= threshold)) - share) <= 0.02
     assert path.read_text() == POLICY.replace("min_score: 0.5", f"min_score: {threshold}")
+
+
+def test_the_default_policy_threshold_matches_its_shipped_examples(one_torch_thread: None) -> None:
+    """`make run` routes by difficulty: the shipped examples train the classifier, and the
+    written min_score still sends the documented 30% of them to the large tier."""
+    from gateway.cache.embedder import Embedder
+    from gateway.routing.calibrate import read_prompts, score_prompts
+
+    root = Path(__file__).resolve().parent.parent / "router_policies"
+    policy = load_policy(root / "default.yaml")
+    (rule,) = [r for r in policy.routes["auto"].rules if r.min_score is not None]
+    assert rule.tier == "large"
+    prompts = read_prompts(root / "difficulty_examples.jsonl")
+    assert len(prompts) >= 1000
+    scores = score_prompts(policy, prompts, Embedder().embed_many)
+    assert abs(float(np.mean(scores >= rule.min_score)) - 0.3) <= 0.02
