@@ -16,13 +16,14 @@ from gateway.api.headers import TiergateHeaders
 from gateway.api.openapi import install_openapi
 from gateway.backends.fallback import deployment_key
 from gateway.backends.local import EngineFactory, LocalEngines, default_engine_factory
-from gateway.cache.embedder import Embedder
 from gateway.cache.semantic import SemanticCache
 from gateway.cache.verifier import PairVerifier
 from gateway.drain import Drain
+from gateway.embedding import SharedEmbedder
 from gateway.errors import install_error_handlers
 from gateway.limits import Limiter
 from gateway.policy import Deployment, Policy, PolicyError, PolicyIssue, PolicyWatcher
+from gateway.routing.difficulty import difficulty_scorer_factory
 from gateway.routing.router import ScorerFactory
 from gateway.state import GatewayState, build_runtime, prepare
 from gateway.stats import CountedCooldowns, Stats, read_samples
@@ -42,6 +43,8 @@ def _applier(state: GatewayState):
         try:
             prepared = await prepare(policy, state.engines, state.scorer_factory)
             await _reload_cache(state, policy)
+        except PolicyError:  # e.g. a difficulty example set the classifier cannot use
+            raise
         except Exception as exc:  # e.g. a model that is not installed
             issue = PolicyIssue("", f"preparing the policy failed: {exc}")
             raise PolicyError(str(state.policy_path), [issue]) from exc
@@ -51,19 +54,13 @@ def _applier(state: GatewayState):
     return apply
 
 
-async def _start_cache(
-    policy: Policy, embedder: Embedder | None = None
-) -> tuple[Embedder | None, SemanticCache | None]:
-    """The embedder (reused when given) and the semantic cache, when the policy turns it on."""
+async def _start_cache(policy: Policy, shared: SharedEmbedder) -> SemanticCache | None:
+    """The semantic cache on the shared embedder, when the policy turns the cache on."""
     if not policy.cache.enabled:
-        return embedder, None
-    if embedder is None:
-        settings = policy.embedder
-        embedder = await asyncio.to_thread(
-            Embedder, settings.model, settings.batch_size, settings.max_wait_ms
-        )
+        return None
+    embedder = await shared.get(policy.embedder)
     verifier = await asyncio.to_thread(PairVerifier.load)
-    return embedder, await SemanticCache.open(policy.cache, embedder, verifier)
+    return await SemanticCache.open(policy.cache, embedder, verifier)
 
 
 async def _reload_cache(state: GatewayState, policy: Policy) -> None:
@@ -73,7 +70,7 @@ async def _reload_cache(state: GatewayState, policy: Policy) -> None:
     old = state.cache
     if not policy.cache.enabled or (old is not None and old.reconfigure(policy.cache)):
         return
-    state.embedder, state.cache = await _start_cache(policy, state.embedder)
+    state.cache = await _start_cache(policy, state.embedder)
     if old is not None:
         await old.close()
 
@@ -83,8 +80,7 @@ async def _stop_cache(state: GatewayState) -> None:
         await asyncio.wait(list(state.background), timeout=5)
     if state.cache is not None:
         await state.cache.close()
-    if state.embedder is not None:
-        await state.embedder.close()
+    await state.embedder.close()
 
 
 def create_app(
@@ -98,10 +94,15 @@ def create_app(
     """The gateway for `policy`. With `policy_path` the file is watched and reloadable.
 
     `engine_factory` builds local engines (tests may pass their own); `scorer_factory` is
-    the difficulty router's hook: it builds a policy's scorer at start-up and on reload.
+    the difficulty router's hook: it builds a policy's scorer at start-up and on reload
+    (default: the trained difficulty score, on the embedder the cache shares).
     A local engine a reload retires is stopped `retire_grace_s` after the swap at the
     earliest, and never while a request still holds it.
     """
+
+    embedder = SharedEmbedder()
+    if scorer_factory is None:
+        scorer_factory = difficulty_scorer_factory(embedder.get)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -127,8 +128,9 @@ def create_app(
             http,
             scorer_factory,
             path,
+            embedder=embedder,
         )
-        state.embedder, state.cache = await _start_cache(policy)
+        state.cache = await _start_cache(policy, embedder)
         state.history = StatsHistory(
             lambda: read_samples(stats.registry, *state.engine_registries())
         )

@@ -1,4 +1,4 @@
-"""The `tiergate` command: serve | engine | check-policy | hash-key | stats.
+"""The `tiergate` command: serve | engine | check-policy | hash-key | stats | calibrate.
 
 Heavy imports (uvicorn, the app, the engine and torch) happen inside each subcommand, so
 `tiergate check-policy` answers in well under a second.
@@ -9,6 +9,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from engine.config import EngineConfig
 from engine.entrypoints.body_limit import DEFAULT_MAX_BODY_BYTES
@@ -35,6 +36,37 @@ def check_policy(args: argparse.Namespace) -> int:
         f"{args.file}: ok ({len(policy.tiers)} tiers, {len(policy.routes)} routes, "
         f"{len(policy.local_engines())} local engines)"
     )
+    return 0
+
+
+def calibrate(args: argparse.Namespace) -> int:
+    from gateway.cache.embedder import Embedder
+    from gateway.routing import calibrate as cal
+
+    try:
+        policy = load_policy(args.policy)
+        route = args.route or next(iter(policy.routes), None)
+        if route not in policy.routes:
+            raise ValueError(f"no route {route!r} in {args.policy}")
+        tier = args.tier or next((r.tier for r in policy.routes[route].rules if r.min_score), None)
+        index = cal.score_rule_index(policy, route, tier)
+        prompts = cal.read_prompts(Path(args.prompts))
+        embedder = Embedder(policy.embedder.model)
+        scores = cal.score_prompts(policy, prompts, embedder.embed_many)
+    except PolicyError as exc:
+        _print_policy_error(exc)
+        return 1
+    except (ValueError, OSError, KeyError) as exc:
+        print(f"tiergate calibrate: {exc}", file=sys.stderr)
+        return 1
+    result = cal.threshold_for_share(scores, args.large_share)
+    print(
+        f"routes.{route}.rules[{index}].min_score: {result.threshold} sends "
+        f"{result.share:.1%} of {result.prompts} prompts to {tier} (asked {args.large_share:.1%})"
+    )
+    if args.write:
+        cal.write_threshold(Path(args.policy), route, index, result.threshold)
+        print(f"written to {args.policy}")
     return 0
 
 
@@ -181,6 +213,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("check-policy", help="validate a policy file; exit 1 on errors")
     p.add_argument("file")
     p.set_defaults(func=check_policy)
+
+    p = sub.add_parser("calibrate", help="the score threshold for a share of large-tier calls")
+    p.add_argument("--policy", required=True, help="policy YAML with a min_score rule")
+    p.add_argument("--prompts", required=True, help="sample prompts: JSONL {prompt} or lines")
+    p.add_argument("--large-share", type=float, required=True, help="e.g. 0.3 for 30%%")
+    p.add_argument("--route", help="default: the policy's first route")
+    p.add_argument("--tier", help="default: the tier of the route's first min_score rule")
+    p.add_argument("--write", action="store_true", help="write the threshold into the policy")
+    p.set_defaults(func=calibrate)
 
     p = sub.add_parser("engine", help="serve one local model over an OpenAI-compatible API")
     p.add_argument("--model", required=True, help="bundled name, GGUF path or HF folder")

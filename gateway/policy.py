@@ -89,6 +89,7 @@ class ApiKey(_Strict):
     key: str | None = None
     key_sha256: str | None = None
     tenant: str
+    tier_override: bool = False  # may this key pick the tier with the x-tiergate-tier header
 
     @field_validator("key")
     @classmethod
@@ -292,8 +293,16 @@ class Rule(_Strict):
     """Matches when every condition it sets holds; unset conditions match anything."""
 
     tier: str
-    min_score: float | None = None  # difficulty score conditions: need a scorer (later issue)
+    name: str | None = None  # how stats and x-tiergate-explain name it; default rules[i]
+    min_score: float | None = None  # the difficulty score in [0, 1] (see `difficulty`)
     max_score: float | None = None
+    # Prompt signals in [0, 1] by name (gateway/routing/signals.py: tokens, code, math,
+    # multi_step, constraints, tools, depth, max_tokens).
+    min_signals: dict[str, float] = {}
+    max_signals: dict[str, float] = {}
+    models: list[str] | None = None  # requested model names (a route's own name or an alias)
+    headers: dict[str, str] = {}  # request header -> value ("*": present with any value)
+    tools: bool | None = None  # the request offers tools
     min_prompt_tokens: int | None = None  # approximate: characters / 4, before tokenizing
     max_prompt_tokens: int | None = None
     min_chars: int | None = None
@@ -317,6 +326,54 @@ class Route(_Strict):
     rules: list[Rule] = []  # first match wins
     default: str  # tier when no rule matches
     cache: RouteCacheSettings = RouteCacheSettings()
+    aliases: list[str] = []  # more model names that pick this route (e.g. "gpt-4o")
+
+
+class ExamplePrompt(_Strict):
+    prompt: str
+    label: int | None = None  # 1: needs the larger tier, 0: the smaller one does well
+    score: float | None = None  # or a graded target in [0, 1]
+
+    _check_score = field_validator("score")(_between_0_and_1)
+
+    @model_validator(mode="after")
+    def _one_target(self) -> "ExamplePrompt":
+        if (self.label is None) == (self.score is None):
+            raise ValueError("give exactly one of label (0 or 1) and score")
+        if self.label not in (None, 0, 1):
+            raise ValueError("label must be 0 or 1")
+        return self
+
+    @property
+    def target(self) -> float:
+        return float(self.label if self.label is not None else self.score)
+
+
+class Blend(_Strict):
+    """Weights of the difficulty score: the trained classifier's probability and each
+    prompt signal; the score is their weighted mean (weights are normalised)."""
+
+    classifier: float = 1.0
+    tokens: float = 0.0
+    code: float = 0.0
+    math: float = 0.0
+    multi_step: float = 0.0
+    constraints: float = 0.0
+    tools: float = 0.0
+    depth: float = 0.0
+    max_tokens: float = 0.0
+
+    _check = field_validator("*")(_not_negative)
+
+
+class DifficultySettings(_Strict):
+    # JSONL files of {prompt, label} or {prompt, score} (paths relative to the policy file),
+    # or examples written inline. The classifier is trained on them when the policy loads.
+    examples: list[str | ExamplePrompt] = []
+    blend: Blend = Blend()
+    regularization: float = 1.0  # inverse L2 strength of the logistic regression (C)
+
+    _check = field_validator("regularization")(_positive)
 
 
 class LimitSet(_Strict):
@@ -360,6 +417,7 @@ class Policy(_Strict):
     limits: LimitsSettings = LimitsSettings()
     cache: CacheSettings = CacheSettings()
     embedder: EmbedderSettings = EmbedderSettings()
+    difficulty: DifficultySettings = DifficultySettings()
     engines: dict[str, EngineSettings] = {}
     tiers: Annotated[dict[str, Tier], Field(min_length=1)]
     routes: dict[str, Route] = {}
@@ -501,6 +559,21 @@ def _reference_issues(policy: Policy) -> list[PolicyIssue]:
         for i, rule in enumerate(route.rules):
             path = f"routes.{route_name}.rules[{i}]"
             issues += _rule_issues(rule, path, tiers)
+    issues += _name_issues(policy)
+    return issues
+
+
+def _name_issues(policy: Policy) -> list[PolicyIssue]:
+    """A model name must pick one thing: aliases may not shadow a tier, route or alias."""
+    taken = {*policy.tiers, *policy.routes}
+    issues = []
+    for route_name, route in policy.routes.items():
+        for i, alias in enumerate(route.aliases):
+            if alias in taken:
+                issues.append(
+                    PolicyIssue(f"routes.{route_name}.aliases[{i}]", f"{alias!r} is taken")
+                )
+            taken.add(alias)
     return issues
 
 
@@ -552,6 +625,15 @@ def _rule_issues(rule: Rule, path: str, tiers: dict[str, Tier]) -> list[PolicyIs
         lo, hi = getattr(rule, low), getattr(rule, high)
         if lo is not None and hi is not None and lo > hi:
             issues.append(PolicyIssue(f"{path}.{low}", f"must not exceed {high} ({hi})"))
+    from gateway.routing.signals import NAMES  # lazy: routing imports this module
+
+    for key in ("min_signals", "max_signals"):
+        for name, value in getattr(rule, key).items():
+            if name not in NAMES:
+                known = ", ".join(NAMES)
+                issues.append(PolicyIssue(f"{path}.{key}.{name}", f"unknown signal ({known})"))
+            elif not 0 <= value <= 1:
+                issues.append(PolicyIssue(f"{path}.{key}.{name}", "must be between 0 and 1"))
     return issues
 
 
@@ -632,7 +714,10 @@ def load_policy(path: str | Path, env: dict[str, str] | None = None) -> Policy:
         text = path.read_text()
     except OSError as exc:
         raise PolicyError(str(path), [PolicyIssue("", f"cannot read: {exc.strerror}")]) from None
-    return parse_policy(text, str(path), env)
+    policy = parse_policy(text, str(path), env)
+    from gateway.routing.examples import resolve_example_files  # lazy: it reads files
+
+    return resolve_example_files(policy, path, text)
 
 
 # --- hot reload -------------------------------------------------------------------------

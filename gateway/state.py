@@ -13,8 +13,8 @@ from gateway.backends.fallback import Cooldowns, FallbackChain, TierBackends
 from gateway.backends.local import EngineSlot, LocalBackend, LocalEngines
 from gateway.backends.openai_compat import NATIVE_PROVIDERS, OpenAICompatBackend
 from gateway.backends.remote import RemoteBackend, load_litellm
-from gateway.cache.embedder import Embedder
 from gateway.cache.semantic import SemanticCache
+from gateway.embedding import SharedEmbedder
 from gateway.policy import Deployment, Policy, PolicyWatcher
 from gateway.pricing import deployment_price
 from gateway.routing.router import Router, Scorer, ScorerFactory
@@ -45,7 +45,7 @@ class GatewayState:
     policy_path: Path | None = None
     watcher: PolicyWatcher | None = None
     cache: SemanticCache | None = None  # None: the policy turns the cache off
-    embedder: Embedder | None = None  # shared by the cache and the router
+    embedder: SharedEmbedder = field(default_factory=SharedEmbedder)  # cache and router
     background: set[asyncio.Task] = field(default_factory=set)  # e.g. cache stores
     history: StatsHistory | None = None  # snapshots of the stats, for windowed views
 

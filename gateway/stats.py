@@ -10,8 +10,10 @@ from prometheus_client.metrics_core import Metric
 from engine.protocol import Usage
 from gateway.backends.fallback import Cooldowns
 from gateway.policy import Price
+from gateway.routing.router import Decision
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_SCORE_BUCKETS = tuple(i / 10 for i in range(1, 11))
 _PER_MILLION = 1_000_000
 # What windows are differenced from: counters and histogram parts (gauges are read live).
 _CUMULATIVE_SUFFIXES = ("_total", "_bucket", "_count", "_sum")
@@ -89,6 +91,19 @@ class Stats:
             ["route", "tier", "model"],
             registry=r,
         )
+        self._decisions = Counter(
+            "tiergate_route_decisions",
+            "Routed requests by route, the rule that fired (or default / override) and tier",
+            ["route", "rule", "tier"],
+            registry=r,
+        )
+        self._scores = Histogram(
+            "tiergate_difficulty_score",
+            "Difficulty scores of routed requests whose rules read the score",
+            ["route"],
+            buckets=_SCORE_BUCKETS,
+            registry=r,
+        )
         self._reloads = Counter(
             "tiergate_policy_reloads", "Policy reloads by result", ["result"], registry=r
         )
@@ -124,6 +139,13 @@ class Stats:
 
     def request_done(self, route: str, tier: str, model: str, status: int) -> None:
         self._requests.labels(route or "-", tier or "-", model or "-", str(status)).inc()
+
+    def routed(self, decision: Decision) -> None:
+        if decision.route is None:  # a tier or deployment named directly: no rule ran
+            return
+        self._decisions.labels(decision.route, decision.rule or "-", decision.tier).inc()
+        if decision.score is not None:
+            self._scores.labels(decision.route).observe(decision.score)
 
     def usage(self, tier: str, model: str, usage: Usage, price: Price) -> None:
         self._prompt_tokens.labels(tier, model).inc(usage.prompt_tokens)

@@ -12,7 +12,7 @@ from fastapi import FastAPI
 
 from gateway.app import create_app
 from gateway.policy import Policy, parse_policy
-from gateway.routing.router import PromptFeatures
+from gateway.routing.router import RoutingInput, Scored
 from tests.servers import run_uvicorn
 
 KEY, OTHER_KEY, ADMIN = "sk-test-key-1", "sk-test-key-2", "sk-test-admin"
@@ -38,8 +38,8 @@ HELLO = [{"role": "user", "content": "Say hello."}]
 class KeywordScorer:
     """Stands in for the difficulty router: "prove" makes a prompt hard."""
 
-    async def score(self, features: PromptFeatures) -> float:
-        return 0.9 if "prove" in features.last_user_text else 0.1
+    async def score(self, inp: RoutingInput, signals: object) -> Scored:
+        return Scored(0.9 if "prove" in inp.features.last_user_text else 0.1)
 
 
 async def keyword_scorer(policy: Policy) -> KeywordScorer:

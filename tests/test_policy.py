@@ -7,7 +7,7 @@ import pytest
 
 from gateway.cli import main
 from gateway.policy import PolicyError, parse_policy
-from gateway.routing.router import Router, choose_tier, extract_features
+from gateway.routing.router import Router, RoutingInput, Scored, extract_features
 
 ROOT = Path(__file__).resolve().parent.parent
 POLICY_FILES = sorted((ROOT / "router_policies").rglob("*.yaml"))
@@ -190,36 +190,46 @@ def chat(*texts: str) -> list[dict]:
     return [{"role": "user", "content": t} for t in texts]
 
 
-def test_rules_pick_tiers_by_prompt_features() -> None:
-    route = parse_policy(RULES, env={}).routes["auto"]
-    assert choose_tier(route, extract_features(chat("hi there"), None), None) == "small"
-    code = chat("fix this:\n```python\nprint(1)\n```")
-    assert choose_tier(route, extract_features(code, None), None) == "large"
-    assert choose_tier(route, extract_features(chat("x" * 400), None), None) == "large"
-    assert choose_tier(route, extract_features(chat("a", "b", "c", "d"), None), None) == "large"
-    assert choose_tier(route, extract_features(None, "hello"), None) == "small"
+class FixedScore:
+    def __init__(self, score: float | None) -> None:
+        self.value = score
+
+    async def score(self, inp: RoutingInput, signals: object) -> Scored | None:
+        return None if self.value is None else Scored(self.value)
 
 
-def test_score_rules_match_only_with_a_score() -> None:
-    route = parse_policy(RULES, env={}).routes["auto"]
-    easy = extract_features(chat("what is 2+2?"), None)
-    assert choose_tier(route, easy, None) == "small"
-    assert choose_tier(route, easy, 0.9) == "large"
-    assert choose_tier(route, easy, 0.3) == "small"
+async def tier_of(messages: list[dict] | None, prompt: str | None = None, score=None) -> str:
+    router = Router(parse_policy(RULES, env={}), FixedScore(score))
+    return (await router.decide(RoutingInput("auto", extract_features(messages, prompt)))).tier
+
+
+async def test_rules_pick_tiers_by_prompt_features() -> None:
+    assert await tier_of(chat("hi there")) == "small"
+    assert await tier_of(chat("fix this:\n```python\nprint(1)\n```")) == "large"
+    assert await tier_of(chat("x" * 400)) == "large"
+    assert await tier_of(chat("a", "b", "c", "d")) == "large"
+    assert await tier_of(None, "hello") == "small"
+
+
+async def test_score_rules_match_only_with_a_score() -> None:
+    easy = chat("what is 2+2?")
+    assert await tier_of(easy) == "small"
+    assert await tier_of(easy, score=0.9) == "large"
+    assert await tier_of(easy, score=0.3) == "small"
 
 
 async def test_router_names_routes_tiers_and_deployments() -> None:
-    class Hard:
-        async def score(self, features: object) -> float:
-            return 0.95
-
     policy = parse_policy(RULES, env={})
     features = extract_features(chat("hello"), None)
     router = Router(policy)
-    assert (await router.decide("auto", features)).tier == "small"
-    assert (await Router(policy, Hard()).decide("auto", features)).tier == "large"
-    assert (await router.decide("large", features)).tier == "large"
-    pinned = await router.decide("hosted_vllm/big", features)
+
+    async def decide(r: Router, model: str):
+        return await r.decide(RoutingInput(model, features))
+
+    assert (await decide(router, "auto")).tier == "small"
+    assert (await decide(Router(policy, FixedScore(0.95)), "auto")).tier == "large"
+    assert (await decide(router, "large")).tier == "large"
+    pinned = await decide(router, "hosted_vllm/big")
     assert (pinned.tier, pinned.deployment) == ("large", "hosted_vllm/big")
-    assert await router.decide("nope", features) is None
+    assert await decide(router, "nope") is None
     assert router.model_names() == ["auto", "small", "large", "smollm2-135m", "hosted_vllm/big"]

@@ -13,15 +13,13 @@ import logging
 import re
 from dataclasses import dataclass
 
-import numpy as np
 from starlette.datastructures import Headers
 
 from engine.protocol import ChatCompletionRequest, Usage
 from gateway.api.respond import Answer
 from gateway.backends.base import OpenAIRequest, Piece
 from gateway.backends.fallback import Served
-from gateway.cache.embedder import Embedder
-from gateway.cache.semantic import CachedAnswer, CacheQuery, Lookup, SemanticCache
+from gateway.cache.semantic import CachedAnswer, CacheQuery, Embed, Lookup, SemanticCache
 from gateway.errors import ApiError
 from gateway.policy import Policy, Price, RouteCacheSettings
 
@@ -96,19 +94,6 @@ def scope_of(tenant: str, body: OpenAIRequest) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-class EmbeddingMemo:
-    """The request's one embedding, computed on first use and shared by cache and router."""
-
-    def __init__(self, embedder: Embedder, text: str) -> None:
-        self._embedder, self._text = embedder, text
-        self._vector: asyncio.Future | None = None
-
-    async def __call__(self) -> np.ndarray:
-        if self._vector is None:
-            self._vector = asyncio.ensure_future(self._embedder.embed(self._text))
-        return await asyncio.shield(self._vector)
-
-
 class _Replay:
     """A stored answer as pieces: words, then the finish reason and usage."""
 
@@ -138,7 +123,7 @@ class CacheStep:
     policy: Policy
     query: CacheQuery
     control: CacheControl
-    embed: EmbeddingMemo
+    embed: Embed
     lookup_result: Lookup | None = None
 
     @property

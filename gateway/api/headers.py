@@ -46,6 +46,8 @@ class TiergateHeaders:
                     headers["x-tiergate-similarity"] = state["similarity"]
                 if "cache_entry" in state:
                     headers["x-tiergate-cache-entry"] = state["cache_entry"]
+                if "explain" in state:  # asked for with x-tiergate-explain: 1
+                    headers["x-tiergate-explain"] = state["explain"]
             await send(message)
 
         await self.app(scope, receive, send_with_headers)

@@ -8,6 +8,7 @@ is validated by hand with the engine's protocol models so a bad body is OpenAI's
 never FastAPI's 422.
 """
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,19 +24,21 @@ from engine.protocol import (
     ModelList,
     Usage,
 )
-from gateway.api.cache_step import CacheControl, CacheStep, EmbeddingMemo, matched_text, scope_of
+from gateway.api.cache_step import CacheControl, CacheStep, matched_text, scope_of
 from gateway.api.deps import State, authenticate, parse_body
 from gateway.api.respond import Call, backend_error, streamed, whole
 from gateway.api.shapes import ChatShape, Shape, TextShape
 from gateway.backends.base import BackendError, GenerationRequest, OpenAIRequest
 from gateway.backends.fallback import Served
 from gateway.cache.semantic import CacheQuery
+from gateway.embedding import embed_once
 from gateway.errors import ApiError
 from gateway.limits import NOT_LIMITED, Admission
-from gateway.routing.router import PromptFeatures, extract_features
+from gateway.routing.router import Embed, PromptFeatures, RoutingInput, extract_features
 from gateway.state import GatewayState, Runtime
 
 router = APIRouter()
+EXPLAIN_HEADER = "x-tiergate-explain"  # "1": the answer carries the routing decision
 
 
 def _features(body: OpenAIRequest) -> PromptFeatures:
@@ -59,6 +62,8 @@ class RequestContext:
     admission: Admission = field(default_factory=lambda: NOT_LIMITED)
     started: float = field(default_factory=time.perf_counter)
     cache: CacheStep | None = None
+    # The request's one embedding (of the last user message), shared by cache and router.
+    embed: Embed | None = None
 
     @property
     def route(self) -> str:
@@ -102,7 +107,7 @@ def _cache_step(ctx: RequestContext) -> CacheStep | None:
     max_tokens = getattr(ctx.body, "max_completion_tokens", None) or ctx.body.max_tokens
     scope = scope_of(ctx.tenant, ctx.body)
     query = CacheQuery(scope, ctx.tenant, ctx.route, text, max_tokens, temperature)
-    return CacheStep(cache, policy, query, control, EmbeddingMemo(ctx.state.embedder, text))
+    return CacheStep(cache, policy, query, control, ctx.embed)
 
 
 async def _from_cache(ctx: RequestContext) -> Call | None:
@@ -128,12 +133,29 @@ async def _from_cache(ctx: RequestContext) -> Call | None:
     return Call(stats, served, ctx.route, tokens, ctx.started, ctx.admission, cached=True)
 
 
+def _routing_input(ctx: RequestContext) -> RoutingInput:
+    body = ctx.body
+    return RoutingInput(
+        model=body.model,
+        features=ctx.features,
+        embed=ctx.embed,
+        headers=ctx.request.headers,
+        tenant=ctx.tenant,
+        key_digest=getattr(ctx.request.state, "key_digest", None),
+        max_tokens=getattr(body, "max_completion_tokens", None) or body.max_tokens,
+        tools=bool(getattr(body, "tools", None)),
+    )
+
+
 async def _open(ctx: RequestContext) -> Served:
     """Route the request and find a deployment that starts answering it."""
-    decision = await ctx.runtime.router.decide(ctx.body.model, ctx.features)
+    decision = await ctx.runtime.router.decide(_routing_input(ctx))
     if decision is None:
         raise _not_found(ctx.body.model)
     ctx.mark(tier=decision.tier)
+    if ctx.request.headers.get(EXPLAIN_HEADER) == "1":
+        ctx.mark(explain=json.dumps(decision.explain(), separators=(",", ":")))
+    ctx.state.stats.routed(decision)
     generation = GenerationRequest(ctx.request.state.request_id, ctx.body, ctx.tenant)
     try:
         served: Served = await ctx.runtime.chain.open(
@@ -175,6 +197,7 @@ async def _complete(
         if body.model not in runtime.router.model_names():  # before the cache can answer
             raise _not_found(body.model)
         ctx = RequestContext(request, state, runtime, tenant, body, _features(body))
+        ctx.embed = embed_once(state.embedder.current, ctx.features.last_user_text)
         ctx.admission = await _admit(ctx)
         ctx.cache = _cache_step(ctx)
         call = await _from_cache(ctx) or await _from_tier(ctx)

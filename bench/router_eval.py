@@ -1,0 +1,247 @@
+"""How well the difficulty score routes, on outcomes held apart from its training examples.
+
+    python bench/router_eval.py [--policy router_policies/default.yaml]
+
+Reads `bench/data/router_outcomes.jsonl` (bench/router_outcomes.py: both local tiers'
+answers to checkable tasks) and trains the policy's classifier on the `train` split, exactly
+as the gateway does at load. On the `heldout` split, in the same run:
+
+- ROC AUC for "needs the large tier" (small wrong, large right) of our score, of prompt
+  length alone and of LiteLLM's complexity router heuristic; on the whole split and on a
+  length-matched subset (per length band, as many positives as negatives, seeded sample).
+- Routing by each score at every share of large-tier calls, against all-small, all-large
+  and random routing at the same share (its expectation): accuracy, cost at the policy's
+  prices, and CPT(50%) / CPT(80%): the least large share that recovers that part of the
+  accuracy gap between all-small and all-large.
+- Scoring latency beyond the embedding (features, signals, blend): p50 / p99.
+
+Writes bench/results/router_eval.json.
+"""
+
+import argparse
+import json
+import os
+import platform
+import random
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from sklearn.metrics import roc_auc_score
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.router_outcomes import OUTCOMES, needs_large  # noqa: E402
+from gateway.cache.embedder import Embedder  # noqa: E402
+from gateway.policy import ExamplePrompt, load_policy  # noqa: E402
+from gateway.routing.difficulty import build_scorer, example_signals  # noqa: E402
+from gateway.routing.router import extract_features  # noqa: E402
+from gateway.routing.signals import compute_signals  # noqa: E402
+from gateway.stats import cost_usd  # noqa: E402
+
+RESULT = ROOT / "bench" / "results" / "router_eval.json"
+SHARES = [round(s, 2) for s in np.arange(0.0, 1.0001, 0.05)]
+LENGTH_BANDS = 8
+SEED = 10
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+def litellm_scores(prompts: list[str]) -> np.ndarray:
+    """LiteLLM's complexity router, default heuristic: its weighted score per prompt."""
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    from litellm.router_strategy.complexity_router.complexity_router import ComplexityRouter
+
+    tiers = {"SIMPLE": "small", "MEDIUM": "small", "COMPLEX": "large", "REASONING": "large"}
+    router = ComplexityRouter(
+        "auto", ctx=None, complexity_router_config={"tiers": tiers}, derive_savings_baseline=False
+    )
+    return np.array([router.classify(p)[1] for p in prompts])
+
+
+def length_matched(lengths: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Indices: in each length band (quantiles), equal numbers of each label."""
+    rng = random.Random(SEED)
+    edges = np.quantile(lengths, np.linspace(0, 1, LENGTH_BANDS + 1)[1:-1])
+    bands = np.searchsorted(edges, lengths, side="right")
+    keep: list[int] = []
+    for band in np.unique(bands):
+        pos = [i for i in np.flatnonzero(bands == band) if labels[i] == 1]
+        neg = [i for i in np.flatnonzero(bands == band) if labels[i] == 0]
+        n = min(len(pos), len(neg))
+        keep += rng.sample(pos, n) + rng.sample(neg, n)
+    return np.array(sorted(keep))
+
+
+def auc(labels: np.ndarray, scores: np.ndarray) -> float:
+    return round(float(roc_auc_score(labels, scores)), 4)
+
+
+def routed_curve(scores, small_ok, large_ok, small_cost, large_cost) -> list[dict]:
+    """Send the top `share` of scores to large; accuracy and cost per share."""
+    order = np.argsort(-scores, kind="stable")
+    out = []
+    for share in SHARES:
+        to_large = np.zeros(len(scores), dtype=bool)
+        to_large[order[: round(share * len(scores))]] = True
+        accuracy = np.where(to_large, large_ok, small_ok).mean()
+        cost = np.where(to_large, large_cost, small_cost).sum()
+        out.append({"share": share, "accuracy": round(float(accuracy), 4), "cost_usd": cost})
+    return out
+
+
+def random_curve(small_ok, large_ok, small_cost, large_cost) -> list[dict]:
+    """Random routing at each share, in expectation."""
+    return [
+        {
+            "share": s,
+            "accuracy": round(float((1 - s) * small_ok.mean() + s * large_ok.mean()), 4),
+            "cost_usd": float((1 - s) * small_cost.sum() + s * large_cost.sum()),
+        }
+        for s in SHARES
+    ]
+
+
+def cpt(scores, small_ok, large_ok, part: float) -> float | None:
+    """Least share of large calls (over every possible cut) that recovers `part` of the gap."""
+    target = small_ok.mean() + part * (large_ok.mean() - small_ok.mean())
+    order = np.argsort(-scores, kind="stable")
+    gain = np.concatenate(([0], np.cumsum((large_ok - small_ok)[order])))
+    accuracy = small_ok.mean() + gain / len(scores)
+    reached = np.flatnonzero(accuracy >= target - 1e-12)
+    return None if not len(reached) else round(float(reached[0] / len(scores)), 4)
+
+
+def scoring_latency(scorer, prompts: list[str], vectors: np.ndarray) -> dict:
+    """Time from the request's text and its embedding to the score, per request: wall time
+    (on a shared machine it includes being descheduled) and this thread's CPU time."""
+
+    def one(prompt: str, vector: np.ndarray) -> None:
+        features = extract_features([{"role": "user", "content": prompt}], None)
+        scorer.score_embedded(vector, compute_signals(features))
+
+    for prompt, vector in zip(prompts[:50], vectors[:50], strict=True):
+        one(prompt, vector)  # warm-up
+    wall, cpu = [], []
+    for prompt, vector in zip(prompts * 5, np.tile(vectors, (5, 1)), strict=True):
+        w, c = time.perf_counter(), time.thread_time()
+        one(prompt, vector)
+        cpu.append(time.thread_time() - c)
+        wall.append(time.perf_counter() - w)
+
+    def ms(values: list[float], q: float) -> float:
+        return round(float(np.percentile(values, q)) * 1000, 4)
+
+    return {
+        "requests": len(wall),
+        "wall_p50_ms": ms(wall, 50),
+        "wall_p99_ms": ms(wall, 99),
+        "cpu_p50_ms": ms(cpu, 50),
+        "cpu_p99_ms": ms(cpu, 99),
+    }
+
+
+def at_threshold(policy, scores, small_ok, large_ok, small_cost, large_cost) -> dict | None:
+    """Routing by the policy's own first min_score rule (the calibrated threshold)."""
+    rules = [r for route in policy.routes.values() for r in route.rules if r.min_score]
+    if not rules:
+        return None
+    to_large = scores >= rules[0].min_score
+    return {
+        "min_score": rules[0].min_score,
+        "large_share": round(float(to_large.mean()), 4),
+        "accuracy": round(float(np.where(to_large, large_ok, small_ok).mean()), 4),
+        "cost_usd": float(np.where(to_large, large_cost, small_cost).sum()),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--policy", default=str(ROOT / "router_policies" / "default.yaml"))
+    parser.add_argument("--outcomes", type=Path, default=OUTCOMES)
+    args = parser.parse_args()
+    rows = [json.loads(line) for line in args.outcomes.read_text().splitlines()]
+    train = [r for r in rows if r["split"] == "train"]
+    test = [r for r in rows if r["split"] == "heldout"]
+    base = load_policy(args.policy)
+    # Train on the train split of these outcomes, whatever file the policy points to.
+    examples = [ExamplePrompt(prompt=r["prompt"], label=needs_large(r)) for r in train]
+    difficulty = base.difficulty.model_copy(update={"examples": examples})
+    policy = base.model_copy(update={"difficulty": difficulty})
+    embedder = Embedder(policy.embedder.model)
+    start = time.perf_counter()
+    scorer = build_scorer(policy, embedder.embed_many)
+    train_s = time.perf_counter() - start
+
+    prompts = [r["prompt"] for r in test]
+    labels = np.array([needs_large(r) for r in test])
+    vectors = embedder.embed_many(prompts)
+    ours = np.array(
+        [
+            scorer.score_embedded(v, example_signals(p)).score
+            for v, p in zip(vectors, prompts, strict=True)
+        ]
+    )
+    lengths = np.array([len(p) for p in prompts], dtype=float)
+    litellm = litellm_scores(prompts)
+    matched = length_matched(lengths, labels)
+    scores = {"difficulty": ours, "length": lengths, "litellm_complexity": litellm}
+
+    prices = {t: policy.tiers[t].price for t in ("small", "large")}
+    small_ok = np.array([r["small"]["correct"] for r in test], dtype=float)
+    large_ok = np.array([r["large"]["correct"] for r in test], dtype=float)
+    small_cost, large_cost = (
+        np.array([_cost(r[t], prices[t]) for r in test]) for t in ("small", "large")
+    )
+    report = {
+        "cpu": cpu_model(),
+        "train_examples": len(train),
+        "heldout": len(test),
+        "heldout_positive_share": round(float(labels.mean()), 4),
+        "matched_subset": len(matched),
+        "train_seconds": round(train_s, 2),
+        "auc": {n: auc(labels, s) for n, s in scores.items()},
+        "auc_length_matched": {n: auc(labels[matched], s[matched]) for n, s in scores.items()},
+        "all_small": {"accuracy": round(float(small_ok.mean()), 4), "cost_usd": small_cost.sum()},
+        "all_large": {"accuracy": round(float(large_ok.mean()), 4), "cost_usd": large_cost.sum()},
+        "cpt": {
+            n: {"cpt50": cpt(s, small_ok, large_ok, 0.5), "cpt80": cpt(s, small_ok, large_ok, 0.8)}
+            for n, s in scores.items()
+        },
+        "curves": {
+            n: routed_curve(s, small_ok, large_ok, small_cost, large_cost)
+            for n, s in scores.items()
+        },
+        "scoring_latency": scoring_latency(scorer, prompts, vectors),
+    }
+    report["curves"]["random"] = random_curve(small_ok, large_ok, small_cost, large_cost)
+    report["at_policy_threshold"] = at_threshold(
+        policy, ours, small_ok, large_ok, small_cost, large_cost
+    )
+    ours_curve, rand_curve = report["curves"]["difficulty"], report["curves"]["random"]
+    report["beats_random_at_every_share"] = all(
+        o["accuracy"] >= r["accuracy"]
+        for o, r in zip(ours_curve[1:-1], rand_curve[1:-1], strict=True)
+    )
+    RESULT.parent.mkdir(parents=True, exist_ok=True)
+    RESULT.write_text(json.dumps(report, indent=1) + "\n")
+    summary = {k: v for k, v in report.items() if k != "curves"}
+    print(json.dumps(summary, indent=1))
+    print(f"-> {RESULT}")
+
+
+def _cost(answer: dict, price) -> float:
+    from engine.protocol import Usage
+
+    return cost_usd(Usage.of(answer["prompt_tokens"], answer["completion_tokens"]), price)
+
+
+if __name__ == "__main__":
+    main()

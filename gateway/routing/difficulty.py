@@ -1,0 +1,225 @@
+"""The difficulty score in [0, 1]: a classifier on the request embedding and prompt signals,
+blended with the signals by the policy's weights.
+
+The classifier is a logistic regression trained when the policy loads, on the policy's
+labelled example prompts (embedded in one batch: seconds). At request time scoring is one
+dot product over 384 + 8 numbers: microseconds on top of the embedding, which the request
+pipeline computes once and shares with the semantic cache.
+"""
+
+import asyncio
+import hashlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gateway.policy import (
+    Blend,
+    EmbedderSettings,
+    ExamplePrompt,
+    Policy,
+    PolicyError,
+    PolicyIssue,
+)
+from gateway.routing.examples import policy_examples
+from gateway.routing.router import RoutingInput, Scored, extract_features
+from gateway.routing.signals import NAMES, Signals, compute_signals
+
+logger = logging.getLogger("tiergate.difficulty")
+
+EMBEDDING = "embedding"  # how explanations name the embedding's share of the classifier
+TOP_FEATURES = 3
+
+
+@dataclass(frozen=True)
+class Classifier:
+    """Logistic regression over [embedding, signals]; `center` is the training mean, so a
+    contribution says how much a part moves this prompt away from the average one."""
+
+    weights: np.ndarray  # (dim + len(NAMES),) float32
+    bias: float
+    center: np.ndarray  # same shape as weights
+
+    def logit_parts(self, x: np.ndarray, dim: int) -> tuple[float, np.ndarray]:
+        parts = self.weights * (x - self.center)
+        base = self.bias + float(self.weights @ self.center)
+        return base, np.concatenate(([parts[:dim].sum()], parts[dim:]))
+
+
+class DifficultyScorer:
+    def __init__(self, classifier: Classifier | None, blend: Blend, dim: int) -> None:
+        self.classifier = classifier
+        self.dim = dim
+        signal_weights = np.array([getattr(blend, n) for n in NAMES], dtype=np.float64)
+        classifier_weight = blend.classifier if classifier is not None else 0.0
+        total = classifier_weight + signal_weights.sum()
+        if total <= 0:
+            raise ValueError("difficulty.blend: every weight is 0 (or no examples to train on)")
+        self._classifier_weight = classifier_weight / total
+        self._signal_weights = signal_weights / total
+
+    @property
+    def needs_embedding(self) -> bool:
+        return self._classifier_weight > 0
+
+    async def score(self, inp: RoutingInput, signals: Signals) -> Scored | None:
+        """The router's Scorer: embeds (through the request's shared, memoised `embed`)
+        only when the classifier takes part."""
+        embedding = None
+        if self.needs_embedding:
+            if inp.embed is None:
+                return None
+            embedding = await inp.embed()
+        return self.score_embedded(embedding, signals)
+
+    def score_embedded(self, embedding: np.ndarray | None, signals: Signals) -> Scored:
+        s = signals.vector().astype(np.float64)
+        contributions = dict(zip(NAMES, self._signal_weights * s, strict=True))
+        score = float(self._signal_weights @ s)
+        if self.needs_embedding:
+            assert embedding is not None and self.classifier is not None
+            x = np.concatenate((embedding.astype(np.float64), s))
+            base, parts = self.classifier.logit_parts(x, self.dim)
+            probability = 1.0 / (1.0 + np.exp(-(base + parts.sum())))
+            score += self._classifier_weight * probability
+            # Logit parts, scaled to the score by the sigmoid's slope at this point.
+            slope = self._classifier_weight * probability * (1 - probability)
+            for name, part in zip((EMBEDDING, *NAMES), parts, strict=True):
+                contributions[name] = contributions.get(name, 0.0) + slope * float(part)
+        ranked = sorted(contributions.items(), key=lambda kv: -abs(kv[1]))
+        top = tuple((n, round(v, 4)) for n, v in ranked[:TOP_FEATURES] if v != 0)
+        return Scored(min(1.0, max(0.0, score)), top)
+
+
+def example_signals(prompt: str) -> Signals:
+    """Examples are single user prompts: no tools, no history, no max_tokens."""
+    return compute_signals(extract_features([{"role": "user", "content": prompt}], None))
+
+
+def train_classifier(
+    embeddings: np.ndarray, signals: np.ndarray, targets: np.ndarray, c: float
+) -> Classifier:
+    """Targets in [0, 1]; a graded target t counts as t of a positive and 1 - t of a
+    negative, which is the cross-entropy of the soft label."""
+    from sklearn.linear_model import LogisticRegression  # import on use: ~0.5 s
+
+    x = np.hstack((embeddings, signals)).astype(np.float64)
+    hard = np.isin(targets, (0.0, 1.0))
+    xs = np.vstack((x[hard], x[~hard], x[~hard]))
+    ys = np.concatenate((targets[hard], np.ones((~hard).sum()), np.zeros((~hard).sum())))
+    ws = np.concatenate((np.ones(hard.sum()), targets[~hard], 1 - targets[~hard]))
+    if len(set(ys[ws > 0])) < 2:
+        raise ValueError("difficulty.examples: need examples of both kinds (label 0 and 1)")
+    model = LogisticRegression(C=c, max_iter=1000)
+    model.fit(xs, ys, sample_weight=ws)
+    return Classifier(model.coef_[0].copy(), float(model.intercept_[0]), x.mean(axis=0))
+
+
+EmbedMany = Callable[[list[str]], np.ndarray]
+
+
+def build_scorer(policy: Policy, embed_many: EmbedMany | None) -> DifficultyScorer:
+    """Train on the policy's examples (embedded with `embed_many`) and apply its blend."""
+    settings = policy.difficulty
+    examples = policy_examples(policy)
+    classifier = None
+    if examples and settings.blend.classifier > 0:
+        if embed_many is None:
+            raise ValueError("the difficulty classifier needs the embedder")
+        key = (policy.embedder.model, settings.regularization)
+        classifier = _trained(examples, key, embed_many)
+    return DifficultyScorer(classifier, settings.blend, _dim(classifier))
+
+
+def _dim(classifier: Classifier | None) -> int:
+    return 0 if classifier is None else len(classifier.weights) - len(NAMES)
+
+
+# Reloads that leave the examples alone reuse the trained classifier.
+_trained_cache: dict[str, Classifier] = {}
+
+
+def _trained(
+    examples: list[ExamplePrompt], settings: tuple[str, float], embed_many: EmbedMany
+) -> Classifier:
+    """`settings`: the embedder model and the regularization, part of the cache key."""
+    digest = hashlib.sha256(repr((settings, [(e.prompt, e.target) for e in examples])).encode())
+    key = digest.hexdigest()
+    if key not in _trained_cache:
+        prompts = [e.prompt for e in examples]
+        embeddings = embeddings_of(prompts, settings[0], embed_many)
+        signals = np.stack([example_signals(p).vector() for p in prompts])
+        targets = np.array([e.target for e in examples], dtype=np.float64)
+        _trained_cache.clear()  # one policy's classifier at a time is all a gateway serves
+        _trained_cache[key] = train_classifier(embeddings, signals, targets, settings[1])
+        logger.info("difficulty classifier trained on %d examples", len(examples))
+    return _trained_cache[key]
+
+
+def _embed_in_batches(prompts: list[str], embed_many: EmbedMany, size: int = 64) -> np.ndarray:
+    """Batches of similar length: one batch of everything would pad every prompt to the
+    longest one."""
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    parts = [
+        embed_many([prompts[i] for i in order[k : k + size]]) for k in range(0, len(order), size)
+    ]
+    vectors = np.empty((len(prompts), parts[0].shape[1]), dtype=np.float32)
+    vectors[order] = np.concatenate(parts)
+    return vectors
+
+
+def embeddings_of(prompts: list[str], model: str, embed_many: EmbedMany) -> np.ndarray:
+    """The examples' vectors, kept on disk: a restart (or `tiergate calibrate`) with the
+    same examples and embedder loads them instead of embedding a thousand prompts again."""
+    from engine.model_registry import cache_dir
+
+    digest = hashlib.sha256(repr((model, prompts)).encode()).hexdigest()[:32]
+    path = cache_dir() / "difficulty" / f"{digest}.npy"
+    if path.is_file():
+        try:
+            vectors = np.load(path)
+            if vectors.shape[0] == len(prompts):
+                return vectors
+        except (OSError, ValueError):
+            pass  # a damaged file: embed again and replace it
+    vectors = _embed_in_batches(prompts, embed_many)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp.npy")
+        np.save(tmp, vectors)
+        tmp.replace(path)
+    except OSError:
+        logger.warning("cannot keep the example embeddings in %s", path.parent)
+    return vectors
+
+
+def difficulty_scorer_factory(
+    get_embedder: Callable[[EmbedderSettings], Awaitable[Any]],
+) -> Callable[[Policy], Awaitable[DifficultyScorer | None]]:
+    """The gateway's ScorerFactory: a DifficultyScorer for policies whose routes read the
+    score, trained with the shared embedder (`get_embedder` creates it on first use)."""
+
+    async def factory(policy: Policy) -> DifficultyScorer | None:
+        if not any(
+            r.min_score is not None or r.max_score is not None
+            for route in policy.routes.values()
+            for r in route.rules
+        ):
+            return None
+        blend = policy.difficulty.blend
+        trains = bool(policy.difficulty.examples) and blend.classifier > 0
+        if not trains and not any(getattr(blend, n) for n in NAMES):
+            logger.warning("score rules without difficulty.examples or signal weights never match")
+            return None
+        embedder = await get_embedder(policy.embedder) if trains else None
+        embed_many = embedder.embed_many if embedder is not None else None
+        try:
+            return await asyncio.to_thread(build_scorer, policy, embed_many)
+        except ValueError as exc:
+            issue = PolicyIssue("difficulty.examples", str(exc))
+            raise PolicyError("the policy's difficulty examples", [issue]) from None
+
+    return factory

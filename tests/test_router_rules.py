@@ -1,0 +1,206 @@
+"""Routing rules, the tier override, lazy scoring and the example files (no model, no server)."""
+
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gateway.cli import main
+from gateway.errors import ApiError
+from gateway.policy import Blend, PolicyError, key_digest, load_policy, parse_policy
+from gateway.routing.difficulty import Classifier, DifficultyScorer
+from gateway.routing.router import Router, RoutingInput, Scored, extract_features
+from gateway.routing.signals import NAMES, compute_signals
+
+ALLOWED, OTHER = "sk-allowed-key", "sk-other-key"
+POLICY = f"""
+auth:
+  keys:
+    - {{key: {ALLOWED}, tenant: a, tier_override: true}}
+    - {{key: {OTHER}, tenant: b}}
+tiers:
+  small: {{deployments: [{{model: smollm2-135m}}]}}
+  medium: {{deployments: [{{model: smollm2-135m}}]}}
+  large: {{deployments: [{{model: smollm2-135m}}]}}
+routes:
+  auto:
+    aliases: [gpt-4o]
+    rules:
+      - {{name: beta, tier: large, headers: {{x-beta: "yes"}}}}
+      - {{name: tools, tier: medium, tools: true}}
+      - {{name: alias, tier: medium, models: [gpt-4o], max_score: 0.2}}
+      - {{name: hard, tier: large, min_score: 0.7}}
+      - {{name: mid, tier: medium, min_score: 0.4}}
+      - {{name: mathy, tier: large, min_signals: {{math: 0.5}}}}
+    default: small
+  plain:
+    rules: [{{tier: large, contains_code: true}}]
+    default: small
+"""
+
+
+class CountingScorer:
+    def __init__(self, score: float) -> None:
+        self.value, self.calls = score, 0
+
+    async def score(self, inp: RoutingInput, signals: object) -> Scored:
+        self.calls += 1
+        await inp.embed()
+        return Scored(self.value, (("embedding", 0.1),))
+
+
+class CountingEmbed:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def __call__(self) -> np.ndarray:
+        self.calls += 1
+        return np.zeros(4, dtype=np.float32)
+
+
+def routing_input(text: str = "hello", model: str = "auto", **kwargs) -> RoutingInput:
+    features = extract_features([{"role": "user", "content": text}], None)
+    return RoutingInput(model, features, **kwargs)
+
+
+async def decide(score: float, text: str = "hello", model: str = "auto", **kwargs):
+    scorer, embed = CountingScorer(score), CountingEmbed()
+    router = Router(parse_policy(POLICY, env={}), scorer)
+    decision = await router.decide(routing_input(text, model, embed=embed, **kwargs))
+    return decision, scorer.calls, embed.calls
+
+
+async def test_first_matching_rule_wins_in_order() -> None:
+    assert (await decide(0.9))[0].rule == "hard"
+    assert (await decide(0.5))[0].tier == "medium"
+    low, _, _ = await decide(0.1)
+    assert (low.tier, low.rule, low.score) == ("small", "default", 0.1)
+    # A header rule before the score rules wins, and the score is never asked for.
+    beta, scored, embedded = await decide(0.9, headers={"x-beta": "yes"})
+    assert (beta.tier, beta.rule, scored, embedded) == ("large", "beta", 0, 0)
+    tools, scored, _ = await decide(0.9, tools=True)
+    assert (tools.rule, scored) == ("tools", 0)
+    # An alias picks the route; a rule may test which name was asked for.
+    alias, _, _ = await decide(0.1, model="gpt-4o")
+    assert (alias.route, alias.rule, alias.tier) == ("auto", "alias", "medium")
+
+
+async def test_signal_rules_read_the_prompt() -> None:
+    text = "Solve the equation 3*x + 4 = 19 and compute x^2 - 2 = ?"
+    assert compute_signals(routing_input(text).features).math >= 0.5
+    decision, _, _ = await decide(0.1, text=text)
+    assert decision.rule == "mathy"
+
+
+async def test_score_is_computed_once_and_only_when_a_rule_needs_it() -> None:
+    # Two score rules read one score: one scorer call, one embedding.
+    _, scored, embedded = await decide(0.1)
+    assert (scored, embedded) == (1, 1)
+    policy = parse_policy(POLICY, env={})
+    scorer, embed = CountingScorer(0.9), CountingEmbed()
+    decision = await Router(policy, scorer).decide(routing_input("hi", "plain", embed=embed))
+    assert (decision.tier, decision.score, scorer.calls, embed.calls) == ("small", None, 0, 0)
+
+
+async def test_difficulty_scorer_embeds_only_when_its_classifier_takes_part() -> None:
+    dim = 4
+    weights = np.ones(dim + len(NAMES))
+    classifier = Classifier(weights, 0.0, np.zeros_like(weights))
+    embed = CountingEmbed()
+    inp = routing_input("prove it", embed=embed)
+    signals = compute_signals(inp.features)
+    trained = DifficultyScorer(classifier, Blend(classifier=1.0), dim)
+    scored = await trained.score(inp, signals)
+    assert 0 <= scored.score <= 1 and embed.calls == 1
+    signals_only = DifficultyScorer(None, Blend(classifier=0.0, tokens=1.0), 0)
+    scored = await signals_only.score(inp, signals)
+    assert scored.score == pytest.approx(signals.tokens) and embed.calls == 1
+    assert scored.top[0][0] == "tokens"
+
+
+async def test_a_broken_embedder_falls_back_to_the_other_rules() -> None:
+    async def broken() -> np.ndarray:
+        raise RuntimeError("embedder down")
+
+    class Embeds:
+        async def score(self, inp: RoutingInput, signals: object) -> Scored:
+            await inp.embed()
+            return Scored(1.0)
+
+    router = Router(parse_policy(POLICY, env={}), Embeds())
+    decision = await router.decide(routing_input(embed=broken))
+    assert (decision.tier, decision.rule, decision.score) == ("small", "default", None)
+
+
+async def test_tier_override_only_for_keys_the_policy_allows() -> None:
+    header = {"x-tiergate-tier": "large"}
+    decision, scored, _ = await decide(0.0, headers=header, key_digest=key_digest(ALLOWED.encode()))
+    assert (decision.tier, decision.rule, scored) == ("large", "override", 0)
+    for key in (OTHER, None):
+        with pytest.raises(ApiError) as refused:
+            await decide(0.0, headers=header, key_digest=key_digest(key.encode()))
+        assert (refused.value.status, refused.value.code) == (403, "tier_override_not_allowed")
+        assert refused.value.param == "x-tiergate-tier"
+    with pytest.raises(ApiError) as unknown:
+        await decide(
+            0.0, headers={"x-tiergate-tier": "huge"}, key_digest=key_digest(ALLOWED.encode())
+        )
+    assert (unknown.value.status, unknown.value.code) == (400, "unknown_tier")
+
+
+def test_bad_rule_signals_and_aliases_are_policy_errors() -> None:
+    text = POLICY.replace("math: 0.5", "maths: 0.5").replace("[gpt-4o]", "[small]")
+    with pytest.raises(PolicyError) as caught:
+        parse_policy(text, env={})
+    messages = [str(i) for i in caught.value.issues]
+    assert "routes.auto.aliases[0]: 'small' is taken" in messages
+    assert any(
+        m.startswith("routes.auto.rules[5].min_signals.maths: unknown signal") for m in messages
+    )
+
+
+EXAMPLE_POLICY = """
+tiers:
+  small: {deployments: [{model: smollm2-135m}]}
+  large: {deployments: [{model: smollm2-135m}]}
+difficulty:
+  examples:
+    - examples.jsonl
+routes:
+  auto: {rules: [{tier: large, min_score: 0.5}], default: small}
+"""
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        ('{"prompt": "a", "label": 1}\n{"prompt": "b", "label": 1\n', ":2: invalid JSON"),
+        ('{"prompt": "a"}\n', ":1: give exactly one of label"),
+        ('{"prompt": "a", "label": 3}\n', ":1: label must be 0 or 1"),
+        ("", ": no examples"),
+        (None, ": cannot read: No such file or directory"),
+    ],
+)
+def test_a_bad_example_file_is_a_policy_error_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture, content: str | None, reason: str
+) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(textwrap.dedent(EXAMPLE_POLICY))
+    examples = tmp_path / "examples.jsonl"
+    if content is not None:
+        examples.write_text(content)
+    with pytest.raises(PolicyError) as caught:
+        load_policy(policy)
+    (issue,) = caught.value.issues
+    assert issue.path == "difficulty.examples[0]" and issue.line == 7
+    assert issue.message.startswith(f"{examples}{reason}"), issue.message
+    assert main(["check-policy", str(policy)]) == 1
+    assert f"{policy}:7: difficulty.examples[0]: {examples}" in capsys.readouterr().err
+
+
+def test_example_paths_resolve_beside_the_policy(tmp_path: Path) -> None:
+    (tmp_path / "examples.jsonl").write_text('{"prompt": "a", "score": 0.25}\n')
+    (tmp_path / "policy.yaml").write_text(textwrap.dedent(EXAMPLE_POLICY))
+    policy = load_policy(tmp_path / "policy.yaml")
+    assert policy.difficulty.examples == [str(tmp_path / "examples.jsonl")]
