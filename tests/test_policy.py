@@ -168,7 +168,8 @@ def test_default_policy_uses_bundled_local_models() -> None:
     assert policy.auth.keys[0].key == "sk-tiergate-local"
     assert set(policy.local_engines()) == {"smollm2-135m", "qwen2.5-coder-0.5b"}
     assert policy.tiers["large"].fallback == "small"
-    assert not policy.cache.enabled
+    assert policy.cache.enabled and policy.cache.verifier == "strict"  # on by default
+    assert policy.routes["auto"].rules[0].min_score is not None  # routed by difficulty
 
 
 RULES = (

@@ -20,8 +20,10 @@ from gateway.policy import load_policy
 from tests.servers import run_uvicorn
 
 KEY, OTHER = "sk-router-allowed", "sk-router-other"
+METRICS_KEY = "sk-router-metrics-0123"
 POLICY = f"""
 auth:
+  metrics_key: {METRICS_KEY}
   keys:
     - {{key: {KEY}, tenant: a, tier_override: true}}
     - {{key: {OTHER}, tenant: b}}
@@ -129,7 +131,8 @@ def test_stats_count_rules_and_score_distribution(gateway) -> None:
     url, _ = gateway
     ask(url, "fix this:\n```python\nprint(1)\n```")
     ask(url, "What is 2 + 2?")
-    metrics = httpx.get(f"{url}/metrics").text
+    scrape = {"Authorization": f"Bearer {METRICS_KEY}"}
+    metrics = httpx.get(f"{url}/metrics", headers=scrape).text
     assert 'tiergate_route_decisions_total{route="auto",rule="code",tier="large"}' in metrics
     assert 'tiergate_difficulty_score_count{route="auto"}' in metrics
 

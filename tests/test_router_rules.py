@@ -137,9 +137,9 @@ async def test_tier_override_only_for_keys_the_policy_allows() -> None:
     header = {"x-tiergate-tier": "large"}
     decision, scored, _ = await decide(0.0, headers=header, key_digest=key_digest(ALLOWED.encode()))
     assert (decision.tier, decision.rule, scored) == ("large", "override", 0)
-    for key in (OTHER, None):
+    for digest in (key_digest(OTHER.encode()), None):
         with pytest.raises(ApiError) as refused:
-            await decide(0.0, headers=header, key_digest=key_digest(key.encode()))
+            await decide(0.0, headers=header, key_digest=digest)
         assert (refused.value.status, refused.value.code) == (403, "tier_override_not_allowed")
         assert refused.value.param == "x-tiergate-tier"
     with pytest.raises(ApiError) as unknown:
@@ -169,6 +169,7 @@ difficulty:
     - examples.jsonl
 routes:
   auto: {rules: [{tier: large, min_score: 0.5}], default: small}
+auth: {mode: none}
 """
 
 
