@@ -126,7 +126,8 @@ def test_dashboard_loads_asks_for_the_key_and_draws_live(
     wait_until(page, "Number(document.getElementById('chart-saved').dataset.points) > 0")
     assert points(page, "chart-latency") > 0
     for chart in ("chart-requests", "chart-latency"):
-        assert inked_pixels(page, chart) > before[chart], chart
+        # Redrawn with data: a line can ink fewer pixels than the "no data yet" text did.
+        assert inked_pixels(page, chart) != before[chart], chart
 
     # Every request has finished: the next update shows all of them.
     done = page.evaluate("Number(document.body.dataset.updates)")
