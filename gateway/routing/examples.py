@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from gateway.policy import ExamplePrompt, Policy, PolicyError, PolicyIssue, _with_lines
+from gateway.policy import ExamplePrompt, Policy, PolicyError, PolicyIssue, with_lines
 
 
 class ExampleFileError(ValueError):
@@ -61,7 +61,7 @@ def resolve_example_files(policy: Policy, policy_path: Path, text: str) -> Polic
             issues.append(PolicyIssue(f"difficulty.examples[{i}]", str(exc)))
         resolved.append(str(file))
     if issues:
-        raise PolicyError(str(policy_path), _with_lines(text, issues))
+        raise PolicyError(str(policy_path), with_lines(text, issues))
     difficulty = policy.difficulty.model_copy(update={"examples": resolved})
     return policy.model_copy(update={"difficulty": difficulty})
 

@@ -1,0 +1,65 @@
+"""The routing policy: one pydantic schema, the YAML loader, and the file watcher.
+
+The schema (settings.py and tiers.py, whole in schema.py) is the single source of truth
+for what a policy file may say; loading.py reads a file in three passes (YAML, `${ENV}`,
+schema then cross-section checks), each reporting `yaml.path: reason` with its line;
+watcher.py reloads a changed file. Everything callers use is importable from here.
+"""
+
+from gateway.policy.loading import load_policy, parse_policy, with_lines
+from gateway.policy.schema import Policy, PolicyError, PolicyIssue
+from gateway.policy.settings import (
+    ApiKey,
+    AuthSettings,
+    CacheSettings,
+    EmbedderSettings,
+    EngineSettings,
+    LimitSet,
+    LimitsSettings,
+    RouteCacheSettings,
+    ServerSettings,
+    Strictness,
+    default_cache_path,
+    key_digest,
+)
+from gateway.policy.tiers import (
+    Blend,
+    Deployment,
+    DifficultySettings,
+    ExamplePrompt,
+    Price,
+    Route,
+    Rule,
+    Tier,
+)
+from gateway.policy.watcher import PolicyWatcher
+
+__all__ = [
+    "ApiKey",
+    "AuthSettings",
+    "Blend",
+    "CacheSettings",
+    "Deployment",
+    "DifficultySettings",
+    "EmbedderSettings",
+    "EngineSettings",
+    "ExamplePrompt",
+    "LimitSet",
+    "LimitsSettings",
+    "Policy",
+    "PolicyError",
+    "PolicyIssue",
+    "PolicyWatcher",
+    "Price",
+    "Route",
+    "RouteCacheSettings",
+    "Rule",
+    "ServerSettings",
+    "Strictness",
+    "Tier",
+    "default_cache_path",
+    "key_digest",
+    "load_policy",
+    "parse_policy",
+    "with_lines",
+]

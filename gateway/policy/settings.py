@@ -1,0 +1,248 @@
+"""The policy's service sections: server, auth, cache, embedder, engines, limits."""
+
+import hashlib
+import os
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import (
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from engine.entrypoints.body_limit import DEFAULT_MAX_BODY_BYTES
+from gateway.policy.common import StrictModel, between_0_and_1, not_negative, positive
+
+if TYPE_CHECKING:
+    from gateway.policy.tiers import Route
+
+
+class ServerSettings(StrictModel):
+    host: str = "127.0.0.1"
+    port: int = 8000
+    reload_interval_s: float = 1.0  # how often the policy file's mtime is polled; 0 turns it off
+    # SIGTERM: in-flight requests get this long to finish, then the rest are aborted. 25 s:
+    # with the abort margin that fits Kubernetes' default 30 s before it kills the pod.
+    shutdown_grace_s: float = 25.0
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # larger request bodies get 413
+
+    _check_interval = field_validator("reload_interval_s", "shutdown_grace_s")(not_negative)
+    _check_body = field_validator("max_body_bytes")(positive)
+
+    @field_validator("port")
+    @classmethod
+    def _port(cls, value: int) -> int:
+        if not 0 < value < 65536:
+            raise ValueError("must be between 1 and 65535")
+        return value
+
+
+class ApiKey(StrictModel):
+    """One bearer key: the key itself, or its SHA-256 (`tiergate hash-key`) so the policy
+    file holds no usable secret."""
+
+    key: str | None = None
+    key_sha256: str | None = None
+    tenant: str
+    tier_override: bool = False  # may this key pick the tier with the x-tiergate-tier header
+
+    @field_validator("key")
+    @classmethod
+    def _non_empty(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("must not be empty")
+        return value
+
+    @field_validator("key_sha256")
+    @classmethod
+    def _hex_digest(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", value):
+            raise ValueError("must be 64 hex digits (the output of `tiergate hash-key`)")
+        return value.lower() if value is not None else None
+
+    @model_validator(mode="after")
+    def _one_of(self) -> "ApiKey":
+        if (self.key is None) == (self.key_sha256 is None):
+            raise ValueError("set exactly one of key and key_sha256")
+        return self
+
+    def digest(self) -> str:
+        return self.key_sha256 or key_digest(self.key.encode())  # type: ignore[union-attr]
+
+
+def key_digest(key: bytes) -> str:
+    """How keys are compared: by SHA-256, so a stored hash and a plain key work alike."""
+    return hashlib.sha256(key).hexdigest()
+
+
+def _secret(value: str | None) -> str | None:
+    # An empty secret would match an empty bearer token: refuse it rather than open the door.
+    if value is not None and not value.strip():
+        raise ValueError("must not be empty (leave the key out to disable what it guards)")
+    return value
+
+
+class AuthSettings(StrictModel):
+    # keys: every caller needs one of `keys`. none: no auth, every caller is tenant
+    # "default"; it must be said explicitly, so an edit that empties `keys` cannot open it.
+    mode: Literal["keys", "none"] = "keys"
+    keys: list[ApiKey] = []
+    admin_key: str | None = None  # None: the /admin API is disabled
+    metrics_key: str | None = None  # bearer key for /metrics (the admin key works too)
+    # Secret mixed into the cache salt sent to remote engines (HMAC of the tenant), so a
+    # salt cannot be guessed from a tenant's name. None: a random one per process.
+    cache_salt_secret: str | None = None
+
+    _check_secrets = field_validator("admin_key", "metrics_key", "cache_salt_secret")(_secret)
+
+    @model_validator(mode="after")
+    def _keys_match_mode(self) -> "AuthSettings":
+        if self.mode == "keys" and not self.keys:
+            raise ValueError(
+                "no keys: list at least one under auth.keys, or set `mode: none` to serve "
+                "without authentication"
+            )
+        if self.mode == "none" and self.keys:
+            raise ValueError("mode none takes no keys: remove them or the mode")
+        return self
+
+
+Strictness = Literal["strict", "balanced", "lenient", "off"]  # "off": the floor alone decides
+
+
+def default_cache_path() -> Path:
+    root = os.environ.get("TIERGATE_CACHE_DIR") or Path.home() / ".cache" / "tiergate"
+    return Path(root) / "semantic-cache.sqlite3"
+
+
+class RouteCacheSettings(StrictModel):
+    """Per-route overrides under `routes.<name>.cache`; an unset key takes `cache.<key>`."""
+
+    enabled: bool | None = None
+    min_similarity: float | None = None  # cosine a candidate needs before the verifier sees it
+    verifier: Strictness | None = None
+    ttl_s: float | None = None
+
+    _check_similarity = field_validator("min_similarity")(between_0_and_1)
+    _check_ttl = field_validator("ttl_s")(positive)
+
+
+class CacheSettings(StrictModel):
+    enabled: bool = False
+    store: Literal["embedded", "redis"] = "embedded"
+    path: str | None = None  # embedded store's SQLite file; None: default_cache_path()
+    redis_url: str | None = Field(None, validate_default=True)  # required when store is redis
+    redis_prefix: str = "tiergate:cache"  # key prefix: gateways sharing it share entries
+    ttl_s: float | None = 3600.0  # default entry lifetime; None: entries never expire
+    max_entries: int = 100_000  # beyond it the least recently used entries are evicted
+    approximate_above: int = 20_000  # a scope's index turns from exact to IVF above this
+    min_similarity: float = 0.8  # default cosine floor for candidates
+    verifier: Strictness = "strict"  # the one of the three under 1% wrong hits on test
+    candidates: int = 3  # most candidates the verifier sees per lookup, best first
+    max_temperature: float = 1.0  # answers sampled hotter are not stored
+
+    _check_similarity = field_validator("min_similarity")(between_0_and_1)
+    _check_positive = field_validator("ttl_s", "max_entries", "approximate_above", "candidates")(
+        positive
+    )
+    _check_temperature = field_validator("max_temperature")(not_negative)
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_needs_url(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if info.data.get("store") == "redis" and not value:
+            raise ValueError("required when store is redis")
+        return value
+
+    def sqlite_path(self) -> Path:
+        return Path(self.path).expanduser() if self.path else default_cache_path()
+
+    def for_route(self, route: "Route | None") -> RouteCacheSettings:
+        """A route's effective settings: its overrides, every unset key from this section."""
+        overrides = route.cache if route is not None else RouteCacheSettings()
+        return RouteCacheSettings(
+            enabled=self.enabled and overrides.enabled is not False,
+            min_similarity=_first(overrides.min_similarity, self.min_similarity),
+            verifier=overrides.verifier or self.verifier,
+            ttl_s=_first(overrides.ttl_s, self.ttl_s),
+        )
+
+    def stores_temperature(self, temperature: float | None) -> bool:
+        return temperature is None or temperature <= self.max_temperature
+
+
+def _first(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
+class EmbedderSettings(StrictModel):
+    model: str = "all-MiniLM-L6-v2"
+    batch_size: int = 32
+    max_wait_ms: float = 2.0  # micro-batching window across concurrent requests
+
+    _check_batch = field_validator("batch_size")(positive)
+    _check_wait = field_validator("max_wait_ms")(not_negative)
+
+
+class EngineSettings(StrictModel):
+    """One in-process engine; deployments name it by its key under `engines`."""
+
+    model: str | None = None  # bundled name, GGUF path or HF folder; None: the engines key
+    kv_cache_mb: int = 256
+    page_size: int = 16
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_waiting: int = 256
+    max_waiting_per_tenant: int | None = None  # one tenant's share of max_waiting; None: all
+    max_model_len: int | None = None
+    enable_prefix_caching: bool = True
+    num_threads: int | None = None
+
+    _check_positive = field_validator(
+        "kv_cache_mb",
+        "page_size",
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "max_waiting",
+        "max_waiting_per_tenant",
+        "max_model_len",
+        "num_threads",
+    )(positive)
+
+
+class LimitSet(StrictModel):
+    """Ceilings for one tenant or one key; a field left out (or null) sets no ceiling."""
+
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None  # prompt + completion
+    max_concurrent: int | None = None  # requests in flight at once, streams included
+
+    _check_positive = field_validator("requests_per_minute", "tokens_per_minute", "max_concurrent")(
+        positive
+    )
+
+    def over(self, base: "LimitSet") -> "LimitSet":
+        """These limits on top of `base`: fields written here win, even an explicit null."""
+        return base.model_copy(update={f: getattr(self, f) for f in self.model_fields_set})
+
+    @property
+    def empty(self) -> bool:
+        return self.requests_per_minute is self.tokens_per_minute is self.max_concurrent is None
+
+
+class LimitsSettings(StrictModel):
+    """Rate and concurrency limits; see README "Limits"."""
+
+    # Where the counters live so gateway replicas share them. None: cache.redis_url when
+    # that is set, else in this process.
+    redis_url: str | None = None
+    default: LimitSet = LimitSet()  # every tenant without an entry under `tenants`
+    tenants: dict[str, LimitSet] = {}  # per tenant, field by field over `default`
+    keys: dict[str, LimitSet] = {}  # per API key, by its SHA-256 hex; on top of its tenant's
+
+    def for_tenant(self, tenant: str) -> LimitSet:
+        own = self.tenants.get(tenant)
+        return self.default if own is None else own.over(self.default)

@@ -1,0 +1,133 @@
+"""The policy's routing sections: deployments, tiers, routes and their rules, difficulty."""
+
+from typing import Literal
+
+from pydantic import (
+    Field,
+    field_validator,
+    model_validator,
+)
+
+from gateway.policy.common import StrictModel, between_0_and_1, not_negative, positive
+from gateway.policy.settings import RouteCacheSettings
+
+
+class Deployment(StrictModel):
+    """A local engine (model names an `engines` entry or a bundled model) or a litellm model."""
+
+    model: str
+    api_base: str | None = None  # remote only: e.g. http://vllm:8000/v1
+    api_key_env: str | None = None  # remote only: environment variable holding the key
+    timeout_s: float | None = None  # overrides the tier's timeout for this deployment
+    # remote only. auto: OpenAI-speaking providers (hosted_vllm/, openai/) are called
+    # directly, the rest through litellm; litellm: always through litellm.
+    client: Literal["auto", "litellm"] = "auto"
+
+    _check_timeout = field_validator("timeout_s")(positive)
+
+
+class Price(StrictModel):
+    input: float = 0.0  # USD per 1M prompt tokens
+    output: float = 0.0  # USD per 1M completion tokens
+
+    _check = field_validator("input", "output")(not_negative)
+
+
+class Tier(StrictModel):
+    deployments: list[Deployment] = Field(min_length=1)
+    price: Price = Price()
+    timeout_s: float = 60.0  # per attempt: whole answer, or first token of a stream
+    retries: int = 1  # extra attempts per deployment on retryable errors
+    backoff_s: float = 0.2  # first retry delay; doubles each retry
+    cooldown_s: float = 30.0  # a deployment that exhausted its retries is skipped this long
+    fallback: str | None = None  # tier tried when every deployment of this one failed
+
+    _check_positive = field_validator("timeout_s")(positive)
+    _check_not_negative = field_validator("retries", "backoff_s", "cooldown_s")(not_negative)
+
+
+class Rule(StrictModel):
+    """Matches when every condition it sets holds; unset conditions match anything."""
+
+    tier: str
+    name: str | None = None  # how stats and x-tiergate-explain name it; default rules[i]
+    min_score: float | None = None  # the difficulty score in [0, 1] (see `difficulty`)
+    max_score: float | None = None
+    # Prompt signals in [0, 1] by name (gateway/routing/signals.py: tokens, code, math,
+    # multi_step, constraints, tools, depth, max_tokens).
+    min_signals: dict[str, float] = {}
+    max_signals: dict[str, float] = {}
+    models: list[str] | None = None  # requested model names (a route's own name or an alias)
+    headers: dict[str, str] = {}  # request header -> value ("*": present with any value)
+    tools: bool | None = None  # the request offers tools
+    min_prompt_tokens: int | None = None  # approximate: characters / 4, before tokenizing
+    max_prompt_tokens: int | None = None
+    min_chars: int | None = None
+    max_chars: int | None = None
+    contains_code: bool | None = None
+    min_messages: int | None = None
+    max_messages: int | None = None
+
+    _check_score = field_validator("min_score", "max_score")(between_0_and_1)
+    _check_counts = field_validator(
+        "min_prompt_tokens",
+        "max_prompt_tokens",
+        "min_chars",
+        "max_chars",
+        "min_messages",
+        "max_messages",
+    )(not_negative)
+
+
+class Route(StrictModel):
+    rules: list[Rule] = []  # first match wins
+    default: str  # tier when no rule matches
+    cache: RouteCacheSettings = RouteCacheSettings()
+    aliases: list[str] = []  # more model names that pick this route (e.g. "gpt-4o")
+
+
+class ExamplePrompt(StrictModel):
+    prompt: str
+    label: int | None = None  # 1: needs the larger tier, 0: the smaller one does well
+    score: float | None = None  # or a graded target in [0, 1]
+
+    _check_score = field_validator("score")(between_0_and_1)
+
+    @model_validator(mode="after")
+    def _one_target(self) -> "ExamplePrompt":
+        if (self.label is None) == (self.score is None):
+            raise ValueError("give exactly one of label (0 or 1) and score")
+        if self.label not in (None, 0, 1):
+            raise ValueError("label must be 0 or 1")
+        return self
+
+    @property
+    def target(self) -> float:
+        return float(self.label if self.label is not None else self.score)
+
+
+class Blend(StrictModel):
+    """Weights of the difficulty score: the trained classifier's probability and each
+    prompt signal; the score is their weighted mean (weights are normalised)."""
+
+    classifier: float = 1.0
+    tokens: float = 0.0
+    code: float = 0.0
+    math: float = 0.0
+    multi_step: float = 0.0
+    constraints: float = 0.0
+    tools: float = 0.0
+    depth: float = 0.0
+    max_tokens: float = 0.0
+
+    _check = field_validator("*")(not_negative)
+
+
+class DifficultySettings(StrictModel):
+    # JSONL files of {prompt, label} or {prompt, score} (paths relative to the policy file),
+    # or examples written inline. The classifier is trained on them when the policy loads.
+    examples: list[str | ExamplePrompt] = []
+    blend: Blend = Blend()
+    regularization: float = 1.0  # inverse L2 strength of the logistic regression (C)
+
+    _check = field_validator("regularization")(positive)
