@@ -11,11 +11,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from engine.config import EngineConfig
-from engine.entrypoints.body_limit import DEFAULT_MAX_BODY_BYTES
-from gateway.policy import PolicyError, ServerSettings, key_digest, load_policy
+from pydantic import ValidationError
 
-_MB = 1024 * 1024
+from engine.entrypoints.body_limit import DEFAULT_MAX_BODY_BYTES
+from gateway.policy import EngineSettings, PolicyError, ServerSettings, key_digest, load_policy
 
 
 def _print_policy_error(error: PolicyError) -> None:
@@ -107,18 +106,22 @@ def serve(args: argparse.Namespace) -> int:
 def engine(args: argparse.Namespace) -> int:
     from engine.model_registry import ModelNotFoundError
 
-    config = EngineConfig(
-        model=args.model,
-        kv_cache_bytes=args.kv_cache_mb * _MB,
-        page_size=args.page_size,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_waiting=args.max_waiting,
-        max_waiting_per_tenant=args.max_waiting_per_tenant,
-        max_model_len=args.max_model_len,
-        enable_prefix_caching=not args.no_prefix_caching,
-        num_threads=args.threads,
-    )
+    try:  # the policy's engine schema checks the flags too (e.g. a negative KV budget)
+        settings = EngineSettings(
+            kv_cache_mb=args.kv_cache_mb,
+            page_size=args.page_size,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_waiting=args.max_waiting,
+            max_waiting_per_tenant=args.max_waiting_per_tenant,
+            max_model_len=args.max_model_len,
+            enable_prefix_caching=not args.no_prefix_caching,
+            num_threads=args.threads,
+        )
+    except ValidationError as exc:
+        print(f"tiergate engine: {_flag_errors(exc)}", file=sys.stderr)
+        return 2
+    config = settings.to_config(args.model)
     try:
         from engine.entrypoints.server import run_engine_server
 
@@ -171,9 +174,18 @@ def stats(args: argparse.Namespace) -> int:
     return 0
 
 
+def _flag_errors(exc: ValidationError) -> str:
+    flag = {"num_threads": "threads", "enable_prefix_caching": "no-prefix-caching"}
+    names = (str(e["loc"][0]) for e in exc.errors())
+    return "; ".join(
+        f"--{flag.get(n, n.replace('_', '-'))}: {str(e['msg']).removeprefix('Value error, ')}"
+        for n, e in zip(names, exc.errors(), strict=True)
+    )
+
+
 def _add_engine_tuning(p: argparse.ArgumentParser) -> None:
-    # Defaults come from EngineConfig, the one source of the engine's settings.
-    defaults = EngineConfig(model="")
+    # Defaults come from EngineSettings, which reads them from EngineConfig.
+    defaults = EngineSettings()
     p.add_argument("--page-size", type=int, default=defaults.page_size, help="tokens per KV page")
     p.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs)
     p.add_argument(
@@ -230,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--kv-cache-mb",
         type=int,
-        default=EngineConfig.kv_cache_bytes // _MB,
+        default=EngineSettings().kv_cache_mb,
         help="KV cache budget in MiB",
     )
     p.add_argument("--served-name", help="model name in the API (default: the model's)")

@@ -234,3 +234,26 @@ async def test_router_names_routes_tiers_and_deployments() -> None:
     assert (pinned.tier, pinned.deployment) == ("large", "hosted_vllm/big")
     assert await decide(router, "nope") is None
     assert router.model_names() == ["auto", "small", "large", "smollm2-135m", "hosted_vllm/big"]
+
+
+def test_engine_settings_are_the_engine_config_in_policy_units() -> None:
+    from engine.config import EngineConfig
+    from gateway.policy import EngineSettings
+
+    assert EngineSettings().to_config("smollm2-135m") == EngineConfig(model="smollm2-135m")
+    custom = EngineSettings(model="qwen2.5-coder-0.5b", kv_cache_mb=3, num_threads=1)
+    config = custom.to_config("large")
+    assert (config.model, config.kv_cache_bytes, config.num_threads) == (
+        "qwen2.5-coder-0.5b",
+        3 * 1024 * 1024,
+        1,
+    )
+
+
+def test_engine_command_checks_its_flags_with_the_policy_schema(
+    capsys: pytest.CaptureFixture,
+) -> None:
+    from gateway.cli import main
+
+    assert main(["engine", "--model", "smollm2-135m", "--kv-cache-mb", "-5"]) == 2
+    assert "--kv-cache-mb: must be greater than 0" in capsys.readouterr().err

@@ -31,26 +31,10 @@ from gateway.policy import EngineSettings
 logger = logging.getLogger("tiergate.local")
 
 EngineFactory = Callable[[EngineConfig], Any]  # returns an AsyncEngine (or a test double)
-_MB = 1024 * 1024
 _RELEASE_POLL_S = 0.1
 # A request holds its policy's objects from its first byte to its last; past this with
 # nothing generating, whatever still holds a retired engine is a leak, not a request.
 _MAX_IDLE_HOLD_S = 300.0
-
-
-def engine_config(name: str, settings: EngineSettings) -> EngineConfig:
-    return EngineConfig(
-        model=settings.model or name,
-        kv_cache_bytes=settings.kv_cache_mb * _MB,
-        page_size=settings.page_size,
-        max_num_seqs=settings.max_num_seqs,
-        max_num_batched_tokens=settings.max_num_batched_tokens,
-        max_waiting=settings.max_waiting,
-        max_waiting_per_tenant=settings.max_waiting_per_tenant,
-        max_model_len=settings.max_model_len,
-        enable_prefix_caching=settings.enable_prefix_caching,
-        num_threads=settings.num_threads,
-    )
 
 
 def default_engine_factory(config: EngineConfig) -> Any:
@@ -121,7 +105,7 @@ class LocalEngines:
         async with self._lock:
             out = {}
             for name, settings in engines.items():
-                config = engine_config(name, settings)
+                config = settings.to_config(name)
                 found = [s for s in self._slots if s.name == name and s.config == config]
                 if found:
                     out[name] = found[0]

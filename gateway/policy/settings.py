@@ -13,6 +13,7 @@ from pydantic import (
     model_validator,
 )
 
+from engine.config import EngineConfig
 from engine.entrypoints.body_limit import DEFAULT_MAX_BODY_BYTES
 from gateway.policy.common import StrictModel, between_0_and_1, not_negative, positive
 
@@ -187,19 +188,28 @@ class EmbedderSettings(StrictModel):
     _check_wait = field_validator("max_wait_ms")(not_negative)
 
 
+_ENGINE = EngineConfig(model="")  # the engine's own defaults: the one source of them
+_MB = 1024 * 1024
+
+
 class EngineSettings(StrictModel):
-    """One in-process engine; deployments name it by its key under `engines`."""
+    """One in-process engine; deployments name it by its key under `engines`.
+
+    Each field is `engine.config.EngineConfig`'s (defaults included, read from it), with
+    the KV budget in MiB; `to_config` is the one mapping, used by the gateway and by
+    `tiergate engine` alike.
+    """
 
     model: str | None = None  # bundled name, GGUF path or HF folder; None: the engines key
-    kv_cache_mb: int = 256
-    page_size: int = 16
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
-    max_waiting: int = 256
-    max_waiting_per_tenant: int | None = None  # one tenant's share of max_waiting; None: all
-    max_model_len: int | None = None
-    enable_prefix_caching: bool = True
-    num_threads: int | None = None
+    kv_cache_mb: int = _ENGINE.kv_cache_bytes // _MB
+    page_size: int = _ENGINE.page_size
+    max_num_seqs: int = _ENGINE.max_num_seqs
+    max_num_batched_tokens: int = _ENGINE.max_num_batched_tokens
+    max_waiting: int = _ENGINE.max_waiting
+    max_waiting_per_tenant: int | None = _ENGINE.max_waiting_per_tenant  # None: all
+    max_model_len: int | None = _ENGINE.max_model_len
+    enable_prefix_caching: bool = _ENGINE.enable_prefix_caching
+    num_threads: int | None = _ENGINE.num_threads
 
     _check_positive = field_validator(
         "kv_cache_mb",
@@ -211,6 +221,11 @@ class EngineSettings(StrictModel):
         "max_model_len",
         "num_threads",
     )(positive)
+
+    def to_config(self, name: str) -> EngineConfig:
+        """The engine's config; `name` is the model when `model` is not set."""
+        same = self.model_dump(exclude={"model", "kv_cache_mb"})
+        return EngineConfig(model=self.model or name, kv_cache_bytes=self.kv_cache_mb * _MB, **same)
 
 
 class LimitSet(StrictModel):
