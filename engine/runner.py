@@ -28,7 +28,8 @@ class ModelRunner:
         resolved = resolve_model(config.model)
         self.config = config
         self.model_name = resolved.name
-        self.ops = select_ops()  # the C kernels or torch, for the runner's whole life
+        # the C kernels or torch, for the runner's whole life
+        self.ops = select_ops(config.weights)
         self.model_config, self.model = load_model(resolved, self.ops)
         self.model.pack_weights(batch_hint=config.max_num_seqs)
         self.model.drop_plain_weights()
