@@ -2,6 +2,8 @@
 
 from dataclasses import dataclass
 
+WEIGHT_FORMATS = ("fp32", "int8")  # EngineConfig.weights
+
 
 @dataclass
 class EngineConfig:

@@ -24,8 +24,9 @@ import torch.nn.functional as F
 
 from engine import native
 from engine.attention import AttentionContext, write_kv
+from engine.config import WEIGHT_FORMATS
 from engine.cpu_features import cpu_features, int8_path
-from engine.quant import WEIGHT_FORMATS, Int8Weight, quantize_int8
+from engine.quant import Int8Weight, quantize_int8
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin) [T, 1, D/2] for the step's positions
 

@@ -9,8 +9,6 @@ from dataclasses import dataclass
 
 import torch
 
-WEIGHT_FORMATS = ("fp32", "int8")
-
 
 @dataclass
 class Int8Weight:

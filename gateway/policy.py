@@ -30,6 +30,7 @@ from pydantic import (
     model_validator,
 )
 
+from engine.config import WEIGHT_FORMATS
 from engine.entrypoints.body_limit import DEFAULT_MAX_BODY_BYTES
 from engine.model_registry import BUNDLED
 
@@ -193,6 +194,7 @@ class EngineSettings(_Strict):
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
     num_threads: int | None = None
+    weights: Literal[WEIGHT_FORMATS] = "fp32"  # projection / LM-head weights (EngineConfig)
 
     _check_positive = field_validator(
         "kv_cache_mb",

@@ -50,6 +50,7 @@ def engine_config(name: str, settings: EngineSettings) -> EngineConfig:
         max_model_len=settings.max_model_len,
         enable_prefix_caching=settings.enable_prefix_caching,
         num_threads=settings.num_threads,
+        weights=settings.weights,
     )
 
 
