@@ -22,10 +22,11 @@
 
 typedef int8_t i8x16 __attribute__((vector_size(16)));
 
+/* int8 -> int32 -> fp32: GCC turns a direct int8 -> fp32 conversion into 16 scalar ones */
 static inline vec widen(const int8_t *p) {
     i8x16 q;
     memcpy(&q, p, sizeof q);
-    return __builtin_convertvector(q, vec);
+    return __builtin_convertvector(__builtin_convertvector(q, ivec), vec);
 }
 
 /* pf_lines cache lines from pf are prefetched, spread evenly over the K steps */
@@ -152,13 +153,15 @@ static void small_m(float *o, int64_t N, const float *x, int64_t M, int64_t K,
     }
 }
 
-/* the pair widened to fp32 and scaled: [2][K][16], as gemm.c's panels */
-static void widen_pair(float *buf, const int8_t *w, const float *s, int64_t K) {
-    for (int half = 0; half < 2; half++) {
-        const vec scale = load(s + half * LANES);
+/* the pair widened to fp32 and scaled: [2][K][16], as gemm.c's panels (a plain loop:
+   GCC vectorizes it, where the vector-extension conversion came out one lane at a time) */
+static void widen_pair(float *restrict buf, const int8_t *restrict w, const float *s,
+                       int64_t K) {
+    for (int64_t half = 0; half < 2; half++)
         for (int64_t k = 0; k < K; k++)
-            store(buf + (half * K + k) * LANES, widen(w + (half * K + k) * LANES) * scale);
-    }
+            for (int j = 0; j < LANES; j++)
+                buf[(half * K + k) * LANES + j] =
+                    (float)w[(half * K + k) * LANES + j] * s[half * LANES + j];
 }
 
 int gemm_int8_panels(float *out, const float *x, const int8_t *panels, const float *scale,
