@@ -23,6 +23,7 @@ HERE = Path(__file__).resolve().parent
 BENCHMARKS = [
     "admin_stats",
     "memory",
+    "precision",
     "kv_utilization",
     "prefix_sharing",
     "fuzz",
