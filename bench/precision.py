@@ -117,14 +117,16 @@ def gemm_seconds(ops: Any, packed: Any, rows: int, k: int, seconds: float = 1.0)
     return best
 
 
-def child(weights: str, threads: int) -> dict[str, Any]:
+def child(model: str, weights: str, threads: int) -> dict[str, Any]:
     """In a fresh process: build time and resident memory of one format."""
     import torch
 
     torch.set_num_threads(threads)
     before = common_rss()
     start = time.perf_counter()
-    engine = ed.make_engine(kv_cache_bytes=16 << 20, weights=weights, num_threads=threads)
+    engine = ed.make_engine(
+        model=model, kv_cache_bytes=16 << 20, weights=weights, num_threads=threads
+    )
     build_s = time.perf_counter() - start
     return {
         "build_s": round(build_s, 2),
@@ -141,10 +143,11 @@ def common_rss() -> float:
     return 0.0
 
 
-def run_child(weights: str, threads: int) -> dict[str, Any]:
+def run_child(model: str, weights: str, threads: int) -> dict[str, Any]:
+    call = f"precision.child({model!r}, {weights!r}, {threads})"
     code = (
         f"import sys, json; sys.path.insert(0, {str(Path(__file__).parent)!r});"
-        f"import precision; print('RESULT ' + json.dumps(precision.child({weights!r}, {threads})))"
+        f"import precision; print('RESULT ' + json.dumps({call}))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     for line in reversed(done.stdout.splitlines()):
@@ -159,6 +162,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=3, help="alternating speed rounds")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--skip-batch32", action="store_true")
+    p.add_argument("--model", default=common.MODEL, help="bundled name, .gguf or HF folder")
+    p.add_argument("--quality-only", action="store_true", help="no speed, GEMM or memory runs")
+    p.add_argument("--quick", action="store_true", help="(bench/run.py) fewer speed rounds")
     return p.parse_args()
 
 
@@ -167,9 +173,14 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    memory = {w: run_child(w, args.threads) for w in FORMATS}
+    if args.quick:
+        args.rounds = min(args.rounds, 2)
+    skip = args.quality_only
+    memory = {} if skip else {w: run_child(args.model, w, args.threads) for w in FORMATS}
     engines = {
-        w: ed.make_engine(kv_cache_bytes=160 << 20, weights=w, num_threads=args.threads)
+        w: ed.make_engine(
+            model=args.model, kv_cache_bytes=160 << 20, weights=w, num_threads=args.threads
+        )
         for w in FORMATS
     }
     tok = engines["fp32"].tokenizer
@@ -193,10 +204,11 @@ def main() -> None:
             "greedy_identical_prompts": f"{sum(same)}/{len(same)}",
             "greedy_mean_common_prefix_tokens": round(sum(prefix) / len(prefix), 2),
         }
-    speed = measure_speed(engines, prompts, args)
-    gemm = measure_gemm(engines)
+    speed = {} if skip else measure_speed(engines, prompts, args)
+    gemm = {} if skip else measure_gemm(engines)
     fp32, int8 = quality["fp32"]["perplexity"], quality["int8"]["perplexity"]
     payload = {
+        "model": args.model,
         "cpu": cpu_model(),
         "threads": args.threads,
         "ppl_text": {"source": "pydoc_data.topics", "chars": args.ppl_chars, "tokens": len(ids)},
@@ -207,7 +219,8 @@ def main() -> None:
         "goals": {"int8_ppl_increase_le_0.5pct": common.goal(int8 / fp32 - 1, 0.005, False)},
     }
     print(json.dumps(payload, indent=2))
-    common.write_result("precision", payload)
+    name = "precision" if args.model == common.MODEL else f"precision_{Path(args.model).stem}"
+    common.write_result(name, payload)
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
