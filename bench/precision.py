@@ -219,7 +219,8 @@ def main() -> None:
         "goals": {"int8_ppl_increase_le_0.5pct": common.goal(int8 / fp32 - 1, 0.005, False)},
     }
     print(json.dumps(payload, indent=2))
-    name = "precision" if args.model == common.MODEL else f"precision_{Path(args.model).stem}"
+    model = Path(args.model).name.removesuffix(".gguf")
+    name = "precision" if args.model == common.MODEL else f"precision_{model}"
     common.write_result(name, payload)
 
 
