@@ -5,6 +5,7 @@ import pytest
 import torch
 from prometheus_client import generate_latest
 
+from engine import native
 from engine.attention import build_context
 from engine.batch import SeqChunk
 from engine.config import EngineConfig
@@ -96,6 +97,23 @@ def test_int8_logits_stay_close_to_fp32(runners: dict[str, ModelRunner]) -> None
         assert torch.cosine_similarity(got, want, dim=0) > 0.995
         # and not bit-identical: the int8 weights are really in use
         assert not torch.equal(got, want)
+
+
+def test_int8_without_c_kernels_runs_the_torch_reference(
+    runners: dict[str, ModelRunner], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TIERGATE_NATIVE", "0")
+    native.kernels.cache_clear()
+    try:
+        reference = _runner("int8")
+    finally:
+        monkeypatch.delenv("TIERGATE_NATIVE")
+        native.kernels.cache_clear()
+    assert reference.ops.kernels is None and reference.fused is None
+    assert reference.kernel_info()["int8_path"] == "torch"
+    ids = reference.tokenizer.encode(PROMPTS[0])
+    got = _prefill_logits(runners["int8"], ids, 5)
+    torch.testing.assert_close(got, _prefill_logits(reference, ids, 5), rtol=1e-3, atol=2e-3)
 
 
 def test_kernel_info_gauge_on_metrics(runners: dict[str, ModelRunner]) -> None:
