@@ -188,6 +188,8 @@ int gemm_int8_panels(float *out, const float *x, const int8_t *panels, const flo
             if (M <= SMALL_M) {
                 small_m(o, N, x, M, K, w, s, b, pf, pf ? pair_bytes / 64 : 0, p_);
             } else if (buf) {
+                for (int64_t line = 0; pf && line < pair_bytes / 64; line++)
+                    __builtin_prefetch(pf + line * 64);
                 widen_pair(buf, w, s, K);
                 gemm_pair_rows(o, N, x, M, K, buf, b);
             }
