@@ -8,8 +8,9 @@
 
    path: 2 AVX-512, 1 AVX2 (each compiled for its instruction set whatever -march says,
    called only where engine/cpu_features.py found it), 0 portable C vectors. Beyond
-   SMALL_M rows the widening would repeat for every row block, so each panel pair is
-   widened and scaled once into an fp32 buffer that gemm.c's row kernels read from L2.
+   SMALL_M rows the widening would repeat for every row block, so the first row block
+   keeps each panel pair it widens, scaled, in an fp32 buffer that gemm.c's row kernels
+   then read from L2 for the other rows.
    N must be a multiple of 32. Returns 0, or 1 when a thread's buffer could not be had. */
 
 #include <stdint.h>
@@ -36,7 +37,7 @@ static inline vec widen(const int8_t *p) {
 #define GENERIC_ROWS(MR)                                                                   \
     static void generic_##MR(float *out, int64_t ldo, const float *x, int64_t K,          \
                              const int8_t *w0, const float *s, const float *bias,         \
-                             const int8_t *pf, int64_t pf_lines) {                        \
+                             const int8_t *pf, int64_t pf_lines, float *keep) {           \
         const int8_t *w1 = w0 + K * LANES;                                                 \
         vec c0[MR], c1[MR];                                                                \
         for (int m = 0; m < MR; m++) c0[m] = c1[m] = (vec){0};                             \
@@ -44,6 +45,10 @@ static inline vec widen(const int8_t *p) {
         for (int64_t k = 0; k < K; k++) {                                                  \
             PREFETCH_STEP(k);                                                              \
             const vec b0 = widen(w0 + k * LANES), b1 = widen(w1 + k * LANES);              \
+            if (keep) {                                                                    \
+                store(keep + k * LANES, b0 * load(s));                                     \
+                store(keep + (K + k) * LANES, b1 * load(s + LANES));                       \
+            }                                                                              \
             for (int m = 0; m < MR; m++) {                                                 \
                 c0[m] += splat(x[m * K + k]) * b0;                                         \
                 c1[m] += splat(x[m * K + k]) * b1;                                         \
@@ -59,7 +64,7 @@ GENERIC_ROWS(4)
 GENERIC_ROWS(1)
 
 typedef void (*rows_fn)(float *, int64_t, const float *, int64_t, const int8_t *, const float *,
-                        const float *, const int8_t *, int64_t);
+                        const float *, const int8_t *, int64_t, float *);
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -67,8 +72,10 @@ typedef void (*rows_fn)(float *, int64_t, const float *, int64_t, const int8_t *
 #define AVX512_ROWS(MR)                                                                    \
     __attribute__((target("avx512f"))) static void avx512_##MR(                            \
         float *out, int64_t ldo, const float *x, int64_t K, const int8_t *w0,             \
-        const float *s, const float *bias, const int8_t *pf, int64_t pf_lines) {          \
+        const float *s, const float *bias, const int8_t *pf, int64_t pf_lines,            \
+        float *keep) {                                                                     \
         const int8_t *w1 = w0 + K * 16;                                                    \
+        const __m512 s0 = _mm512_loadu_ps(s), s1 = _mm512_loadu_ps(s + 16);                \
         __m512 c0[MR], c1[MR];                                                             \
         for (int m = 0; m < MR; m++) c0[m] = c1[m] = _mm512_setzero_ps();                  \
         int64_t line = 0;                                                                  \
@@ -78,13 +85,16 @@ typedef void (*rows_fn)(float *, int64_t, const float *, int64_t, const int8_t *
                 _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(w0 + k * 16))));    \
             const __m512 b1 = _mm512_cvtepi32_ps(                                          \
                 _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(w1 + k * 16))));    \
+            if (keep) {                                                                    \
+                _mm512_storeu_ps(keep + k * 16, _mm512_mul_ps(b0, s0));                    \
+                _mm512_storeu_ps(keep + (K + k) * 16, _mm512_mul_ps(b1, s1));              \
+            }                                                                              \
             for (int m = 0; m < MR; m++) {                                                 \
                 const __m512 a = _mm512_set1_ps(x[m * K + k]);                             \
                 c0[m] = _mm512_fmadd_ps(a, b0, c0[m]);                                     \
                 c1[m] = _mm512_fmadd_ps(a, b1, c1[m]);                                     \
             }                                                                              \
         }                                                                                  \
-        const __m512 s0 = _mm512_loadu_ps(s), s1 = _mm512_loadu_ps(s + 16);                \
         const __m512 z0 = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();              \
         const __m512 z1 = bias ? _mm512_loadu_ps(bias + 16) : _mm512_setzero_ps();         \
         for (int m = 0; m < MR; m++) {                                                     \
@@ -104,7 +114,8 @@ __attribute__((target("avx2,fma"))) static inline __m256 widen8(const int8_t *p)
 #define AVX2_ROWS(MR)                                                                      \
     __attribute__((target("avx2,fma"))) static void avx2_##MR(                             \
         float *out, int64_t ldo, const float *x, int64_t K, const int8_t *w0,             \
-        const float *s, const float *bias, const int8_t *pf, int64_t pf_lines) {          \
+        const float *s, const float *bias, const int8_t *pf, int64_t pf_lines,            \
+        float *keep) {                                                                     \
         const int8_t *w1 = w0 + K * 16;                                                    \
         __m256 c[MR][4];                                                                   \
         for (int m = 0; m < MR; m++)                                                       \
@@ -114,6 +125,9 @@ __attribute__((target("avx2,fma"))) static inline __m256 widen8(const int8_t *p)
             PREFETCH_STEP(k);                                                              \
             const __m256 b[4] = {widen8(w0 + k * 16), widen8(w0 + k * 16 + 8),             \
                                  widen8(w1 + k * 16), widen8(w1 + k * 16 + 8)};            \
+            for (int j = 0; keep && j < 4; j++)                                            \
+                _mm256_storeu_ps(keep + ((j >> 1) * K + k) * 16 + (j & 1) * 8,             \
+                                 _mm256_mul_ps(b[j], _mm256_loadu_ps(s + 8 * j)));         \
             for (int m = 0; m < MR; m++) {                                                 \
                 const __m256 a = _mm256_set1_ps(x[m * K + k]);                             \
                 for (int j = 0; j < 4; j++) c[m][j] = _mm256_fmadd_ps(a, b[j], c[m][j]);   \
@@ -149,19 +163,8 @@ static void small_m(float *o, int64_t N, const float *x, int64_t M, int64_t K,
     for (int i = 0; i < 3; i++) {
         const int64_t mr = ROWS_M[path][i];
         for (; m + mr <= M; m += mr, pf_lines = 0)
-            ROWS[path][i](o + m * N, N, x + m * K, K, w, s, b, pf, pf_lines);
+            ROWS[path][i](o + m * N, N, x + m * K, K, w, s, b, pf, pf_lines, 0);
     }
-}
-
-/* the pair widened to fp32 and scaled: [2][K][16], as gemm.c's panels (a plain loop:
-   GCC vectorizes it, where the vector-extension conversion came out one lane at a time) */
-static void widen_pair(float *restrict buf, const int8_t *restrict w, const float *s,
-                       int64_t K) {
-    for (int64_t half = 0; half < 2; half++)
-        for (int64_t k = 0; k < K; k++)
-            for (int j = 0; j < LANES; j++)
-                buf[(half * K + k) * LANES + j] =
-                    (float)w[(half * K + k) * LANES + j] * s[half * LANES + j];
 }
 
 int gemm_int8_panels(float *out, const float *x, const int8_t *panels, const float *scale,
@@ -188,10 +191,11 @@ int gemm_int8_panels(float *out, const float *x, const int8_t *panels, const flo
             if (M <= SMALL_M) {
                 small_m(o, N, x, M, K, w, s, b, pf, pf ? pair_bytes / 64 : 0, p_);
             } else if (buf) {
-                for (int64_t line = 0; pf && line < pair_bytes / 64; line++)
-                    __builtin_prefetch(pf + line * 64);
-                widen_pair(buf, w, s, K);
-                gemm_pair_rows(o, N, x, M, K, buf, b);
+                /* the first row block widens the pair (streaming it from memory while it
+                   computes) and keeps it, scaled, for the fp32 kernels and the other rows */
+                const int64_t mr = ROWS_M[p_][0];
+                ROWS[p_][0](o, N, x, K, w, s, b, pf, pf ? pair_bytes / 64 : 0, buf);
+                gemm_pair_rows(o + mr * N, N, x + mr * K, M - mr, K, buf, b);
             }
         }
         free(buf);
