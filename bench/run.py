@@ -26,6 +26,7 @@ BENCHMARKS = [
     "cache_eval",
     "cache_lookup",
     "cache_replay",
+    "precision",
     "kv_utilization",
     "prefix_sharing",
     "fuzz",

@@ -2,6 +2,8 @@
 
 from dataclasses import dataclass
 
+WEIGHT_FORMATS = ("fp32", "int8")  # EngineConfig.weights
+
 
 @dataclass
 class EngineConfig:
@@ -16,3 +18,6 @@ class EngineConfig:
     max_model_len: int | None = None  # None: the model's context length
     enable_prefix_caching: bool = True
     num_threads: int | None = None  # torch intra-op threads; None leaves torch's default
+    # Projection and LM-head weights: "fp32", or "int8" (requantized at load, one scale
+    # per output row; a quarter of the bytes a decode step streams). engine/quant.py.
+    weights: str = "fp32"

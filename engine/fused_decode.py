@@ -2,8 +2,8 @@
 the C kernels run them from Python, without the Python in between.
 
 Built once per runner, when every matmul weight is packed in panels (the C kernels are
-loaded and the model's widths fit them); otherwise `build` returns None and every step
-takes the model's own forward.
+loaded and the model's widths fit them), fp32 or int8 alike; otherwise `build` returns
+None and every step takes the model's own forward.
 """
 
 import ctypes
@@ -13,6 +13,8 @@ import torch
 
 from engine.attention import AttentionContext
 from engine.models.llama import LlamaForCausalLM
+from engine.ops import NativeOps, Weight, is_panels
+from engine.quant import Int8Weight
 
 _I64, _F32, _PTR = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 
@@ -26,11 +28,21 @@ class DecodeModel(ctypes.Structure):
         ("eps", _F32),
         ("attn_scale", _F32),
         *((name, _PTR) for name in ("layer_ptrs", "embed", "final_norm", "head")),
+        ("head_scale", _PTR),
+        ("int8_path", _I64),
     ]
 
 
-def _ptr(t: torch.Tensor | None) -> int:
+def _ptr(t: Weight | None) -> int:
+    """A tensor's address (int8 weights: their values'); 0 for None."""
+    if isinstance(t, Int8Weight):
+        return t.q.data_ptr()
     return 0 if t is None else t.data_ptr()
+
+
+def _scale_ptr(t: Weight | None) -> int:
+    """int8 weights: their row scales' address; 0 for fp32 weights (decode_step's flag)."""
+    return t.scale.data_ptr() if isinstance(t, Int8Weight) else 0
 
 
 class FusedDecode:
@@ -56,6 +68,10 @@ class FusedDecode:
                     _ptr(mlp.down_proj.packed),
                     _ptr(k_pool),
                     _ptr(v_pool),
+                    _scale_ptr(attn.qkv_proj.packed),
+                    _scale_ptr(attn.o_proj.packed),
+                    _scale_ptr(mlp.gate_up_proj.packed),
+                    _scale_ptr(mlp.down_proj.packed),
                 ]
             )
         self._layer_ptrs = torch.tensor(rows, dtype=torch.int64)
@@ -77,6 +93,8 @@ class FusedDecode:
             embed=model.embed_tokens.weight.data_ptr(),
             final_norm=model.norm.weight.data_ptr(),
             head=_ptr(model.packed_head),
+            head_scale=_scale_ptr(model.packed_head),
+            int8_path=model.ops.int8_code if isinstance(model.ops, NativeOps) else -1,
         )
 
     @staticmethod
@@ -85,13 +103,13 @@ class FusedDecode:
         model: LlamaForCausalLM,
         kv_caches: Sequence[tuple[torch.Tensor, torch.Tensor]],
     ) -> "FusedDecode | None":
-        if kernels is None or model.packed_head is None or model.packed_head.dim() != 3:
+        if kernels is None or not is_panels(model.packed_head):
             return None
         if not model.embed_tokens.weight.is_contiguous():
             return None
         for layer in model.layers:
             projections = (*layer.self_attn.children(), *layer.mlp.children())
-            if any(p.packed is None or p.packed.dim() != 3 for p in projections):
+            if any(not is_panels(p.packed) for p in projections):
                 return None  # some width is not a whole number of panel pairs
         return FusedDecode(kernels, model, kv_caches)
 

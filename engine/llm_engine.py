@@ -61,6 +61,8 @@ class LLMEngine:
         self.max_model_len: int = min(x for x in limits if x)
         self.model_name = _model_name(config, runner)
         self.metrics = EngineMetrics(self.model_name)
+        if hasattr(runner, "kernel_info"):  # test runners without kernels have none
+            self.metrics.set_kernel_info(runner.kernel_info())
         self.kv = KVManager(self.num_pages, self.page_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.kv, self.metrics)
         self._eos = set(self.tokenizer.eos_token_ids)

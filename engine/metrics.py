@@ -77,6 +77,17 @@ class EngineMetrics:
         self._labels = {"model_name": model_name}
         self._snapshot = EngineSnapshot(0, 0, 0.0, 0, 0, 0, 0, 0)
 
+    def set_kernel_info(self, info: dict[str, str]) -> None:
+        """The kernels this engine runs and the CPU features they were chosen by, as one
+        info gauge (value 1, the facts in its labels), set once at start."""
+        gauge = Gauge(
+            "tiergate_engine_kernel_info",
+            "Kernel paths, weight format and CPU features (labels)",
+            ["model_name", *info],
+            registry=self.registry,
+        )
+        gauge.labels(**self._labels, **info).set(1)
+
     def on_step(self, running: int, waiting: int, kv_usage: float) -> None:
         self._running.labels(**self._labels).set(running)
         self._waiting.labels(**self._labels).set(waiting)

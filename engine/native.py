@@ -23,7 +23,8 @@ from engine.cache_files import atomic_path, cache_dir
 log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = tuple(CSRC / f for f in ("paged_attention.c", "layer_ops.c", "gemm.c", "decode_step.c"))
+_C_FILES = ("paged_attention.c", "layer_ops.c", "gemm.c", "gemm_int8.c", "decode_step.c")
+SOURCES = tuple(CSRC / f for f in _C_FILES)
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
 
 _i64, _f32, _ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
@@ -35,9 +36,11 @@ _SIGNATURES = {
     "silu_mul": [_ptr, _ptr, _i64, _i64],
     "decode_step": [_ptr, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr],
     "gemm_panels": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64],
+    "gemm_int8_panels": [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64],
     "rope_store_kv": [_ptr, _ptr, _ptr] + [_i64] * 4 + [_ptr, _ptr, _i64, _i64, _ptr, _ptr],
 }
-_RETURNS_STATUS = {"paged_decode_attention", "decode_step"}  # 0, or 1: out of memory
+# these return 0, or 1: out of memory
+_RETURNS_STATUS = {"paged_decode_attention", "decode_step", "gemm_int8_panels"}
 
 
 def enabled() -> bool:

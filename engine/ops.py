@@ -11,6 +11,10 @@ oneDNN's blocked layout: on this AMD (AVX-512) CPU, MKL's sgemm behind F.linear 
 oneDNN reorder it on every call. Panels are a lossless re-layout, so the model then
 drops its plain weights (LlamaForCausalLM.drop_plain_weights); oneDNN's layout is opaque,
 so on that path both copies stay (~520 MB more for SmolLM2-135M with its LM head).
+
+With `weights="int8"` the projections and the LM head are requantized at load
+(engine/quant.py): int8 panels for the C kernel (gemm_int8.c, on the path
+engine/cpu_features.py picked), or plain int8 with its scales for the torch reference.
 """
 
 import ctypes
@@ -20,11 +24,23 @@ import torch.nn.functional as F
 
 from engine import native
 from engine.attention import AttentionContext, write_kv
+from engine.config import WEIGHT_FORMATS
+from engine.cpu_features import cpu_features, int8_path
+from engine.quant import Int8Weight, quantize_int8
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin) [T, 1, D/2] for the step's positions
 
 _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 _PANEL = 16  # output columns per panel; gemm.c takes them in pairs
+_INT8_PATHS = {"generic": 0, "avx2": 1, "avx512": 2}  # gemm_int8_panels' path argument
+Weight = torch.Tensor | Int8Weight  # what pack_weight returns
+
+
+def is_panels(weight: Weight | None) -> bool:
+    """True for weights in the C GEMM's panels (fp32 [N / 16, K, 16], or int8 panels)."""
+    if isinstance(weight, Int8Weight):
+        return weight.is_panels
+    return weight is not None and weight.dim() == 3
 
 
 def unpack_panels(panels: torch.Tensor) -> torch.Tensor:
@@ -43,18 +59,28 @@ class TorchOps:
     """torch ops only: the fallback and the reference the C kernels are tested against."""
 
     kernels: ctypes.CDLL | None = None  # the C library, for attention and fused decode
+    int8_path: str = "torch"  # where int8 weights are multiplied
 
-    def pack_weight(self, weight: torch.Tensor, batch_hint: int) -> torch.Tensor:
+    def __init__(self, weights: str = "fp32") -> None:
+        if weights not in WEIGHT_FORMATS:
+            raise ValueError(f"weights must be one of {WEIGHT_FORMATS}, not {weights!r}")
+        self.weights = weights
+
+    def pack_weight(self, weight: torch.Tensor, batch_hint: int) -> Weight:
         """weight [N, K] in the layout `linear` runs fastest on: oneDNN's blocked layout
-        where torch has it, else the weight itself."""
+        where torch has it, else the weight itself; int8 weights: plain int8 + scales."""
+        if self.weights == "int8":
+            return quantize_int8(weight)
         if _ONEDNN:
             return torch.ops.mkldnn._reorder_linear_weight(weight, batch_hint)
         return weight
 
     def linear(
-        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+        self, x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
         """x [M, K] @ weight.T (+ bias); weight as pack_weight returned it (or plain)."""
+        if isinstance(weight, Int8Weight):  # the reference: fp32 on the dequantized weight
+            return F.linear(x, weight.dequantize(), bias)
         if _ONEDNN:
             return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
         return F.linear(x, weight, bias)
@@ -95,29 +121,46 @@ class TorchOps:
 class NativeOps(TorchOps):
     """The C kernels; torch's oneDNN matmul for weights whose width does not fit panels."""
 
-    def __init__(self, kernels: ctypes.CDLL) -> None:
+    def __init__(
+        self, kernels: ctypes.CDLL, weights: str = "fp32", int8_path: str | None = None
+    ) -> None:
+        """int8_path: "avx512", "avx2", "generic" (portable C) or "torch" (the reference);
+        None: the best this CPU has (engine/cpu_features.py)."""
+        super().__init__(weights)
         self.kernels = kernels
+        self.int8_path = int8_path or _best_int8_path()
 
-    def pack_weight(self, weight: torch.Tensor, batch_hint: int) -> torch.Tensor:
+    def pack_weight(self, weight: torch.Tensor, batch_hint: int) -> Weight:
         """C GEMM panels [N / 16, K, 16] (3-D) when N is a whole number of panel pairs."""
         n, k = weight.shape
-        if n % (2 * _PANEL) == 0:
-            return weight.view(n // _PANEL, _PANEL, k).transpose(1, 2).contiguous()
-        return super().pack_weight(weight, batch_hint)
+        if n % (2 * _PANEL) != 0 or (self.weights == "int8" and self.int8_path == "torch"):
+            return super().pack_weight(weight, batch_hint)
+        if self.weights == "int8":
+            return quantize_int8(weight, _PANEL)
+        return weight.view(n // _PANEL, _PANEL, k).transpose(1, 2).contiguous()
 
     def linear(
-        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+        self, x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
-        if weight.dim() == 2:
+        if not is_panels(weight):
             return super().linear(x, weight, bias)
-        panels, k = weight.shape[0], weight.shape[1]
+        q = weight.q if isinstance(weight, Int8Weight) else weight
+        panels, k = q.shape[0], q.shape[1]
         x = x.contiguous()
         out = x.new_empty(x.shape[0], panels * _PANEL)
         bias_ptr = None if bias is None else bias.data_ptr()
-        self.kernels.gemm_panels(
-            out.data_ptr(), x.data_ptr(), weight.data_ptr(), bias_ptr, x.shape[0], out.shape[1], k
-        )
+        args = (out.data_ptr(), x.data_ptr(), q.data_ptr())
+        if not isinstance(weight, Int8Weight):
+            self.kernels.gemm_panels(*args, bias_ptr, x.shape[0], out.shape[1], k)
+        elif self.kernels.gemm_int8_panels(
+            *args, weight.scale.data_ptr(), bias_ptr, x.shape[0], out.shape[1], k, self.int8_code
+        ):
+            raise MemoryError("gemm_int8_panels: no memory for its widening buffer")
         return out
+
+    @property
+    def int8_code(self) -> int:
+        return _INT8_PATHS[self.int8_path]
 
     def add_rms_norm(
         self, residual: torch.Tensor, x: torch.Tensor | None, weight: torch.Tensor, eps: float
@@ -172,7 +215,12 @@ class NativeOps(TorchOps):
         return qkv[:, :heads], qkv[:, heads : heads + kv_heads], qkv[:, heads + kv_heads :]
 
 
-def select_ops() -> TorchOps:
+def _best_int8_path() -> str:
+    path = int8_path(cpu_features())
+    return "generic" if path == "torch" else path  # the C kernels' portable path beats torch
+
+
+def select_ops(weights: str = "fp32") -> TorchOps:
     """The C kernels when they build and load here, else torch: decided once per runner."""
     kernels = native.kernels()
-    return TorchOps() if kernels is None else NativeOps(kernels)
+    return TorchOps(weights) if kernels is None else NativeOps(kernels, weights)

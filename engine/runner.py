@@ -1,19 +1,23 @@
 """ModelRunner: owns the model, tokenizer and KV pools; runs one step over SeqChunks."""
 
+import logging
+
 import torch
 
 from engine.attention import Workspace, build_context, new_kv_pools
 from engine.batch import SeqChunk
 from engine.config import EngineConfig
+from engine.cpu_features import cpu_features
 from engine.fused_decode import FusedDecode
 from engine.model_registry import resolve_model
 from engine.models.config import ModelConfig
-from engine.ops import select_ops
+from engine.ops import NativeOps, select_ops
 from engine.sampler import sample
 from engine.tokenizer import load_tokenizer
 from engine.weights import load_model
 
 _DTYPE = torch.float32
+log = logging.getLogger(__name__)
 
 
 def _order_key(c: SeqChunk) -> tuple[bool, int]:
@@ -28,7 +32,8 @@ class ModelRunner:
         resolved = resolve_model(config.model)
         self.config = config
         self.model_name = resolved.name
-        self.ops = select_ops()  # the C kernels or torch, for the runner's whole life
+        # the C kernels or torch, for the runner's whole life
+        self.ops = select_ops(config.weights)
         self.model_config, self.model = load_model(resolved, self.ops)
         self.model.pack_weights(batch_hint=config.max_num_seqs)
         self.model.drop_plain_weights()
@@ -47,6 +52,20 @@ class ModelRunner:
         self.workspace = Workspace()  # attention gather buffers, kept across steps
         # decode-only steps in one C call (None: the model's forward runs every step)
         self.fused = FusedDecode.build(self.ops.kernels, self.model, self.kv_caches)
+        log.info(
+            "%s: %s", self.model_name, " ".join(f"{k}={v}" for k, v in self.kernel_info().items())
+        )
+
+    def kernel_info(self) -> dict[str, str]:
+        """What runs this model: ops, weight format, int8 path, fused decode, CPU features."""
+        native_ops = isinstance(self.ops, NativeOps)
+        info = {
+            "ops": "native" if native_ops else "torch",
+            "weights": self.config.weights,
+            "int8_path": self.ops.int8_path if self.config.weights == "int8" else "none",
+            "fused_decode": str(self.fused is not None).lower(),
+        }
+        return info | {k: str(v).lower() for k, v in cpu_features().items()}
 
     @staticmethod
     def bytes_per_page(model_config: ModelConfig, page_size: int) -> int:

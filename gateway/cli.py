@@ -13,6 +13,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from engine.config import WEIGHT_FORMATS
 from engine.entrypoints.body_limit import DEFAULT_MAX_BODY_BYTES
 from gateway.policy import EngineSettings, PolicyError, ServerSettings, key_digest, load_policy
 
@@ -117,6 +118,7 @@ def engine(args: argparse.Namespace) -> int:
             max_model_len=args.max_model_len,
             enable_prefix_caching=not args.no_prefix_caching,
             num_threads=args.threads,
+            weights=args.weights,
         )
     except ValidationError as exc:
         print(f"tiergate engine: {_flag_errors(exc)}", file=sys.stderr)
@@ -209,6 +211,12 @@ def _add_engine_tuning(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", type=int, default=None, help="default: the model's")
     p.add_argument("--no-prefix-caching", action="store_true", help="never share KV pages")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument(
+        "--weights",
+        choices=WEIGHT_FORMATS,
+        default=defaults.weights,
+        help="projection weights: fp32, or int8 requantized at load (per-row scales)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -72,3 +72,14 @@ void gemm_panels(float *out, const float *x, const float *panels, const float *b
 #undef PF
     }
 }
+
+/* every row of x against one pair of panels (no prefetch): gemm_int8.c's large-M path */
+void gemm_pair_rows(float *out, int64_t ldo, const float *x, int64_t M, int64_t K,
+                    const float *pair, const float *bias) {
+    int64_t m = 0;
+    for (; m + 12 <= M; m += 12) rows_12(out + m * ldo, ldo, x + m * K, K, pair, 0, 0, bias);
+    for (; m + 8 <= M; m += 8) rows_8(out + m * ldo, ldo, x + m * K, K, pair, 0, 0, bias);
+    for (; m + 4 <= M; m += 4) rows_4(out + m * ldo, ldo, x + m * K, K, pair, 0, 0, bias);
+    for (; m + 2 <= M; m += 2) rows_2(out + m * ldo, ldo, x + m * K, K, pair, 0, 0, bias);
+    for (; m < M; m++) rows_1(out + m * ldo, ldo, x + m * K, K, pair, 0, 0, bias);
+}

@@ -11,6 +11,10 @@ int paged_decode_attention(float *out, const float *q, int64_t q_stride, const f
                            int64_t kv_heads, int64_t head_dim, int64_t page_size, float scale);
 void gemm_panels(float *out, const float *x, const float *panels, const float *bias, int64_t M,
                  int64_t N, int64_t K);
+void gemm_pair_rows(float *out, int64_t ldo, const float *x, int64_t M, int64_t K,
+                    const float *pair, const float *bias);
+int gemm_int8_panels(float *out, const float *x, const int8_t *panels, const float *scale,
+                     const float *bias, int64_t M, int64_t N, int64_t K, int64_t path);
 void add_rms_norm(float *out, float *residual, const float *x, const float *weight,
                   int64_t rows, int64_t dim, float eps);
 void silu_mul(float *out, const float *gate_up, int64_t rows, int64_t inter);

@@ -13,7 +13,8 @@ from torch import nn
 
 from engine.attention import AttentionContext, paged_attention
 from engine.models.config import ModelConfig
-from engine.ops import Rope, TorchOps, unpack_panels
+from engine.ops import Rope, TorchOps, Weight, is_panels, unpack_panels
+from engine.quant import Int8Weight
 
 
 class Direct(nn.Module):
@@ -25,7 +26,7 @@ class Direct(nn.Module):
 
 
 class Linear(Direct, nn.Linear):
-    packed: torch.Tensor | None = None  # the weight in ops.pack_weight's layout
+    packed: Weight | None = None  # the weight in ops.pack_weight's layout (and format)
 
     def __init__(self, ops: TorchOps, in_features: int, out_features: int, bias: bool) -> None:
         super().__init__(in_features, out_features, bias=bias)
@@ -37,15 +38,19 @@ class Linear(Direct, nn.Linear):
             self.packed = self.ops.pack_weight(self.weight, batch_hint)
 
     def drop_plain_weight(self) -> None:
-        """Forget .weight when the packed copy holds it losslessly (C GEMM panels: a
-        re-layout; oneDNN's blocked layout is opaque, so that weight stays)."""
-        if self.packed is not None and self.packed.dim() == 3:
+        """Forget .weight when the packed copy is what forward uses and can give it back:
+        C GEMM panels (a re-layout) or int8 weights (the format asked for); oneDNN's
+        blocked layout is opaque, so that weight stays."""
+        if is_panels(self.packed) or isinstance(self.packed, Int8Weight):
             self.weight = None
 
     def plain_weight(self) -> torch.Tensor:
-        """The [out, in] weight, rebuilt from the panels when it was dropped."""
+        """The [out, in] weight forward multiplies by, rebuilt from the packed copy when it
+        was dropped (int8: the dequantized weight)."""
         if self.weight is not None:
             return self.weight
+        if isinstance(self.packed, Int8Weight):
+            return self.packed.dequantize()
         assert self.packed is not None
         return unpack_panels(self.packed)
 
