@@ -14,7 +14,6 @@ from engine.models.llama import Linear
 from engine.quant import Int8Weight
 from engine.runner import ModelRunner
 from engine.sampling_params import SamplingParams
-from gateway.backends.local import engine_config
 from gateway.cli import build_parser
 from gateway.policy import EngineSettings
 
@@ -130,7 +129,7 @@ def test_weights_setting_on_cli_and_policy() -> None:
     assert parser.parse_args(["engine", "--model", "m", "--weights", "int8"]).weights == "int8"
     with pytest.raises(SystemExit):
         parser.parse_args(["engine", "--model", "m", "--weights", "int4"])
-    assert engine_config("smollm2-135m", EngineSettings(weights="int8")).weights == "int8"
-    assert engine_config("smollm2-135m", EngineSettings()).weights == "fp32"
+    assert EngineSettings(weights="int8").to_config("smollm2-135m").weights == "int8"
+    assert EngineSettings().to_config("smollm2-135m").weights == "fp32"
     with pytest.raises(ValueError, match="fp32"):
         EngineSettings(weights="int4")
