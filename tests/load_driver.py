@@ -349,6 +349,7 @@ class PoolState:
     waiting: float = 0.0
     kv_usage: float = 0.0  # the largest over the engines
     engines: int = 0
+    generated_tokens: float = 0.0  # over the engines' lifetime
     requests_by_status: dict[str, float] = field(default_factory=dict)  # the gateway's
 
     @property
@@ -374,6 +375,8 @@ async def pool_state(target: Target) -> PoolState:
                 state.waiting += s.value
             elif s.name == "tiergate_engine_kv_cache_usage_perc":
                 state.kv_usage = max(state.kv_usage, s.value)
+            elif s.name == "tiergate_engine_generation_tokens_total":
+                state.generated_tokens += s.value
             elif s.name == "tiergate_requests_total":
                 key = s.labels["status"]
                 state.requests_by_status[key] = state.requests_by_status.get(key, 0) + s.value
