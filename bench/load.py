@@ -141,6 +141,10 @@ async def drive(target: Target, pid: int, warmup: list, jobs: list, concurrency:
         "problem_list": run.problems[:50],
         "server_cpu_s": round(cpu, 1),
         "server_cpu_ms_per_request": round(cpu / len(jobs) * 1000, 2),
+        # CPU, unlike wall time, hardly moves with what else runs on the shared machine.
+        "server_cpu_ms_per_output_token": round(
+            cpu / max(1, run.summary()["output_tokens"]) * 1000, 3
+        ),
         "server_threads": threads,
         "at_rest_after_warmup": vars(warm_rest),
         "at_rest": vars(rest),

@@ -26,6 +26,7 @@ BENCHMARKS = [
     "prefix_sharing",
     "fuzz",
     "gateway_overhead",
+    "load",
     "throughput",
 ]
 
