@@ -239,6 +239,9 @@ def main() -> None:
         "seconds": round(time.perf_counter() - started, 1),
         "goals": goals(results),
     }
+    if len(results) == 2:  # the load-independent view of the same question
+        cpu = [results[n]["server_cpu_ms_per_output_token"] for n in ("gateway", "engine")]
+        result["server_cpu_per_output_token_ratio"] = common.ratio(*cpu)
     if "tokens_per_s_ratio" in result["goals"]:
         print(f"gateway / engine alone, output tok/s: {result['goals']['tokens_per_s_ratio']}")
     common.write_result("load", result)
