@@ -31,6 +31,7 @@ BENCHMARKS = [
     "prefix_sharing",
     "fuzz",
     "gateway_overhead",
+    "load",
     "throughput",
 ]
 
