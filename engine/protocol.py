@@ -8,18 +8,22 @@ the fields we know are validated, so a bad value is a clear 400 rather than a si
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictBool,
+    StrictInt,
     ValidationError,
     ValidationInfo,
     field_validator,
     model_serializer,
+    model_validator,
 )
 
+from engine.logprob_shapes import ChatLogprobs, CompletionLogprobs
 from engine.sampling_params import SamplingParams
 
 
@@ -83,6 +87,9 @@ _INT32_MAX = 2**31 - 1
 _INT64 = (-(2**63), 2**63 - 1)  # what torch.Generator.manual_seed takes, as in vLLM
 MAX_STOP_SEQUENCES = 4  # OpenAI's bound
 MAX_STOP_CHARS = 1000  # per stop string; longer ones only make every step hold more text
+MAX_LOGPROBS = 20  # top alternatives per token, OpenAI's bound for chat (vLLM's default)
+MAX_LOGIT_BIAS = 300  # entries; each is a scatter per step
+MAX_STOP_TOKEN_IDS = 64
 
 
 class _SamplingRequest(BaseModel):
@@ -100,16 +107,22 @@ class _SamplingRequest(BaseModel):
     seed: int | None = Field(default=None, ge=_INT64[0], le=_INT64[1])
     stream: bool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: float | None = Field(default=None, ge=-2, le=2)  # accepted, not applied
-    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)  # accepted, not applied
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = None  # token id (as a string) -> -100..100
     user: str | None = None
-    ignore_eos: bool = False  # vLLM extension, used by benchmarks for fixed output lengths
-    cache_salt: str | None = None  # vLLM extension: different salts never share KV pages
+    # vLLM extensions
+    ignore_eos: bool = False  # used by benchmarks for fixed output lengths
+    cache_salt: str | None = None  # different salts never share KV pages
+    repetition_penalty: float | None = Field(default=None, gt=0, le=10)
+    min_tokens: int | None = Field(default=None, ge=0, le=_INT32_MAX)
+    stop_token_ids: list[Annotated[int, Field(ge=0, le=_INT32_MAX)]] | None = Field(
+        default=None, max_length=MAX_STOP_TOKEN_IDS
+    )
 
-    logprobs: bool | int | None = None  # a flag in chat, a count in text completions
     echo: bool = False  # text completions only
 
-    @field_validator("n", "logprobs", "echo")
+    @field_validator("n", "echo")
     @classmethod
     def _unsupported(cls, value: Any, info: ValidationInfo) -> Any:
         # The default is accepted so clients that send it work; anything else is refused.
@@ -118,6 +131,20 @@ class _SamplingRequest(BaseModel):
         if info.field_name != "n" and value:
             raise ValueError(f"{info.field_name} is not supported")
         return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_biases(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
+        if bias is None:
+            return None
+        if len(bias) > MAX_LOGIT_BIAS:
+            raise ValueError(f"at most {MAX_LOGIT_BIAS} entries are allowed")
+        for key, value in bias.items():
+            if not key.isdigit() or int(key) > _INT32_MAX:
+                raise ValueError(f"keys must be token ids (got {key!r})")
+            if not -100 <= value <= 100:
+                raise ValueError(f"biases must be in [-100, 100] (got {value!r} for {key})")
+        return bias
 
     @field_validator("stop")
     @classmethod
@@ -133,6 +160,17 @@ class _SamplingRequest(BaseModel):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    @model_validator(mode="after")
+    def _min_below_max(self) -> "_SamplingRequest":
+        most = getattr(self, "max_completion_tokens", None) or self.max_tokens
+        if self.min_tokens and most is not None and self.min_tokens > most:
+            raise ValueError(f"min_tokens ({self.min_tokens}) exceeds max_tokens ({most})")
+        return self
+
+    def logprobs_count(self) -> int | None:
+        """How many alternatives each token's logprobs list; None when none are asked."""
+        raise NotImplementedError
+
 
 class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
@@ -140,11 +178,26 @@ class ChatCompletionRequest(_SamplingRequest):
     tools: list[Tool] | None = None
     tool_choice: str | dict[str, Any] | None = None
     response_format: ResponseFormat | None = None
-    top_logprobs: int | None = None
+    logprobs: StrictBool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _needs_logprobs(cls, top: int | None, info: ValidationInfo) -> int | None:
+        if top is not None and not info.data.get("logprobs"):
+            raise ValueError("logprobs must be true when top_logprobs is set")
+        return top
+
+    def logprobs_count(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 class CompletionRequest(_SamplingRequest):
     prompt: str | list[int] | list[str]
+    logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+
+    def logprobs_count(self) -> int | None:
+        return self.logprobs
 
     @field_validator("prompt")
     @classmethod
@@ -175,7 +228,14 @@ def to_sampling_params(
         seed=req.seed,
         max_tokens=max_tokens,
         stop=stop,
+        stop_token_ids=list(req.stop_token_ids or []),
         ignore_eos=req.ignore_eos,
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        repetition_penalty=req.repetition_penalty or 1.0,
+        logit_bias={int(k): v for k, v in (req.logit_bias or {}).items()},
+        min_tokens=req.min_tokens or 0,
+        logprobs=req.logprobs_count(),
     )
 
 
@@ -225,6 +285,7 @@ class AssistantMessage(BaseModel):
 
 class ChatChoice(_Choice):
     message: AssistantMessage
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletion(_Response):
@@ -245,6 +306,7 @@ class DeltaMessage(BaseModel):
 
 class ChunkChoice(_Choice):
     delta: DeltaMessage
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletionChunk(_Response):
@@ -254,6 +316,7 @@ class ChatCompletionChunk(_Response):
 
 class CompletionChoice(_Choice):
     text: str
+    logprobs: CompletionLogprobs | None = None
 
 
 class Completion(_Response):

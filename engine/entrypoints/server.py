@@ -33,6 +33,7 @@ from engine.errors import (
     QueueFullError,
     RequestFailedError,
 )
+from engine.logprob_shapes import chat_logprobs, completion_logprobs
 from engine.outputs import RequestOutput
 from engine.protocol import (
     AssistantMessage,
@@ -161,7 +162,8 @@ async def start_outputs(
     except EngineError as exc:
         raise engine_error(exc, prompt_param) from exc
     except ValueError as exc:  # the engine refused the prompt itself (empty, bad token ids)
-        raise OpenAIError(400, str(exc), param=prompt_param) from exc
+        param = getattr(exc, "param", prompt_param)  # InvalidParamError names its field
+        raise OpenAIError(400, str(exc), param=param) from exc
     except StopAsyncIteration:
         raise OpenAIError(500, "The engine ended the request without output.") from None
 
@@ -179,6 +181,7 @@ async def collect(request: Request, first: RequestOutput, outputs: Outputs) -> R
     Returns None, having aborted the request, if the client disconnects first.
     """
     texts, last = [first.text], first
+    logprobs = list(first.logprobs or [])
     failure: EngineError | None = None
 
     async def drain() -> None:
@@ -186,6 +189,7 @@ async def collect(request: Request, first: RequestOutput, outputs: Outputs) -> R
         try:
             async for out in outputs:
                 texts.append(out.text)
+                logprobs.extend(out.logprobs or [])
                 last = out
                 if out.finished:
                     return
@@ -199,7 +203,10 @@ async def collect(request: Request, first: RequestOutput, outputs: Outputs) -> R
         await close_outputs(outputs)
     if failure is not None:
         raise engine_error(failure) from failure
-    return dataclasses.replace(last, text="".join(texts)) if last.finished else None
+    if not last.finished:
+        return None
+    whole_logprobs = logprobs if first.logprobs is not None else None
+    return dataclasses.replace(last, text="".join(texts), logprobs=whole_logprobs)
 
 
 async def unless_disconnected(request: Request, work: Callable[[], Awaitable[None]]) -> None:
@@ -311,7 +318,8 @@ async def chat_completion(
     if final is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     message = AssistantMessage(content=final.text)
-    choice = ChatChoice(message=message, finish_reason=final.finish_reason)
+    logprobs = None if final.logprobs is None else chat_logprobs(final.logprobs)
+    choice = ChatChoice(message=message, finish_reason=final.finish_reason, logprobs=logprobs)
     return json_response(ChatCompletion(**head, choices=[choice], usage=usage_of(final)))
 
 
@@ -319,11 +327,12 @@ def chat_events(
     head: dict[str, Any], first: RequestOutput, outputs: Outputs, include_usage: bool
 ) -> AsyncIterator[str]:
     def render(out: RequestOutput) -> ChatCompletionChunk | None:
-        if not out.text and not out.finished and out is not first:
+        if not out.text and not out.logprobs and not out.finished and out is not first:
             return None
         role = "assistant" if out is first else None
         delta = DeltaMessage(role=role, content=out.text or (None if out.finished else ""))
-        choice = ChunkChoice(delta=delta, finish_reason=out.finish_reason)
+        logprobs = chat_logprobs(out.logprobs) if out.logprobs else None
+        choice = ChunkChoice(delta=delta, finish_reason=out.finish_reason, logprobs=logprobs)
         return ChatCompletionChunk(**head, choices=[choice])
 
     def usage_event(last: RequestOutput) -> ChatCompletionChunk:
@@ -346,17 +355,25 @@ async def text_completion(
     final = await collect(request, first, outputs)
     if final is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
-    choice = CompletionChoice(text=final.text, finish_reason=final.finish_reason)
+    logprobs = None if final.logprobs is None else completion_logprobs(final.logprobs)
+    choice = CompletionChoice(text=final.text, finish_reason=final.finish_reason, logprobs=logprobs)
     return json_response(Completion(**head, choices=[choice], usage=usage_of(final)))
 
 
 def completion_events(
     head: dict[str, Any], first: RequestOutput, outputs: Outputs, include_usage: bool
 ) -> AsyncIterator[str]:
+    sent = 0  # characters of token text already sent: where the next text_offset starts
+
     def render(out: RequestOutput) -> Completion | None:
-        if not out.text and not out.finished:
+        nonlocal sent
+        if not out.text and not out.logprobs and not out.finished:
             return None
-        choice = CompletionChoice(text=out.text, finish_reason=out.finish_reason)
+        logprobs = None
+        if out.logprobs:
+            logprobs = completion_logprobs(out.logprobs, sent)
+            sent += sum(len(e.chosen.token) for e in out.logprobs)
+        choice = CompletionChoice(text=out.text, finish_reason=out.finish_reason, logprobs=logprobs)
         return Completion(**head, choices=[choice])
 
     def usage_event(last: RequestOutput) -> Completion:
