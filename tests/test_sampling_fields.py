@@ -11,6 +11,9 @@ import pytest
 from engine.config import EngineConfig
 from engine.engine import AsyncEngine
 from engine.entrypoints.server import create_engine_app
+from engine.protocol import ChatCompletionRequest
+from gateway.backends.base import GenerationRequest, Piece
+from gateway.backends.local import EngineSlot, LocalBackend
 from tests.servers import run_uvicorn
 
 NAME = "smollm2-135m"
@@ -174,6 +177,26 @@ def test_adjusted_and_plain_requests_batched_together(base_url: str) -> None:
     together, (plain, adj) = asyncio.run(run())
     assert together == [plain, adj, plain, adj]
     assert plain != adj
+
+
+def test_local_backend_pieces_carry_the_logprobs(
+    client: openai.OpenAI, engine: AsyncEngine
+) -> None:
+    """What the gateway's request path hands to `shape.delta(piece.text, piece.logprobs)`."""
+    body = ChatCompletionRequest.model_validate(
+        {**GREEDY, "messages": USER, "logprobs": True, "top_logprobs": 2}
+    )
+    backend = LocalBackend(NAME, EngineSlot(NAME, CONFIG, engine))
+
+    async def pieces() -> list[Piece]:
+        return [p async for p in backend.generate(GenerationRequest("r1", body, "t"))]
+
+    got = asyncio.run(pieces())
+    entries = [e for p in got for e in p.logprobs or []]
+    served = chat(client, logprobs=True, top_logprobs=2).choices[0].logprobs.content
+    assert [e.chosen.token for e in entries] == [e.token for e in served]
+    assert all(len(e.top) == 2 for e in entries)
+    assert "".join(p.text for p in got) == "".join(e.chosen.token for e in entries)
 
 
 @pytest.mark.parametrize(

@@ -1,11 +1,14 @@
 """OpenAI response objects for chat and text completions, whole or as SSE chunks.
 
 The two endpoints differ only in how an answer is dressed; a shape does the dressing so the
-request flow in openai.py is written once.
+request flow in openai.py is written once. Logprobs (local engines, when the request asked)
+go in as the engine's per-token entries: `delta` takes a piece's, `whole` all of them.
 """
 
 from typing import Protocol
 
+from engine.logprob_shapes import chat_logprobs, completion_logprobs
+from engine.outputs import TokenLogprobs
 from engine.protocol import (
     AssistantMessage,
     ChatChoice,
@@ -26,12 +29,15 @@ def sse(data: str) -> bytes:
     return f"data: {data}\n\n".encode()
 
 
+Logprobs = list[TokenLogprobs] | None
+
+
 class Shape(Protocol):
     def opening(self) -> bytes | None: ...
-    def delta(self, text: str) -> bytes: ...
+    def delta(self, text: str, logprobs: Logprobs = None) -> bytes: ...
     def finish(self, reason: str) -> bytes: ...
     def usage(self, usage: Usage) -> bytes: ...
-    def whole(self, text: str, reason: str, usage: Usage) -> bytes: ...
+    def whole(self, text: str, reason: str, usage: Usage, logprobs: Logprobs = None) -> bytes: ...
 
 
 class ChatShape:
@@ -48,8 +54,9 @@ class ChatShape:
         # OpenAI's first chunk names the role; clients that build the message rely on it.
         return self._chunk([ChunkChoice(delta=DeltaMessage(role="assistant", content=""))])
 
-    def delta(self, text: str) -> bytes:
-        return self._chunk([ChunkChoice(delta=DeltaMessage(content=text))])
+    def delta(self, text: str, logprobs: Logprobs = None) -> bytes:
+        shaped = chat_logprobs(logprobs) if logprobs else None
+        return self._chunk([ChunkChoice(delta=DeltaMessage(content=text), logprobs=shaped)])
 
     def finish(self, reason: str) -> bytes:
         return self._chunk([ChunkChoice(delta=DeltaMessage(), finish_reason=reason)])
@@ -57,8 +64,10 @@ class ChatShape:
     def usage(self, usage: Usage) -> bytes:
         return self._chunk([], usage)
 
-    def whole(self, text: str, reason: str, usage: Usage) -> bytes:
-        choice = ChatChoice(message=AssistantMessage(content=text), finish_reason=reason)
+    def whole(self, text: str, reason: str, usage: Usage, logprobs: Logprobs = None) -> bytes:
+        shaped = None if logprobs is None else chat_logprobs(logprobs)
+        message = AssistantMessage(content=text)
+        choice = ChatChoice(message=message, finish_reason=reason, logprobs=shaped)
         answer = ChatCompletion(
             id=self.id, created=self.created, model=self.model, choices=[choice], usage=usage
         )
@@ -68,6 +77,7 @@ class ChatShape:
 class TextShape:
     def __init__(self, model: str) -> None:
         self.id, self.created, self.model = completion_id(), created_now(), model
+        self._sent = 0  # characters of token text streamed: where the next text_offset starts
 
     def _chunk(self, choices: list[CompletionChoice], usage: Usage | None = None) -> bytes:
         chunk = Completion(
@@ -78,8 +88,12 @@ class TextShape:
     def opening(self) -> bytes | None:
         return None
 
-    def delta(self, text: str) -> bytes:
-        return self._chunk([CompletionChoice(text=text)])
+    def delta(self, text: str, logprobs: Logprobs = None) -> bytes:
+        shaped = None
+        if logprobs:
+            shaped = completion_logprobs(logprobs, self._sent)
+            self._sent += sum(len(e.chosen.token) for e in logprobs)
+        return self._chunk([CompletionChoice(text=text, logprobs=shaped)])
 
     def finish(self, reason: str) -> bytes:
         return self._chunk([CompletionChoice(text="", finish_reason=reason)])
@@ -87,8 +101,9 @@ class TextShape:
     def usage(self, usage: Usage) -> bytes:
         return self._chunk([], usage)
 
-    def whole(self, text: str, reason: str, usage: Usage) -> bytes:
-        choice = CompletionChoice(text=text, finish_reason=reason)
+    def whole(self, text: str, reason: str, usage: Usage, logprobs: Logprobs = None) -> bytes:
+        shaped = None if logprobs is None else completion_logprobs(logprobs)
+        choice = CompletionChoice(text=text, finish_reason=reason, logprobs=shaped)
         answer = Completion(
             id=self.id, created=self.created, model=self.model, choices=[choice], usage=usage
         )
