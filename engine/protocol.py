@@ -7,7 +7,6 @@ the fields we know are validated, so a bad value is a clear 400 rather than a si
 
 import time
 import uuid
-from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -16,13 +15,16 @@ from pydantic import (
     Field,
     StrictBool,
     StrictInt,
-    ValidationError,
     ValidationInfo,
     field_validator,
     model_serializer,
     model_validator,
 )
 
+from engine.api_errors import ErrorBody as ErrorBody  # re-exported: the API's error models
+from engine.api_errors import ErrorResponse as ErrorResponse
+from engine.api_errors import error_response_body as error_response_body
+from engine.api_errors import validation_error_message as validation_error_message
 from engine.logprob_shapes import ChatLogprobs, CompletionLogprobs
 from engine.sampling_params import SamplingParams
 
@@ -195,6 +197,16 @@ class ChatCompletionRequest(_SamplingRequest):
 class CompletionRequest(_SamplingRequest):
     prompt: str | list[int] | list[str]
     logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    # OpenAI fields nothing here serves: their defaults pass, anything else is a 400
+    best_of: int | None = None
+    suffix: str | None = None
+
+    @field_validator("best_of", "suffix")
+    @classmethod
+    def _only_defaults(cls, value: Any, info: ValidationInfo) -> Any:
+        if value not in (None, 1, ""):
+            raise ValueError(f"{info.field_name} is not supported")
+        return value
 
     def logprobs_count(self) -> int | None:
         return self.logprobs
@@ -337,83 +349,6 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
-
-
-class ErrorBody(BaseModel):
-    message: str
-    type: str
-    param: str | None = None
-    code: str | None = None
-
-
-class ErrorResponse(BaseModel):
-    error: ErrorBody
-
-
-_ERROR_TYPES = {
-    401: "authentication_error",
-    403: "permission_error",
-    429: "rate_limit_error",
-    503: "service_unavailable",
-}
-
-
-def error_response_body(
-    status: int,
-    message: str,
-    type: str | None = None,
-    param: str | None = None,
-    code: str | None = None,
-) -> dict[str, Any]:
-    """`{"error": {...}}` as OpenAI sends it; `type` defaults from the HTTP status."""
-    default_type = "invalid_request_error" if status < 500 else "server_error"
-    error_type = type or _ERROR_TYPES.get(status, default_type)
-    body = ErrorBody(message=message, type=error_type, param=param, code=code)
-    return ErrorResponse(error=body).model_dump()
-
-
-def _param_path(loc: Sequence[int | str]) -> str | None:
-    """`("messages", 0, "content", "str")` -> `messages[0].content`.
-
-    Pydantic puts union member names (`str`, `list[int]`, `function-after[...]`) in the
-    location; they are not fields, so they are dropped.
-    """
-    path = ""
-    for part in loc:
-        if isinstance(part, int):
-            path += f"[{part}]"
-        elif part == "body":
-            continue  # FastAPI's prefix for the request body
-        elif "[" in part or part in {"str", "int", "float", "bool", "dict", "list"}:
-            continue
-        else:
-            path += f".{part}" if path else part
-    return path or None
-
-
-def validation_error_message(
-    exc: ValidationError | Sequence[Mapping[str, Any]],
-) -> tuple[str, str | None]:
-    """An OpenAI-style message naming the first bad field, and that field as `param`."""
-    errors = exc.errors() if isinstance(exc, ValidationError) else list(exc)
-    if not errors:
-        return "Invalid request body.", None
-    # A union reports one error per member; the deepest one names the real culprit
-    # (e.g. `messages[0].content[0].type`, not "content should be a string").
-    same_field = [e for e in errors if e.get("loc", ())[:1] == errors[0].get("loc", ())[:1]]
-    first = max(same_field, key=lambda e: len(e.get("loc", ())))
-    param = _param_path(first.get("loc", ()))
-    kind, msg = first.get("type", ""), str(first.get("msg", "invalid value"))
-    msg = msg.removeprefix("Value error, ")
-    if kind == "json_invalid":
-        return "We could not parse the JSON body of your request.", None
-    if kind == "missing":
-        return f"Missing required parameter: '{param}'.", param
-    if param is None:
-        return f"Invalid request body: {msg}.", None
-    shown = first.get("input")
-    got = f" (got {shown!r})" if isinstance(shown, int | float | str) else ""
-    return f"Invalid value for '{param}': {msg}{got}.", param
 
 
 def chat_completion_id() -> str:

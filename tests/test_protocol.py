@@ -153,6 +153,13 @@ def test_completion_prompt_forms() -> None:
     assert refusal(CompletionRequest, {"model": "m", "prompt": ["a", "b"]})[1] == "prompt"
     assert refusal(CompletionRequest, {"model": "m", "prompt": []})[1] == "prompt"
     assert refusal(CompletionRequest, {"model": "m", "prompt": "a", "echo": True})[1] == "echo"
+    for field, value in (("best_of", 2), ("suffix", "end")):
+        body = {"model": "m", "prompt": "a", field: value}
+        assert refusal(CompletionRequest, body) == (
+            f"Invalid value for '{field}': {field} is not supported (got {value!r}).",
+            field,
+        )
+    CompletionRequest.model_validate({"model": "m", "prompt": "a", "best_of": 1, "suffix": None})
     for bad in (21, True, -1):
         body = {"model": "m", "prompt": "a", "logprobs": bad}
         assert refusal(CompletionRequest, body)[1] == "logprobs"
