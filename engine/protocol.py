@@ -193,6 +193,14 @@ class ChatCompletionRequest(_SamplingRequest):
     def logprobs_count(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
 
+    def callable_tools(self) -> set[str]:
+        """Names of the tools the answer may call (none with `tool_choice: none`)."""
+        if not self.tools or self.tool_choice == "none":
+            return set()
+        if isinstance(self.tool_choice, dict):  # {"type": "function", "function": {"name"}}
+            return {str((self.tool_choice.get("function") or {}).get("name"))}
+        return {tool.function.name for tool in self.tools}
+
 
 class CompletionRequest(_SamplingRequest):
     prompt: str | list[int] | list[str]

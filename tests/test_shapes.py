@@ -61,3 +61,35 @@ def test_logprobs_asked_but_none_produced_is_an_empty_list(shape: ChatShape | Te
     # e.g. an answer that is only a stop token: logprobs were asked, so the key is present
     body = json.loads(shape.whole("", "stop", USAGE, []))
     assert body["choices"][0]["logprobs"] is not None
+
+
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+def test_chat_shape_with_tools_answers_tool_calls_whole() -> None:
+    shape = ChatShape("m", {"get_weather"})
+    reply = OaiChat.model_validate_json(shape.whole(f"On it.\n{CALL}", "stop", USAGE))
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content == "On it."
+    (call,) = choice.message.tool_calls
+    assert (call.function.name, json.loads(call.function.arguments)) == (
+        "get_weather",
+        {"city": "Paris"},
+    )
+    plain = OaiChat.model_validate_json(ChatShape("m").whole(CALL, "stop", USAGE))
+    assert plain.choices[0].message.content == CALL and plain.choices[0].finish_reason == "stop"
+
+
+def test_chat_shape_with_tools_streams_tool_call_deltas() -> None:
+    shape = ChatShape("m", {"get_weather"})
+    text = f"On it.\n{CALL}"
+    chunks = [sse_json(shape.delta(text[i : i + 5])) for i in range(0, len(text), 5)]
+    chunks.append(sse_json(shape.finish("stop")))
+    parsed = [OaiChunk.model_validate(c) for c in chunks]
+    content = "".join(c.choices[0].delta.content or "" for c in parsed)
+    assert content == "On it.\n"
+    last = parsed[-1].choices[0]
+    assert last.finish_reason == "tool_calls"
+    (delta,) = last.delta.tool_calls
+    assert (delta.index, delta.type, delta.function.name) == (0, "function", "get_weather")
+    assert json.loads(delta.function.arguments) == {"city": "Paris"}

@@ -56,6 +56,7 @@ from engine.protocol import (
     to_sampling_params,
     validation_error_message,
 )
+from engine.tool_calls import ToolCallStream, as_deltas, split_answer
 
 logger = logging.getLogger("tiergate.engine.server")
 
@@ -312,27 +313,45 @@ async def chat_completion(
     prompt = await render_chat(engine, body)
     first, outputs = await start_outputs(engine, prompt, request_id, body)
     head: dict[str, Any] = {"id": request_id, "created": created_now(), "model": model}
+    tools = body.callable_tools()
     if body.stream:
-        return event_stream(chat_events(head, first, outputs, body.include_usage))
+        return event_stream(chat_events(head, first, outputs, body.include_usage, tools))
     final = await collect(request, first, outputs)
     if final is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
-    message = AssistantMessage(content=final.text)
+    content, calls, reason = split_answer(final.text, final.finish_reason or "stop", tools)
+    message = AssistantMessage(content=content, tool_calls=calls)
     logprobs = None if final.logprobs is None else chat_logprobs(final.logprobs)
-    choice = ChatChoice(message=message, finish_reason=final.finish_reason, logprobs=logprobs)
+    choice = ChatChoice(message=message, finish_reason=reason, logprobs=logprobs)
     return json_response(ChatCompletion(**head, choices=[choice], usage=usage_of(final)))
 
 
 def chat_events(
-    head: dict[str, Any], first: RequestOutput, outputs: Outputs, include_usage: bool
+    head: dict[str, Any],
+    first: RequestOutput,
+    outputs: Outputs,
+    include_usage: bool,
+    tools: set[str],
 ) -> AsyncIterator[str]:
+    calls = ToolCallStream(tools) if tools else None
+
     def render(out: RequestOutput) -> ChatCompletionChunk | None:
-        if not out.text and not out.logprobs and not out.finished and out is not first:
+        text, tool_calls, reason = out.text, None, out.finish_reason
+        if calls is not None:
+            text = calls.feed(text)
+            if out.finished:
+                end = calls.finish()
+                text += end.content or ""
+                if end.tool_calls:
+                    tool_calls = as_deltas(end.tool_calls)
+                    reason = "tool_calls" if reason == "stop" else reason
+        if not text and not out.logprobs and not out.finished and out is not first:
             return None
         role = "assistant" if out is first else None
-        delta = DeltaMessage(role=role, content=out.text or (None if out.finished else ""))
+        content = text or (None if out.finished else "")
+        delta = DeltaMessage(role=role, content=content, tool_calls=tool_calls)
         logprobs = chat_logprobs(out.logprobs) if out.logprobs else None
-        choice = ChunkChoice(delta=delta, finish_reason=out.finish_reason, logprobs=logprobs)
+        choice = ChunkChoice(delta=delta, finish_reason=reason, logprobs=logprobs)
         return ChatCompletionChunk(**head, choices=[choice])
 
     def usage_event(last: RequestOutput) -> ChatCompletionChunk:

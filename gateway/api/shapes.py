@@ -5,6 +5,7 @@ request flow in openai.py is written once. Logprobs (local engines, when the req
 go in as the engine's per-token entries: `delta` takes a piece's, `whole` all of them.
 """
 
+from collections.abc import Collection
 from typing import Protocol
 
 from engine.logprob_shapes import chat_logprobs, completion_logprobs
@@ -23,6 +24,7 @@ from engine.protocol import (
     completion_id,
     created_now,
 )
+from engine.tool_calls import ToolCallStream, as_deltas, split_answer
 
 
 def sse(data: str) -> bytes:
@@ -41,8 +43,13 @@ class Shape(Protocol):
 
 
 class ChatShape:
-    def __init__(self, model: str) -> None:
+    """`tools`: the names an answer may call (`ChatCompletionRequest.callable_tools()`, for
+    local tiers): their calls are parsed out of the text into `tool_calls`."""
+
+    def __init__(self, model: str, tools: Collection[str] = ()) -> None:
         self.id, self.created, self.model = chat_completion_id(), created_now(), model
+        self._tools = tools
+        self._calls = ToolCallStream(tools) if tools else None
 
     def _chunk(self, choices: list[ChunkChoice], usage: Usage | None = None) -> bytes:
         chunk = ChatCompletionChunk(
@@ -56,17 +63,27 @@ class ChatShape:
 
     def delta(self, text: str, logprobs: Logprobs = None) -> bytes:
         shaped = chat_logprobs(logprobs) if logprobs else None
+        if self._calls is not None:
+            text = self._calls.feed(text)  # what may be a tool call is held for finish()
         return self._chunk([ChunkChoice(delta=DeltaMessage(content=text), logprobs=shaped)])
 
     def finish(self, reason: str) -> bytes:
-        return self._chunk([ChunkChoice(delta=DeltaMessage(), finish_reason=reason)])
+        delta = DeltaMessage()
+        if self._calls is not None:
+            end = self._calls.finish()
+            delta = DeltaMessage(content=end.content)
+            if end.tool_calls:
+                delta.tool_calls = as_deltas(end.tool_calls)
+                reason = "tool_calls" if reason == "stop" else reason
+        return self._chunk([ChunkChoice(delta=delta, finish_reason=reason)])
 
     def usage(self, usage: Usage) -> bytes:
         return self._chunk([], usage)
 
     def whole(self, text: str, reason: str, usage: Usage, logprobs: Logprobs = None) -> bytes:
         shaped = None if logprobs is None else chat_logprobs(logprobs)
-        message = AssistantMessage(content=text)
+        content, calls, reason = split_answer(text, reason, self._tools)
+        message = AssistantMessage(content=content, tool_calls=calls)
         choice = ChatChoice(message=message, finish_reason=reason, logprobs=shaped)
         answer = ChatCompletion(
             id=self.id, created=self.created, model=self.model, choices=[choice], usage=usage
