@@ -7,7 +7,7 @@ the fields we know are validated, so a bad value is a clear 400 rather than a si
 
 import time
 import uuid
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -124,13 +124,22 @@ class _SamplingRequest(BaseModel):
 
     echo: bool = False  # text completions only
 
-    @field_validator("n", "echo")
+    max_n: ClassVar[int] = 1  # the engine's server serves more choices; the gateway not yet
+
+    @field_validator("n")
+    @classmethod
+    def _choices(cls, n: int | None) -> int | None:
+        if n is not None and not 1 <= n <= cls.max_n:
+            raise ValueError(
+                "only n=1 is supported" if cls.max_n == 1 else f"n must be 1..{cls.max_n}"
+            )
+        return n
+
+    @field_validator("echo")
     @classmethod
     def _unsupported(cls, value: Any, info: ValidationInfo) -> Any:
         # The default is accepted so clients that send it work; anything else is refused.
-        if info.field_name == "n" and value not in (None, 1):
-            raise ValueError("only n=1 is supported")
-        if info.field_name != "n" and value:
+        if value:
             raise ValueError(f"{info.field_name} is not supported")
         return value
 
@@ -231,6 +240,17 @@ class CompletionRequest(_SamplingRequest):
                 raise ValueError("only one prompt per request is supported")
             return prompt[0]
         return prompt
+
+
+MAX_N = 16  # choices per request on the engine's server: each is one engine request
+
+
+class EngineChatCompletionRequest(ChatCompletionRequest):
+    max_n: ClassVar[int] = MAX_N
+
+
+class EngineCompletionRequest(CompletionRequest):
+    max_n: ClassVar[int] = MAX_N
 
 
 def to_sampling_params(

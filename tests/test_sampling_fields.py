@@ -199,6 +199,44 @@ def test_local_backend_pieces_carry_the_logprobs(
     assert "".join(p.text for p in got) == "".join(e.chosen.token for e in entries)
 
 
+def test_n_choices_share_the_prompt_pages(client: openai.OpenAI, engine: AsyncEngine) -> None:
+    # a fresh prompt (the salt keeps earlier tests' pages out) of several full pages
+    prompt = "Write a short poem about the sea. " * 8
+    salt = {"extra_body": {"cache_salt": "n-choices"}}
+    before = engine.metrics.snapshot()
+    body = {**GREEDY, "prompt": prompt, "temperature": 1.2, "seed": 5, "max_tokens": 12, **salt}
+    reply = client.completions.create(n=3, **body)
+    after = engine.metrics.snapshot()
+    assert [c.index for c in reply.choices] == [0, 1, 2]
+    assert len({c.text for c in reply.choices}) > 1  # seed, seed + 1, seed + 2
+    one = client.completions.create(**{**body, "max_tokens": 1})
+    prompt_tokens = one.usage.prompt_tokens
+    assert reply.usage.prompt_tokens == prompt_tokens  # the prompt counts once
+    assert reply.usage.completion_tokens == 3 * 12
+    # two siblings reused every full page of the prompt the first one computed
+    full_pages = (prompt_tokens // CONFIG.page_size) * CONFIG.page_size
+    assert after.prefix_cache_hits - before.prefix_cache_hits >= 2 * full_pages
+    assert after.prompt_tokens - before.prompt_tokens == 3 * prompt_tokens
+
+
+def test_n_choices_streamed_chat(client: openai.OpenAI) -> None:
+    whole = chat(client, n=2)
+    assert [c.message.content for c in whole.choices] == [whole.choices[0].message.content] * 2
+    texts, reasons = ["", ""], [None, None]
+    stream = client.chat.completions.create(
+        messages=USER, stream=True, n=2, stream_options={"include_usage": True}, **GREEDY
+    )
+    usage = None
+    for chunk in stream:
+        usage = chunk.usage or usage
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+            reasons[choice.index] = choice.finish_reason or reasons[choice.index]
+    assert texts == [c.message.content for c in whole.choices]
+    assert reasons == ["length", "length"]
+    assert usage is not None and usage.completion_tokens == 24
+
+
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
@@ -211,6 +249,7 @@ def test_local_backend_pieces_carry_the_logprobs(
         ({"logit_bias": {"x": 1}}, "logit_bias"),
         ({"stop_token_ids": [10**9]}, "stop_token_ids"),
         ({"min_tokens": 50, "max_tokens": 10}, None),
+        ({"n": 17}, "n"),
     ],
 )
 def test_bad_values_are_400s_naming_the_field(
