@@ -1,9 +1,10 @@
 """Logit adjustments before sampling: logit_bias, min_tokens, and the repetition, frequency
 and presence penalties, in vLLM's order and with vLLM's (OpenAI's, HF's) definitions.
 
-Only the rows that ask for one are touched, in place, and every adjustment is one batched
-tensor operation over [rows, vocab]: each row's token history becomes one padded index
-tensor, and token counts come from a single scatter_add (no Python loop over the vocabulary).
+Only the rows that ask for one are touched, in place, and each adjustment is a few batched
+tensor operations: each row's token history becomes one padded index tensor, penalties read
+and write only those columns, and token counts come from a single scatter_add (no Python
+loop over the vocabulary).
 """
 
 from collections.abc import Collection
@@ -76,6 +77,8 @@ def _ban_stops(
 def _penalise(
     logits: torch.Tensor, params: list[SamplingParams], histories: list[History | None]
 ) -> None:
+    """Only the columns of tokens a row has seen are read and written ([rows, history]),
+    never a [rows, vocab] copy: at 49k tokens a full-width pass costs more than all this."""
     rows = [
         i
         for i, p in enumerate(params)
@@ -84,32 +87,37 @@ def _penalise(
     ]
     if not rows:
         return
-    vocab = logits.shape[-1]
-    hist = [histories[i] for i in rows]
-    sub = logits[rows]
+    hist: list[History] = [histories[i] for i in rows]  # type: ignore[misc]
+    row = torch.tensor(rows)[:, None]
     rep = torch.tensor([params[i].repetition_penalty for i in rows], dtype=logits.dtype)[:, None]
     if bool((rep != 1).any()):
         # HF / vLLM: every token seen in prompt or output is made less likely by the factor
-        seen = _counts([h.token_ids for h in hist], vocab, logits.dtype) > 0  # type: ignore[union-attr]
-        scaled = torch.where(sub > 0, sub / rep, sub * rep)
-        sub = torch.where(seen, scaled, sub)
+        ids, _ = _padded([h.token_ids for h in hist])
+        seen = logits[row, ids]
+        logits[row, ids] = torch.where(seen > 0, seen / rep, seen * rep)
     freq = torch.tensor([params[i].frequency_penalty for i in rows], dtype=logits.dtype)[:, None]
     pres = torch.tensor([params[i].presence_penalty for i in rows], dtype=logits.dtype)[:, None]
     if bool((freq != 0).any() or (pres != 0).any()):
         # OpenAI: output tokens only, by count (frequency) and by having appeared (presence)
-        outputs = [h.token_ids[h.num_prompt_tokens :] for h in hist]  # type: ignore[union-attr]
-        counts = _counts(outputs, vocab, logits.dtype)
-        sub = sub - freq * counts - pres * (counts > 0).to(logits.dtype)
-    logits[rows] = sub
+        ids, counted = _padded([h.token_ids[h.num_prompt_tokens :] for h in hist])
+        vocab = logits.shape[-1]
+        counted = torch.where(counted < 0, vocab, counted)  # padding lands in a spare column
+        counts = torch.zeros(len(rows), vocab + 1, dtype=logits.dtype)
+        counts.scatter_add_(1, counted, torch.ones_like(counted, dtype=logits.dtype))
+        n = counts.gather(1, ids)  # a padding column of an empty row counts 0: unchanged
+        logits[row, ids] = logits[row, ids] - freq * n - pres * (n > 0).to(logits.dtype)
 
 
-def _counts(token_lists: list[list[int]], vocab: int, dtype: torch.dtype) -> torch.Tensor:
-    """[rows, vocab] occurrence counts, from one scatter_add over padded ids (pad = vocab)."""
+def _padded(token_lists: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """[rows, longest] ids padded with the row's first id (a repeat writes the same value
+    twice; an empty row pads with 0), and the same padded with -1, for counting."""
     width = max(1, max(len(t) for t in token_lists))
-    ids = torch.full((len(token_lists), width), vocab, dtype=torch.long)
+    ids = torch.zeros(len(token_lists), width, dtype=torch.long)
+    counted = torch.full((len(token_lists), width), -1, dtype=torch.long)
     for r, tokens in enumerate(token_lists):
         if tokens:
-            ids[r, : len(tokens)] = torch.tensor(tokens, dtype=torch.long).clamp_(max=vocab)
-    counts = torch.zeros(len(token_lists), vocab + 1, dtype=dtype)
-    counts.scatter_add_(1, ids, torch.ones_like(ids, dtype=dtype))
-    return counts[:, :vocab]
+            row = torch.tensor(tokens, dtype=torch.long)
+            ids[r] = row[0]
+            ids[r, : len(tokens)] = row
+            counted[r, : len(tokens)] = row
+    return ids, counted

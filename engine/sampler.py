@@ -127,11 +127,18 @@ def logprobs_of(
     rows = [i for i, p in enumerate(params) if p.logprobs is not None]
     if not rows:
         return out
-    logprobs = torch.log_softmax(logits[rows].float(), dim=-1).clamp_(min=_LOGPROB_FLOOR)
+    # log-softmax only where read: logit - logsumexp, no [rows, vocab] result
+    sub = logits if len(rows) == len(params) else logits[rows]
+    lse = torch.logsumexp(sub, dim=-1, keepdim=True)
     chosen_ids = torch.tensor([tokens[i] for i in rows])
-    chosen = logprobs.gather(1, chosen_ids[:, None])[:, 0].tolist()
+    chosen_t = (sub.gather(1, chosen_ids[:, None]) - lse).clamp_(min=_LOGPROB_FLOOR)
+    chosen = chosen_t[:, 0].tolist()
     k = min(max(params[i].logprobs or 0 for i in rows), logits.shape[-1])
-    top_vals, top_ids = logprobs.topk(k, dim=-1) if k else (logprobs[:, :0], logprobs[:, :0])
+    if k:
+        top_vals, top_ids = sub.topk(k, dim=-1)
+        top_vals = (top_vals - lse).clamp_(min=_LOGPROB_FLOOR)
+    else:
+        top_vals = top_ids = torch.zeros(len(rows), 0)
     vals, ids = top_vals.tolist(), top_ids.long().tolist()
     for j, i in enumerate(rows):
         n = params[i].logprobs or 0
