@@ -151,7 +151,7 @@ class _SamplingRequest(BaseModel):
         if len(bias) > MAX_LOGIT_BIAS:
             raise ValueError(f"at most {MAX_LOGIT_BIAS} entries are allowed")
         for key, value in bias.items():
-            if not key.isdigit() or int(key) > _INT32_MAX:
+            if not (key.isascii() and key.isdigit()) or int(key) > _INT32_MAX:
                 raise ValueError(f"keys must be token ids (got {key!r})")
             if not -100 <= value <= 100:
                 raise ValueError(f"biases must be in [-100, 100] (got {value!r} for {key})")
