@@ -22,6 +22,7 @@ HERE = Path(__file__).resolve().parent
 # Cheap ones first: a failure there shows before the long throughput run.
 BENCHMARKS = [
     "admin_stats",
+    "sampling_fields",
     "memory",
     "cache_eval",
     "cache_lookup",

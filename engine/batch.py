@@ -4,6 +4,8 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.logits_process import History
+from engine.sampler import SampledLogprobs
 from engine.sampling_params import SamplingParams
 
 
@@ -16,3 +18,5 @@ class SeqChunk:
     sample: bool  # sample a next token after this chunk (last prefill chunk, or decode)
     params: SamplingParams
     generator: torch.Generator | None = None  # per-request, seeded when params.seed is set
+    history: History | None = None  # set when sampling reads past tokens (penalties, min_tokens)
+    logprobs: SampledLogprobs | None = None  # written by the runner when params.logprobs is set

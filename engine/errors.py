@@ -23,3 +23,11 @@ class EngineDeadError(EngineError):
 
 class RequestFailedError(EngineError):
     """This request failed inside the step loop (the others go on): HTTP 500."""
+
+
+class InvalidParamError(ValueError):
+    """A request field the engine refuses (e.g. a token id outside the vocabulary): HTTP 400."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param

@@ -11,14 +11,21 @@ import torch
 
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
-from engine.errors import PromptTooLongError, QueueFullError, TenantQueueFullError
+from engine.errors import (
+    InvalidParamError,
+    PromptTooLongError,
+    QueueFullError,
+    TenantQueueFullError,
+)
 from engine.kv import KVManager
 from engine.metrics import EngineMetrics
 from engine.model_registry import ModelNotFoundError, resolve_model
 from engine.outputs import RequestOutput
+from engine.sampler import SampledLogprobs
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduled, Scheduler
 from engine.sequence import Sequence
+from engine.token_names import TokenNames
 
 if TYPE_CHECKING:
     from engine.runner import ModelRunner
@@ -69,6 +76,7 @@ class LLMEngine:
         self._vocab_size: int | None = getattr(
             getattr(runner, "model_config", None), "vocab_size", None
         )
+        self._token_names = TokenNames(self.tokenizer)
         self._seqs: dict[str, Sequence] = {}
         self._pending: list[RequestOutput] = []  # abort outputs, handed out by the next step()
         self._seq_ids = itertools.count()
@@ -95,6 +103,7 @@ class LLMEngine:
             self.check_prompt_chars(len(prompt))
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         self._check_prompt(ids)
+        self._check_token_params(params)
         if self._vocab_size is not None and params.top_k >= self._vocab_size:
             params = dataclasses.replace(params, top_k=0)  # no filter at all, and int64-safe
         seq = Sequence(
@@ -145,6 +154,18 @@ class LLMEngine:
         if vocab is not None and not all(0 <= t < vocab for t in ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
 
+    def _check_token_params(self, params: SamplingParams) -> None:
+        vocab = self._vocab_size
+        if vocab is None:
+            return
+        for name, ids in (
+            ("logit_bias", params.logit_bias),
+            ("stop_token_ids", params.stop_token_ids),
+        ):
+            bad = [t for t in ids if not 0 <= t < vocab]
+            if bad:
+                raise InvalidParamError(name, f"{name}: token id {bad[0]} is not in [0, {vocab})")
+
     def abort_request(self, request_id: str) -> None:
         """Stop a request and free its pages now; the next step() reports it finished."""
         seq = self._seqs.pop(request_id, None)
@@ -183,7 +204,7 @@ class LLMEngine:
                 if i in failed:
                     outputs.append(self._fail(seq, failed[i]))
                 elif chunk.sample and token is not None:
-                    outputs.append(self._on_token_or_fail(seq, token, now))
+                    outputs.append(self._on_token_or_fail(seq, token, now, chunk.logprobs))
                     new_tokens += 1
             self.metrics.on_tokens(new_tokens)
         sched = self.scheduler
@@ -212,9 +233,11 @@ class LLMEngine:
             raise next(iter(failed.values()))
         return sampled, failed
 
-    def _on_token_or_fail(self, seq: Sequence, token: int, now: float) -> RequestOutput:
+    def _on_token_or_fail(
+        self, seq: Sequence, token: int, now: float, logprobs: SampledLogprobs | None = None
+    ) -> RequestOutput:
         try:
-            return self._on_token(seq, token, now)
+            return self._on_token(seq, token, now, logprobs)
         except Exception as exc:  # e.g. the detokenizer on a token it cannot handle
             return self._fail(seq, exc)
 
@@ -226,7 +249,9 @@ class LLMEngine:
         out = self._output(seq, "", "error")
         return dataclasses.replace(out, error=f"{type(exc).__name__}: {exc}")
 
-    def _on_token(self, seq: Sequence, token: int, now: float) -> RequestOutput:
+    def _on_token(
+        self, seq: Sequence, token: int, now: float, logprobs: SampledLogprobs | None = None
+    ) -> RequestOutput:
         seq.token_ids.append(token)
         if seq.first_token_time is None:
             seq.first_token_time = now
@@ -240,6 +265,8 @@ class LLMEngine:
         if token in seq.params.stop_token_ids or (not seq.params.ignore_eos and token in self._eos):
             reason, text = "stop", detok.flush()  # the stop token's own text is never shown
         else:
+            if logprobs is not None:  # a stop token has none, as it has no text
+                seq.new_logprobs.append(self._token_names.named(logprobs))
             text = detok.add(token)
             if detok.stopped:
                 reason = "stop"
@@ -253,6 +280,9 @@ class LLMEngine:
     def _output(self, seq: Sequence, text: str, reason: str | None) -> RequestOutput:
         new_ids = seq.output_token_ids[seq.num_emitted_tokens :]
         seq.num_emitted_tokens = seq.num_output_tokens
+        logprobs = None
+        if seq.params.logprobs is not None:
+            logprobs, seq.new_logprobs = seq.new_logprobs, []
         return RequestOutput(
             request_id=seq.request_id,
             text=text,
@@ -262,6 +292,7 @@ class LLMEngine:
             prompt_tokens=seq.num_prompt_tokens,
             completion_tokens=seq.num_output_tokens,
             cached_tokens=seq.num_cached_tokens,
+            logprobs=logprobs,
         )
 
     # -- offline convenience ----------------------------------------------------------------

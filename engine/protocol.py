@@ -7,19 +7,25 @@ the fields we know are validated, so a bad value is a clear 400 rather than a si
 
 import time
 import uuid
-from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    ValidationError,
+    StrictBool,
+    StrictInt,
     ValidationInfo,
     field_validator,
     model_serializer,
+    model_validator,
 )
 
+from engine.api_errors import ErrorBody as ErrorBody  # re-exported: the API's error models
+from engine.api_errors import ErrorResponse as ErrorResponse
+from engine.api_errors import error_response_body as error_response_body
+from engine.api_errors import validation_error_message as validation_error_message
+from engine.logprob_shapes import ChatLogprobs, CompletionLogprobs
 from engine.sampling_params import SamplingParams
 
 
@@ -83,6 +89,9 @@ _INT32_MAX = 2**31 - 1
 _INT64 = (-(2**63), 2**63 - 1)  # what torch.Generator.manual_seed takes, as in vLLM
 MAX_STOP_SEQUENCES = 4  # OpenAI's bound
 MAX_STOP_CHARS = 1000  # per stop string; longer ones only make every step hold more text
+MAX_LOGPROBS = 20  # top alternatives per token, OpenAI's bound for chat (vLLM's default)
+MAX_LOGIT_BIAS = 300  # entries; each is a scatter per step
+MAX_STOP_TOKEN_IDS = 64
 
 
 class _SamplingRequest(BaseModel):
@@ -100,24 +109,53 @@ class _SamplingRequest(BaseModel):
     seed: int | None = Field(default=None, ge=_INT64[0], le=_INT64[1])
     stream: bool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: float | None = Field(default=None, ge=-2, le=2)  # accepted, not applied
-    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)  # accepted, not applied
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = None  # token id (as a string) -> -100..100
     user: str | None = None
-    ignore_eos: bool = False  # vLLM extension, used by benchmarks for fixed output lengths
-    cache_salt: str | None = None  # vLLM extension: different salts never share KV pages
+    # vLLM extensions
+    ignore_eos: bool = False  # used by benchmarks for fixed output lengths
+    cache_salt: str | None = None  # different salts never share KV pages
+    repetition_penalty: float | None = Field(default=None, gt=0, le=10)
+    min_tokens: int | None = Field(default=None, ge=0, le=_INT32_MAX)
+    stop_token_ids: list[Annotated[int, Field(ge=0, le=_INT32_MAX)]] | None = Field(
+        default=None, max_length=MAX_STOP_TOKEN_IDS
+    )
 
-    logprobs: bool | int | None = None  # a flag in chat, a count in text completions
     echo: bool = False  # text completions only
 
-    @field_validator("n", "logprobs", "echo")
+    max_n: ClassVar[int] = 1  # the engine's server serves more choices; the gateway not yet
+
+    @field_validator("n")
+    @classmethod
+    def _choices(cls, n: int | None) -> int | None:
+        if n is not None and not 1 <= n <= cls.max_n:
+            raise ValueError(
+                "only n=1 is supported" if cls.max_n == 1 else f"n must be 1..{cls.max_n}"
+            )
+        return n
+
+    @field_validator("echo")
     @classmethod
     def _unsupported(cls, value: Any, info: ValidationInfo) -> Any:
         # The default is accepted so clients that send it work; anything else is refused.
-        if info.field_name == "n" and value not in (None, 1):
-            raise ValueError("only n=1 is supported")
-        if info.field_name != "n" and value:
+        if value:
             raise ValueError(f"{info.field_name} is not supported")
         return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_biases(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
+        if bias is None:
+            return None
+        if len(bias) > MAX_LOGIT_BIAS:
+            raise ValueError(f"at most {MAX_LOGIT_BIAS} entries are allowed")
+        for key, value in bias.items():
+            if not (key.isascii() and key.isdigit()) or int(key) > _INT32_MAX:
+                raise ValueError(f"keys must be token ids (got {key!r})")
+            if not -100 <= value <= 100:
+                raise ValueError(f"biases must be in [-100, 100] (got {value!r} for {key})")
+        return bias
 
     @field_validator("stop")
     @classmethod
@@ -133,6 +171,17 @@ class _SamplingRequest(BaseModel):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    @model_validator(mode="after")
+    def _min_below_max(self) -> "_SamplingRequest":
+        most = getattr(self, "max_completion_tokens", None) or self.max_tokens
+        if self.min_tokens and most is not None and self.min_tokens > most:
+            raise ValueError(f"min_tokens ({self.min_tokens}) exceeds max_tokens ({most})")
+        return self
+
+    def logprobs_count(self) -> int | None:
+        """How many alternatives each token's logprobs list; None when none are asked."""
+        raise NotImplementedError
+
 
 class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
@@ -140,11 +189,44 @@ class ChatCompletionRequest(_SamplingRequest):
     tools: list[Tool] | None = None
     tool_choice: str | dict[str, Any] | None = None
     response_format: ResponseFormat | None = None
-    top_logprobs: int | None = None
+    logprobs: StrictBool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _needs_logprobs(cls, top: int | None, info: ValidationInfo) -> int | None:
+        if top is not None and not info.data.get("logprobs"):
+            raise ValueError("logprobs must be true when top_logprobs is set")
+        return top
+
+    def logprobs_count(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    def callable_tools(self) -> set[str]:
+        """Names of the tools the answer may call (none with `tool_choice: none`)."""
+        if not self.tools or self.tool_choice == "none":
+            return set()
+        if isinstance(self.tool_choice, dict):  # {"type": "function", "function": {"name"}}
+            return {str((self.tool_choice.get("function") or {}).get("name"))}
+        return {tool.function.name for tool in self.tools}
 
 
 class CompletionRequest(_SamplingRequest):
     prompt: str | list[int] | list[str]
+    logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    # OpenAI fields nothing here serves: their defaults pass, anything else is a 400
+    best_of: int | None = None
+    suffix: str | None = None
+
+    @field_validator("best_of", "suffix")
+    @classmethod
+    def _only_defaults(cls, value: Any, info: ValidationInfo) -> Any:
+        if value not in (None, 1, ""):
+            raise ValueError(f"{info.field_name} is not supported")
+        return value
+
+    def logprobs_count(self) -> int | None:
+        return self.logprobs
 
     @field_validator("prompt")
     @classmethod
@@ -158,6 +240,17 @@ class CompletionRequest(_SamplingRequest):
                 raise ValueError("only one prompt per request is supported")
             return prompt[0]
         return prompt
+
+
+MAX_N = 16  # choices per request on the engine's server: each is one engine request
+
+
+class EngineChatCompletionRequest(ChatCompletionRequest):
+    max_n: ClassVar[int] = MAX_N
+
+
+class EngineCompletionRequest(CompletionRequest):
+    max_n: ClassVar[int] = MAX_N
 
 
 def to_sampling_params(
@@ -175,7 +268,14 @@ def to_sampling_params(
         seed=req.seed,
         max_tokens=max_tokens,
         stop=stop,
+        stop_token_ids=list(req.stop_token_ids or []),
         ignore_eos=req.ignore_eos,
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        repetition_penalty=req.repetition_penalty or 1.0,
+        logit_bias={int(k): v for k, v in (req.logit_bias or {}).items()},
+        min_tokens=req.min_tokens or 0,
+        logprobs=req.logprobs_count(),
     )
 
 
@@ -225,6 +325,7 @@ class AssistantMessage(BaseModel):
 
 class ChatChoice(_Choice):
     message: AssistantMessage
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletion(_Response):
@@ -245,6 +346,7 @@ class DeltaMessage(BaseModel):
 
 class ChunkChoice(_Choice):
     delta: DeltaMessage
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletionChunk(_Response):
@@ -254,6 +356,7 @@ class ChatCompletionChunk(_Response):
 
 class CompletionChoice(_Choice):
     text: str
+    logprobs: CompletionLogprobs | None = None
 
 
 class Completion(_Response):
@@ -274,83 +377,6 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
-
-
-class ErrorBody(BaseModel):
-    message: str
-    type: str
-    param: str | None = None
-    code: str | None = None
-
-
-class ErrorResponse(BaseModel):
-    error: ErrorBody
-
-
-_ERROR_TYPES = {
-    401: "authentication_error",
-    403: "permission_error",
-    429: "rate_limit_error",
-    503: "service_unavailable",
-}
-
-
-def error_response_body(
-    status: int,
-    message: str,
-    type: str | None = None,
-    param: str | None = None,
-    code: str | None = None,
-) -> dict[str, Any]:
-    """`{"error": {...}}` as OpenAI sends it; `type` defaults from the HTTP status."""
-    default_type = "invalid_request_error" if status < 500 else "server_error"
-    error_type = type or _ERROR_TYPES.get(status, default_type)
-    body = ErrorBody(message=message, type=error_type, param=param, code=code)
-    return ErrorResponse(error=body).model_dump()
-
-
-def _param_path(loc: Sequence[int | str]) -> str | None:
-    """`("messages", 0, "content", "str")` -> `messages[0].content`.
-
-    Pydantic puts union member names (`str`, `list[int]`, `function-after[...]`) in the
-    location; they are not fields, so they are dropped.
-    """
-    path = ""
-    for part in loc:
-        if isinstance(part, int):
-            path += f"[{part}]"
-        elif part == "body":
-            continue  # FastAPI's prefix for the request body
-        elif "[" in part or part in {"str", "int", "float", "bool", "dict", "list"}:
-            continue
-        else:
-            path += f".{part}" if path else part
-    return path or None
-
-
-def validation_error_message(
-    exc: ValidationError | Sequence[Mapping[str, Any]],
-) -> tuple[str, str | None]:
-    """An OpenAI-style message naming the first bad field, and that field as `param`."""
-    errors = exc.errors() if isinstance(exc, ValidationError) else list(exc)
-    if not errors:
-        return "Invalid request body.", None
-    # A union reports one error per member; the deepest one names the real culprit
-    # (e.g. `messages[0].content[0].type`, not "content should be a string").
-    same_field = [e for e in errors if e.get("loc", ())[:1] == errors[0].get("loc", ())[:1]]
-    first = max(same_field, key=lambda e: len(e.get("loc", ())))
-    param = _param_path(first.get("loc", ()))
-    kind, msg = first.get("type", ""), str(first.get("msg", "invalid value"))
-    msg = msg.removeprefix("Value error, ")
-    if kind == "json_invalid":
-        return "We could not parse the JSON body of your request.", None
-    if kind == "missing":
-        return f"Missing required parameter: '{param}'.", param
-    if param is None:
-        return f"Invalid request body: {msg}.", None
-    shown = first.get("input")
-    got = f" (got {shown!r})" if isinstance(shown, int | float | str) else ""
-    return f"Invalid value for '{param}': {msg}{got}.", param
 
 
 def chat_completion_id() -> str:

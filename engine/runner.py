@@ -9,10 +9,11 @@ from engine.batch import SeqChunk
 from engine.config import EngineConfig
 from engine.cpu_features import cpu_features
 from engine.fused_decode import FusedDecode
+from engine.logits_process import adjust_logits
 from engine.model_registry import resolve_model
 from engine.models.config import ModelConfig
 from engine.ops import NativeOps, select_ops
-from engine.sampler import sample
+from engine.sampler import logprobs_of, sample
 from engine.tokenizer import load_tokenizer
 from engine.weights import load_model
 
@@ -105,11 +106,22 @@ class ModelRunner:
             hidden = self.model(input_ids, positions, ctx, self.kv_caches)
             logits = self.model.compute_logits(hidden[[last[j] for j in want]]) if want else None
         if want:
-            params = [ordered[j].params for j in want]
-            gens = [ordered[j].generator for j in want]
-            for j, token in zip(want, sample(logits, params, gens), strict=True):
+            tokens = self._sample([ordered[j] for j in want], logits)
+            for j, token in zip(want, tokens, strict=True):
                 results[order[j]] = token
         return results
+
+    def _sample(self, chunks: list[SeqChunk], logits: torch.Tensor) -> list[int]:
+        """A token for each chunk; its logprobs go into the chunk when its params ask."""
+        params = [c.params for c in chunks]
+        if any(p.adjusts_logits for p in params):
+            histories = [c.history for c in chunks]
+            logits = adjust_logits(logits, params, histories, self.tokenizer.eos_token_ids)
+        tokens = sample(logits, params, [c.generator for c in chunks])
+        logprobs = logprobs_of(logits, tokens, params)
+        for c, lp in zip(chunks, logprobs, strict=True):
+            c.logprobs = lp
+        return tokens
 
     def _pack(self, chunks: list[SeqChunk]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
         ids: list[int] = []

@@ -7,11 +7,25 @@ Draws take one uniform per row, from the request's own torch.Generator when it i
 seeded (reproducible whatever else shares the batch), then invert the CDF.
 """
 
+from dataclasses import dataclass
+
 import torch
 
 from engine.sampling_params import SamplingParams
 
 _CANDIDATES = 128
+# JSON has no -inf; vLLM reports a banned token's log-probability as this floor too.
+_LOGPROB_FLOOR = -9999.0
+
+
+@dataclass
+class SampledLogprobs:
+    """A sampled token's log-probability and the top-k alternatives' (most likely first)."""
+
+    token_id: int
+    logprob: float
+    top_ids: list[int]
+    top_logprobs: list[float]
 
 
 def make_generator(params: SamplingParams) -> torch.Generator | None:
@@ -102,3 +116,31 @@ def _draw(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torc
     # right=True: the first index whose cdf exceeds u * total, never a zero-prob token
     idx = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)
     return idx[:, 0].clamp_(max=probs.shape[-1] - 1)
+
+
+def logprobs_of(
+    logits: torch.Tensor, tokens: list[int], params: list[SamplingParams]
+) -> list[SampledLogprobs | None]:
+    """For each row that asks (params.logprobs is not None): log-softmax of its logits as
+    adjusted by bias and penalties but before temperature, at the chosen token and top k."""
+    out: list[SampledLogprobs | None] = [None] * len(params)
+    rows = [i for i, p in enumerate(params) if p.logprobs is not None]
+    if not rows:
+        return out
+    # log-softmax only where read: logit - logsumexp, no [rows, vocab] result
+    sub = logits if len(rows) == len(params) else logits[rows]
+    lse = torch.logsumexp(sub, dim=-1, keepdim=True)
+    chosen_ids = torch.tensor([tokens[i] for i in rows])
+    chosen_t = (sub.gather(1, chosen_ids[:, None]) - lse).clamp_(min=_LOGPROB_FLOOR)
+    chosen = chosen_t[:, 0].tolist()
+    k = min(max(params[i].logprobs or 0 for i in rows), logits.shape[-1])
+    if k:
+        top_vals, top_ids = sub.topk(k, dim=-1)
+        top_vals = (top_vals - lse).clamp_(min=_LOGPROB_FLOOR)
+    else:
+        top_vals = top_ids = torch.zeros(len(rows), 0)
+    vals, ids = top_vals.tolist(), top_ids.long().tolist()
+    for j, i in enumerate(rows):
+        n = params[i].logprobs or 0
+        out[i] = SampledLogprobs(tokens[i], chosen[j], ids[j][:n], vals[j][:n])
+    return out

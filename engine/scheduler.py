@@ -14,6 +14,7 @@ from engine.batch import SeqChunk
 from engine.config import EngineConfig
 from engine.errors import QueueFullError
 from engine.kv import KVManager
+from engine.logits_process import History
 from engine.metrics import EngineMetrics
 from engine.sequence import SeqStatus, Sequence
 
@@ -117,14 +118,18 @@ class Scheduler:
 
     def _chunk(self, seq: Sequence, n: int) -> SeqChunk:
         start = seq.num_computed_tokens
+        sample = start + n == seq.num_tokens
+        # the live token list: read at sampling time, before this step's token is appended
+        history = History(seq.token_ids, seq.num_prompt_tokens)
         return SeqChunk(
             seq_id=seq.seq_id,
             token_ids=seq.token_ids[start : start + n],
             start_pos=start,
             page_table=self.kv.page_table(seq),
-            sample=start + n == seq.num_tokens,
+            sample=sample,
             params=seq.params,
             generator=seq.generator,
+            history=history if sample and seq.params.needs_history else None,
         )
 
     def on_executed(self, scheduled: Scheduled) -> None:

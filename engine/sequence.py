@@ -6,6 +6,7 @@ from enum import Enum
 import torch
 
 from engine.detokenizer import IncrementalDetokenizer
+from engine.outputs import TokenLogprobs
 from engine.sampling_params import SamplingParams
 
 
@@ -38,6 +39,7 @@ class Sequence:
     first_token_time: float | None = None
     last_token_time: float | None = None
     num_emitted_tokens: int = 0  # output tokens already reported to the caller
+    new_logprobs: list[TokenLogprobs] = field(default_factory=list)  # not yet reported
 
     @property
     def num_tokens(self) -> int:

@@ -11,7 +11,7 @@ import httpx
 from fastapi import FastAPI
 
 from engine.entrypoints.body_limit import BodyLimit
-from gateway.api import admin, admin_cache, dashboard, health, openai
+from gateway.api import admin, admin_cache, dashboard, embeddings, health, openai
 from gateway.api.headers import TiergateHeaders
 from gateway.api.openapi import install_openapi
 from gateway.backends.fallback import deployment_key
@@ -162,6 +162,7 @@ def create_app(
     install_openapi(app)
     app.include_router(openai.router)
     app.include_router(health.router)
+    app.include_router(embeddings.router)
     app.include_router(admin.router)
     app.include_router(admin_cache.router)
     app.include_router(dashboard.router)

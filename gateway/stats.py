@@ -137,6 +137,19 @@ class Stats:
             registry=r,
         )
 
+        self._embedding_requests = Counter(
+            "tiergate_embedding_requests",
+            "POST /v1/embeddings requests by tenant and result (ok, error)",
+            ["tenant", "result"],
+            registry=r,
+        )
+        self._embedding_inputs = Counter(
+            "tiergate_embedding_inputs", "Texts embedded for callers", ["tenant"], registry=r
+        )
+        self._embedding_tokens = Counter(
+            "tiergate_embedding_tokens", "Word pieces embedded for callers", ["tenant"], registry=r
+        )
+
     def request_done(self, route: str, tier: str, model: str, status: int) -> None:
         self._requests.labels(route or "-", tier or "-", model or "-", str(status)).inc()
 
@@ -185,6 +198,12 @@ class Stats:
 
     def cooldown(self, model: str) -> None:
         self._cooldowns.labels(model).inc()
+
+    def embeddings(self, tenant: str, inputs: int, tokens: int, ok: bool) -> None:
+        self._embedding_requests.labels(tenant, "ok" if ok else "error").inc()
+        if ok:
+            self._embedding_inputs.labels(tenant).inc(inputs)
+            self._embedding_tokens.labels(tenant).inc(tokens)
 
     def wrong_hit_reported(self) -> None:
         self._wrong_hits.inc()

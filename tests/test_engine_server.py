@@ -159,7 +159,7 @@ def test_bad_bodies_are_openai_400s(client: openai.OpenAI, base_url: str) -> Non
     assert info.value.param == "temperature"
     assert "temperature" in info.value.message
     with pytest.raises(openai.BadRequestError):
-        client.chat.completions.create(model=NAME, messages=USER, n=2)
+        client.chat.completions.create(model=NAME, messages=USER, n=17)
     with pytest.raises(openai.NotFoundError) as missing:
         client.chat.completions.create(model="no-such-model", messages=USER)
     assert missing.value.code == "model_not_found"

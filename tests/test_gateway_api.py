@@ -173,7 +173,8 @@ def test_callers_request_id_is_kept(url: str) -> None:
 
 def test_models_list(client: openai.OpenAI) -> None:
     ids = [m.id for m in client.models.list()]
-    assert ids == ["auto", "small", "large", "busy", "smollm2-135m", "one-at-a-time"]
+    names = ["auto", "small", "large", "busy", "smollm2-135m", "one-at-a-time"]
+    assert ids == [*names, "all-MiniLM-L6-v2"]  # the embeddings model last
 
 
 def error_of(response: httpx.Response) -> dict:

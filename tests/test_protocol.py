@@ -90,7 +90,17 @@ def test_chat_request_accepts_openai_body_with_extras() -> None:
         ({"max_tokens": 0}, "max_tokens", "greater than or equal to 1"),
         ({"max_completion_tokens": -1}, "max_completion_tokens", "greater than or equal to 1"),
         ({"n": 2}, "n", "only n=1 is supported"),
-        ({"logprobs": True}, "logprobs", "not supported"),
+        ({"logprobs": 2}, "logprobs", "valid boolean"),
+        ({"top_logprobs": 2}, "top_logprobs", "logprobs must be true"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "less than or equal to 20"),
+        ({"presence_penalty": 2.5}, "presence_penalty", "less than or equal to 2"),
+        ({"frequency_penalty": -3}, "frequency_penalty", "greater than or equal to -2"),
+        ({"repetition_penalty": 0}, "repetition_penalty", "greater than 0"),
+        ({"logit_bias": {"abc": 1}}, "logit_bias", "keys must be token ids"),
+        ({"logit_bias": {"5": 101}}, "logit_bias", "[-100, 100]"),
+        ({"logit_bias": {str(i): 1 for i in range(301)}}, "logit_bias", "at most 300"),
+        ({"min_tokens": -1}, "min_tokens", "greater than or equal to 0"),
+        ({"stop_token_ids": [-1]}, "stop_token_ids[0]", "greater than or equal to 0"),
         ({"stop": 5}, "stop", "valid string"),
         ({"top_k": 2**63}, "top_k", "less than or equal to"),
         ({"seed": 2**64}, "seed", "less than or equal to"),
@@ -143,7 +153,50 @@ def test_completion_prompt_forms() -> None:
     assert refusal(CompletionRequest, {"model": "m", "prompt": ["a", "b"]})[1] == "prompt"
     assert refusal(CompletionRequest, {"model": "m", "prompt": []})[1] == "prompt"
     assert refusal(CompletionRequest, {"model": "m", "prompt": "a", "echo": True})[1] == "echo"
-    assert refusal(CompletionRequest, {"model": "m", "prompt": "a", "logprobs": 2})[1] == "logprobs"
+    for field, value in (("best_of", 2), ("suffix", "end")):
+        body = {"model": "m", "prompt": "a", field: value}
+        assert refusal(CompletionRequest, body) == (
+            f"Invalid value for '{field}': {field} is not supported (got {value!r}).",
+            field,
+        )
+    CompletionRequest.model_validate({"model": "m", "prompt": "a", "best_of": 1, "suffix": None})
+    for bad in (21, True, -1):
+        body = {"model": "m", "prompt": "a", "logprobs": bad}
+        assert refusal(CompletionRequest, body)[1] == "logprobs"
+
+
+def test_min_tokens_above_max_tokens_is_refused() -> None:
+    body = {"model": "m", "prompt": "a", "min_tokens": 5, "max_tokens": 4}
+    message, _ = refusal(CompletionRequest, body)
+    assert "min_tokens (5) exceeds max_tokens (4)" in message
+
+
+def test_new_sampling_fields_reach_the_engine_params() -> None:
+    chat = ChatCompletionRequest.model_validate(
+        {
+            "model": "m",
+            "messages": USER,
+            "logprobs": True,
+            "top_logprobs": 3,
+            "presence_penalty": 0.5,
+            "frequency_penalty": -0.25,
+            "repetition_penalty": 1.3,
+            "logit_bias": {"7": -100, "9": 2.5},
+            "min_tokens": 4,
+            "stop_token_ids": [11, 12],
+        }
+    )
+    p = to_sampling_params(chat)
+    assert (p.logprobs, p.presence_penalty, p.frequency_penalty) == (3, 0.5, -0.25)
+    assert (p.repetition_penalty, p.min_tokens, p.stop_token_ids) == (1.3, 4, [11, 12])
+    assert p.logit_bias == {7: -100, 9: 2.5}
+    logprobs_only = {"model": "m", "messages": USER, "logprobs": True}
+    assert to_sampling_params(ChatCompletionRequest.model_validate(logprobs_only)).logprobs == 0
+    plain_body = {"model": "m", "messages": USER}
+    plain = to_sampling_params(ChatCompletionRequest.model_validate(plain_body))
+    assert plain.logprobs is None and not plain.adjusts_logits
+    text = CompletionRequest.model_validate({"model": "m", "prompt": "x", "logprobs": 2})
+    assert to_sampling_params(text).logprobs == 2
 
 
 def test_to_sampling_params() -> None:

@@ -9,7 +9,7 @@ import asyncio
 import dataclasses
 import json
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -25,6 +25,14 @@ from engine.config import EngineConfig
 from engine.engine import AsyncEngine
 from engine.entrypoints.api_key import RequireApiKey
 from engine.entrypoints.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
+from engine.entrypoints.choices import (
+    Child,
+    close_all,
+    drain,
+    interleave,
+    start_children,
+    usage_of,
+)
 from engine.entrypoints.shutdown import serve_gracefully
 from engine.errors import (
     EngineDeadError,
@@ -33,6 +41,7 @@ from engine.errors import (
     QueueFullError,
     RequestFailedError,
 )
+from engine.logprob_shapes import chat_logprobs, completion_logprobs
 from engine.outputs import RequestOutput
 from engine.protocol import (
     AssistantMessage,
@@ -45,9 +54,10 @@ from engine.protocol import (
     CompletionChoice,
     CompletionRequest,
     DeltaMessage,
+    EngineChatCompletionRequest,
+    EngineCompletionRequest,
     ModelCard,
     ModelList,
-    Usage,
     chat_completion_id,
     completion_id,
     created_now,
@@ -55,13 +65,12 @@ from engine.protocol import (
     to_sampling_params,
     validation_error_message,
 )
+from engine.tool_calls import ToolCallStream, as_deltas, split_answer
 
 logger = logging.getLogger("tiergate.engine.server")
 
 RETRY_AFTER_SECONDS = 1
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away first"
-
-Outputs = AsyncGenerator[RequestOutput, None]
 
 
 # -------------------------------------------------------------------------------- errors
@@ -145,8 +154,9 @@ async def start_outputs(
     prompt: str | list[int] | list[str],  # a one-string list is unwrapped by validation
     request_id: str,
     body: ChatCompletionRequest | CompletionRequest,
-) -> tuple[RequestOutput, Outputs]:
-    """Submit a request and wait for its first output.
+    index: int = 0,
+) -> Child:
+    """Submit a request (choice `index` of it) and wait for its first output.
 
     The engine raises admission errors (too long, queue full, dead) before its first
     yield; pulling that output here turns them into HTTP statuses before any byte is sent.
@@ -154,6 +164,10 @@ async def start_outputs(
     # Without max_tokens the answer may run to the end of the context, as in vLLM and
     # OpenAI (the engine caps it at the room the prompt leaves).
     params = to_sampling_params(body, default_max_tokens=engine.max_model_len)
+    if index:
+        request_id = f"{request_id}-{index}"
+        if params.seed is not None:  # the choices differ, yet the whole answer repeats
+            params = dataclasses.replace(params, seed=params.seed + index)
     prompt_param = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
     outputs = engine.generate(prompt, params, request_id, cache_salt=body.cache_salt)
     try:
@@ -161,45 +175,45 @@ async def start_outputs(
     except EngineError as exc:
         raise engine_error(exc, prompt_param) from exc
     except ValueError as exc:  # the engine refused the prompt itself (empty, bad token ids)
-        raise OpenAIError(400, str(exc), param=prompt_param) from exc
+        param = getattr(exc, "param", prompt_param)  # InvalidParamError names its field
+        raise OpenAIError(400, str(exc), param=param) from exc
     except StopAsyncIteration:
         raise OpenAIError(500, "The engine ended the request without output.") from None
 
 
-async def close_outputs(outputs: Outputs) -> None:
-    # Closing the engine's generator aborts the request and frees its KV pages at once.
-    # Shielded: this often runs inside a task that a client disconnect is cancelling.
-    with anyio.CancelScope(shield=True):
-        await outputs.aclose()
+async def start_choices(
+    engine: AsyncEngine,
+    prompt: str | list[int] | list[str],
+    request_id: str,
+    body: ChatCompletionRequest | CompletionRequest,
+) -> list[Child]:
+    return await start_children(
+        lambda index: start_outputs(engine, prompt, request_id, body, index), body.n or 1
+    )
 
 
-async def collect(request: Request, first: RequestOutput, outputs: Outputs) -> RequestOutput | None:
-    """Run a non-streamed request to its end; the returned output's text is the whole answer.
+async def collect(request: Request, children: list[Child]) -> list[RequestOutput] | None:
+    """Run a non-streamed request's choices to their end (texts whole, see `drain`).
 
-    Returns None, having aborted the request, if the client disconnects first.
+    Returns None, having aborted the requests, if the client disconnects first.
     """
-    texts, last = [first.text], first
+    finals: list[RequestOutput] = []
     failure: EngineError | None = None
 
-    async def drain() -> None:
-        nonlocal last, failure
+    async def run() -> None:
+        nonlocal finals, failure
         try:
-            async for out in outputs:
-                texts.append(out.text)
-                last = out
-                if out.finished:
-                    return
+            finals = list(await asyncio.gather(*(drain(f, o) for f, o in children)))
         except EngineError as exc:  # the engine died mid-request
             failure = exc
 
     try:
-        if not first.finished:
-            await unless_disconnected(request, drain)
+        await unless_disconnected(request, run)
     finally:
-        await close_outputs(outputs)
+        await close_all(children)
     if failure is not None:
         raise engine_error(failure) from failure
-    return dataclasses.replace(last, text="".join(texts)) if last.finished else None
+    return finals if finals and all(f.finished for f in finals) else None
 
 
 async def unless_disconnected(request: Request, work: Callable[[], Awaitable[None]]) -> None:
@@ -226,31 +240,29 @@ def sse(payload: BaseModel | dict[str, Any]) -> str:
 
 
 async def sse_events(
-    first: RequestOutput,
-    outputs: Outputs,
-    render: Callable[[RequestOutput], BaseModel | None],
-    usage_event: Callable[[RequestOutput], BaseModel] | None,
+    children: list[Child],
+    render: Callable[[int, RequestOutput], BaseModel | None],
+    usage_event: Callable[[list[RequestOutput]], BaseModel] | None,
 ) -> AsyncIterator[str]:
-    """A stream's SSE events: one per engine output, then usage if asked, then [DONE]."""
-    last = first
+    """A stream's SSE events: one per engine output of any choice, then usage if asked,
+    then [DONE]."""
+    lasts = [first for first, _ in children]
+    items = interleave(children)
     try:
-        if (event := render(first)) is not None:
-            yield sse(event)
-        if not first.finished:
-            async for out in outputs:
-                last = out
-                if (event := render(out)) is not None:
-                    yield sse(event)
-                if out.finished:
-                    break
+        async for index, out in items:
+            lasts[index] = out
+            if (event := render(index, out)) is not None:
+                yield sse(event)
         if usage_event is not None:
-            yield sse(usage_event(last))
+            yield sse(usage_event(lasts))
         yield "data: [DONE]\n\n"
     except EngineError as exc:
         # Headers are gone; the error travels in-band, as vLLM and OpenAI do.
         yield sse(engine_error(exc).body())
     finally:
-        await close_outputs(outputs)
+        with anyio.CancelScope(shield=True):
+            await items.aclose()
+        await close_all(children)
 
 
 class ClosingStreamingResponse(StreamingResponse):
@@ -277,10 +289,6 @@ def json_response(model: BaseModel) -> Response:
     return Response(model.model_dump_json(), media_type="application/json")
 
 
-def usage_of(out: RequestOutput) -> Usage:
-    return Usage.of(out.prompt_tokens, out.completion_tokens, out.cached_tokens)
-
-
 # ------------------------------------------------------------------------ chat completions
 
 
@@ -303,33 +311,63 @@ async def chat_completion(
 ) -> Response:
     request_id = chat_completion_id()
     prompt = await render_chat(engine, body)
-    first, outputs = await start_outputs(engine, prompt, request_id, body)
+    children = await start_choices(engine, prompt, request_id, body)
     head: dict[str, Any] = {"id": request_id, "created": created_now(), "model": model}
+    tools = body.callable_tools()
     if body.stream:
-        return event_stream(chat_events(head, first, outputs, body.include_usage))
-    final = await collect(request, first, outputs)
-    if final is None:
+        return event_stream(chat_events(head, children, body.include_usage, tools))
+    finals = await collect(request, children)
+    if finals is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
-    message = AssistantMessage(content=final.text)
-    choice = ChatChoice(message=message, finish_reason=final.finish_reason)
-    return json_response(ChatCompletion(**head, choices=[choice], usage=usage_of(final)))
+    choices = []
+    for index, final in enumerate(finals):
+        content, calls, reason = split_answer(final.text, final.finish_reason or "stop", tools)
+        message = AssistantMessage(content=content, tool_calls=calls)
+        logprobs = None if final.logprobs is None else chat_logprobs(final.logprobs)
+        choices.append(
+            ChatChoice(index=index, message=message, finish_reason=reason, logprobs=logprobs)
+        )
+    return json_response(ChatCompletion(**head, choices=choices, usage=usage_of(finals)))
+
+
+def chat_renderer(
+    head: dict[str, Any], first: RequestOutput, index: int, tools: set[str]
+) -> Callable[[RequestOutput], ChatCompletionChunk | None]:
+    """One choice's chunks: the role on its first, tool calls parsed at its end."""
+    calls = ToolCallStream(tools) if tools else None
+
+    def render(out: RequestOutput) -> ChatCompletionChunk | None:
+        text, tool_calls, reason = out.text, None, out.finish_reason
+        if calls is not None:
+            text = calls.feed(text)
+            if out.finished:
+                end = calls.finish()
+                text += end.content or ""
+                if end.tool_calls:
+                    tool_calls = as_deltas(end.tool_calls)
+                    reason = "tool_calls" if reason == "stop" else reason
+        if not text and not out.logprobs and not out.finished and out is not first:
+            return None
+        role = "assistant" if out is first else None
+        content = text or (None if out.finished else "")
+        delta = DeltaMessage(role=role, content=content, tool_calls=tool_calls)
+        logprobs = chat_logprobs(out.logprobs) if out.logprobs else None
+        choice = ChunkChoice(index=index, delta=delta, finish_reason=reason, logprobs=logprobs)
+        return ChatCompletionChunk(**head, choices=[choice])
+
+    return render
 
 
 def chat_events(
-    head: dict[str, Any], first: RequestOutput, outputs: Outputs, include_usage: bool
+    head: dict[str, Any], children: list[Child], include_usage: bool, tools: set[str]
 ) -> AsyncIterator[str]:
-    def render(out: RequestOutput) -> ChatCompletionChunk | None:
-        if not out.text and not out.finished and out is not first:
-            return None
-        role = "assistant" if out is first else None
-        delta = DeltaMessage(role=role, content=out.text or (None if out.finished else ""))
-        choice = ChunkChoice(delta=delta, finish_reason=out.finish_reason)
-        return ChatCompletionChunk(**head, choices=[choice])
+    renderers = [chat_renderer(head, first, i, tools) for i, (first, _) in enumerate(children)]
 
-    def usage_event(last: RequestOutput) -> ChatCompletionChunk:
-        return ChatCompletionChunk(**head, choices=[], usage=usage_of(last))
+    def usage_event(lasts: list[RequestOutput]) -> ChatCompletionChunk:
+        return ChatCompletionChunk(**head, choices=[], usage=usage_of(lasts))
 
-    return sse_events(first, outputs, render, usage_event if include_usage else None)
+    render = lambda index, out: renderers[index](out)  # noqa: E731
+    return sse_events(children, render, usage_event if include_usage else None)
 
 
 # ------------------------------------------------------------------------ text completions
@@ -339,30 +377,46 @@ async def text_completion(
     engine: AsyncEngine, model: str, body: CompletionRequest, request: Request
 ) -> Response:
     request_id = completion_id()
-    first, outputs = await start_outputs(engine, body.prompt, request_id, body)
+    children = await start_choices(engine, body.prompt, request_id, body)
     head: dict[str, Any] = {"id": request_id, "created": created_now(), "model": model}
     if body.stream:
-        return event_stream(completion_events(head, first, outputs, body.include_usage))
-    final = await collect(request, first, outputs)
-    if final is None:
+        return event_stream(completion_events(head, children, body.include_usage))
+    finals = await collect(request, children)
+    if finals is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
-    choice = CompletionChoice(text=final.text, finish_reason=final.finish_reason)
-    return json_response(Completion(**head, choices=[choice], usage=usage_of(final)))
+    choices = [
+        CompletionChoice(
+            index=index,
+            text=final.text,
+            finish_reason=final.finish_reason,
+            logprobs=None if final.logprobs is None else completion_logprobs(final.logprobs),
+        )
+        for index, final in enumerate(finals)
+    ]
+    return json_response(Completion(**head, choices=choices, usage=usage_of(finals)))
 
 
 def completion_events(
-    head: dict[str, Any], first: RequestOutput, outputs: Outputs, include_usage: bool
+    head: dict[str, Any], children: list[Child], include_usage: bool
 ) -> AsyncIterator[str]:
-    def render(out: RequestOutput) -> Completion | None:
-        if not out.text and not out.finished:
+    sent = [0] * len(children)  # token text sent per choice: where its next text_offset starts
+
+    def render(index: int, out: RequestOutput) -> Completion | None:
+        if not out.text and not out.logprobs and not out.finished:
             return None
-        choice = CompletionChoice(text=out.text, finish_reason=out.finish_reason)
+        logprobs = None
+        if out.logprobs:
+            logprobs = completion_logprobs(out.logprobs, sent[index])
+            sent[index] += sum(len(e.chosen.token) for e in out.logprobs)
+        choice = CompletionChoice(
+            index=index, text=out.text, finish_reason=out.finish_reason, logprobs=logprobs
+        )
         return Completion(**head, choices=[choice])
 
-    def usage_event(last: RequestOutput) -> Completion:
-        return Completion(**head, choices=[], usage=usage_of(last))
+    def usage_event(lasts: list[RequestOutput]) -> Completion:
+        return Completion(**head, choices=[], usage=usage_of(lasts))
 
-    return sse_events(first, outputs, render, usage_event if include_usage else None)
+    return sse_events(children, render, usage_event if include_usage else None)
 
 
 # ---------------------------------------------------------------------------------- app
@@ -391,12 +445,14 @@ def create_engine_app(
         app.add_middleware(RequireApiKey, key=api_key, open_paths=frozenset({"/health"}))
 
     @app.post("/v1/chat/completions")
-    async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
+    async def create_chat_completion(
+        body: EngineChatCompletionRequest, request: Request
+    ) -> Response:
         check_model(body.model, served_name)
         return await chat_completion(engine, served_name, body, request)
 
     @app.post("/v1/completions")
-    async def create_completion(body: CompletionRequest, request: Request) -> Response:
+    async def create_completion(body: EngineCompletionRequest, request: Request) -> Response:
         check_model(body.model, served_name)
         return await text_completion(engine, served_name, body, request)
 

@@ -39,6 +39,10 @@ _ANSWER_FIELDS = (
     "tool_choice",
     "response_format",
     "logit_bias",
+    "repetition_penalty",
+    "min_tokens",
+    "stop_token_ids",
+    "ignore_eos",
     "echo",
     "suffix",
 )
@@ -76,6 +80,8 @@ def _ttl(value: str | None) -> float | None:
 
 def matched_text(body: OpenAIRequest) -> str | None:
     """The text a cache entry is keyed by; None when the request is not cacheable."""
+    if body.logprobs:  # a stored answer has no logprobs to give
+        return None
     if not isinstance(body, ChatCompletionRequest):
         return body.prompt if isinstance(body.prompt, str) else None
     last = body.messages[-1]

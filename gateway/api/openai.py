@@ -26,6 +26,7 @@ from engine.protocol import (
 )
 from gateway.api.cache_step import CacheControl, CacheStep, matched_text, scope_of
 from gateway.api.deps import State, authenticate, parse_body
+from gateway.api.embeddings import embedding_model_cards
 from gateway.api.respond import Call, backend_error, streamed, whole
 from gateway.api.shapes import ChatShape, Shape, TextShape
 from gateway.backends.base import BackendError, GenerationRequest, OpenAIRequest
@@ -185,7 +186,7 @@ async def _complete(
     request: Request,
     state: GatewayState,
     model: type[OpenAIRequest],
-    shape_of: Callable[[str], Shape],
+    shape_of: Callable[[str, OpenAIRequest], Shape],
 ) -> Response:
     runtime = state.runtime
     ctx: RequestContext | None = None
@@ -212,20 +213,28 @@ async def _complete(
             with anyio.CancelScope(shield=True):
                 await ctx.admission.finish()
         raise
-    shape = shape_of(call.served.model)
+    shape = shape_of(call.served.model, ctx.body)
     if ctx.body.stream:
         return streamed(call, shape, ctx.body.include_usage)
     return await whole(call, shape, request)
 
 
+def _chat_shape(model: str, body: OpenAIRequest) -> Shape:
+    return ChatShape(model, body.callable_tools())  # tool calls parsed out of the answer
+
+
+def _text_shape(model: str, body: OpenAIRequest) -> Shape:
+    return TextShape(model)
+
+
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request, state: State) -> Response:
-    return await _complete(request, state, ChatCompletionRequest, ChatShape)
+    return await _complete(request, state, ChatCompletionRequest, _chat_shape)
 
 
 @router.post("/v1/completions")
 async def completions(request: Request, state: State) -> Response:
-    return await _complete(request, state, CompletionRequest, TextShape)
+    return await _complete(request, state, CompletionRequest, _text_shape)
 
 
 @router.get("/v1/models")
@@ -239,4 +248,4 @@ async def list_models(request: Request, state: State) -> dict:
         ModelCard(id=name, owned_by=owners.get(name, "tiergate-deployment"))
         for name in runtime.router.model_names()
     ]
-    return ModelList(data=cards).model_dump()
+    return ModelList(data=cards + embedding_model_cards()).model_dump()

@@ -90,8 +90,12 @@ def backend_error(exc: BackendError) -> ApiError:
 
 
 def _merge(last: Piece, piece: Piece) -> Piece:
-    """What is known so far about the end of an answer: its finish reason and usage."""
-    return Piece("", piece.finish_reason or last.finish_reason, piece.usage or last.usage)
+    """What is known so far about an answer's end (finish reason, usage) and its logprobs."""
+    logprobs = last.logprobs
+    if piece.logprobs:
+        logprobs = [*(logprobs or []), *piece.logprobs]
+    reason = piece.finish_reason or last.finish_reason
+    return Piece("", reason, piece.usage or last.usage, logprobs)
 
 
 async def _collect(call: Call, request: Request) -> tuple[list[str], Piece] | None:
@@ -148,7 +152,7 @@ async def whole(call: Call, shape: Shape, request: Request) -> Response:
     texts, last = collected
     text = "".join(texts)
     usage = await call.completed(text, last)
-    body = shape.whole(text, last.finish_reason or "stop", usage)
+    body = shape.whole(text, last.finish_reason or "stop", usage, last.logprobs)
     return Response(body, media_type="application/json")
 
 
@@ -159,9 +163,9 @@ async def _stream(call: Call, shape: Shape, include_usage: bool) -> AsyncIterato
         if (opening := shape.opening()) is not None:
             yield opening
         async for piece in call.served.pieces:
-            if piece.text:
+            if piece.text or piece.logprobs:
                 texts.append(piece.text)
-                yield shape.delta(piece.text)
+                yield shape.delta(piece.text, piece.logprobs)
             last = _merge(last, piece)
         yield shape.finish(last.finish_reason or "stop")
         if include_usage:

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
 
+from engine.outputs import TokenLogprobs
 from engine.protocol import ChatCompletionRequest, CompletionRequest, Usage
 
 OpenAIRequest = ChatCompletionRequest | CompletionRequest
@@ -31,6 +32,7 @@ class Piece:
     text: str = ""  # new text since the previous piece
     finish_reason: str | None = None  # set on the last piece
     usage: Usage | None = None  # set on the last piece when the backend reports it
+    logprobs: list[TokenLogprobs] | None = None  # the new tokens', when the request asked
 
 
 class BackendError(Exception):

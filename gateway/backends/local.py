@@ -260,10 +260,10 @@ class LocalBackend:
             outputs = engine.generate(prompt, params, engine_id, cache_salt=request.tenant)
             async for out in outputs:
                 if not out.finished:
-                    yield Piece(out.text)
+                    yield Piece(out.text, logprobs=out.logprobs)
                     continue
                 usage = Usage.of(out.prompt_tokens, out.completion_tokens, out.cached_tokens)
-                yield Piece(out.text, out.finish_reason, usage)
+                yield Piece(out.text, out.finish_reason, usage, out.logprobs)
         except (EngineError, ValueError) as exc:
             raise _engine_error(exc, self.name) from exc
         finally:

@@ -99,6 +99,14 @@ class Embedder:
             self.batches += 1
         return np.ascontiguousarray(vectors, dtype=np.float32)
 
+    def count_tokens(self, texts: list[str]) -> int:
+        """Word pieces the model reads for these texts (cut at its maximum, as it reads)."""
+        clipped = [t[:MAX_CHARS] for t in texts]
+        most = self._model.max_seq_length
+        with self._lock:
+            ids = self._model.tokenizer(clipped, add_special_tokens=True)["input_ids"]
+        return sum(min(len(one), most) for one in ids)
+
     async def embed(self, text: str) -> np.ndarray:
         """One text's vector, batched with whatever other requests embed meanwhile."""
         loop = asyncio.get_running_loop()

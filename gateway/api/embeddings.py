@@ -1,0 +1,119 @@
+"""POST /v1/embeddings, served by the embedder the semantic cache uses (all-MiniLM-L6-v2).
+
+OpenAI's shape: `input` a string or a list of strings, `encoding_format` float or base64
+(little-endian float32, what the openai client asks for by default and decodes),
+`dimensions` only as the model's own 384. Authenticated, limited and counted per tenant
+like the completion routes; the vectors are L2-normalised, as OpenAI's are.
+"""
+
+import asyncio
+import base64
+from typing import Any, Literal
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from engine.protocol import ModelCard, validation_error_message
+from gateway.api.deps import authenticate
+from gateway.cache.embedder import MODEL_NAME, Embedder, EmbedderNotInstalled
+from gateway.errors import ApiError
+from gateway.state import GatewayState
+
+router = APIRouter()
+
+DIMENSIONS = 384  # all-MiniLM-L6-v2's; the model cannot shorten its vectors
+MAX_INPUTS = 2048  # OpenAI's bound per request
+MODEL_NAMES = frozenset({MODEL_NAME, f"sentence-transformers/{MODEL_NAME}"})
+
+
+class EmbeddingRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    input: str | list[str] = Field(max_length=MAX_INPUTS)
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+    user: str | None = None
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _texts_only(cls, value: Any) -> Any:
+        if isinstance(value, list) and value and not isinstance(value[0], str):
+            raise ValueError("token arrays are not supported; send strings")
+        if value == [] or value == "" or (isinstance(value, list) and "" in value):
+            raise ValueError("inputs must be non-empty strings")
+        return value
+
+    @field_validator("dimensions")
+    @classmethod
+    def _native_only(cls, dimensions: int | None) -> int | None:
+        if dimensions is not None and dimensions != DIMENSIONS:
+            raise ValueError(f"{MODEL_NAME} makes {DIMENSIONS}-dimensional vectors only")
+        return dimensions
+
+    def texts(self) -> list[str]:
+        return [self.input] if isinstance(self.input, str) else list(self.input)
+
+
+def embedding_model_cards() -> list[ModelCard]:
+    """What GET /v1/models lists for this route."""
+    return [ModelCard(id=MODEL_NAME, owned_by="tiergate-embedder")]
+
+
+async def get_embedder(request: Request) -> Embedder:
+    """The gateway's one embedder (the cache's and the router's), loaded on first use."""
+    state: GatewayState = request.app.state.gateway
+    try:
+        return await state.embedder.get(state.runtime.policy.embedder)
+    except EmbedderNotInstalled as exc:
+        raise ApiError(503, str(exc), code="embedder_unavailable") from exc
+
+
+def _encode(vector: Any, encoding: str) -> list[float] | str:
+    if encoding == "base64":
+        return base64.b64encode(vector.astype("<f4").tobytes()).decode()
+    return vector.tolist()
+
+
+def _parse(raw: bytes) -> EmbeddingRequest:
+    try:
+        return EmbeddingRequest.model_validate_json(raw)
+    except ValidationError as exc:
+        message, param = validation_error_message(exc)
+        raise ApiError(400, message, param=param) from None
+
+
+@router.post("/v1/embeddings")
+async def create_embeddings(request: Request) -> JSONResponse:
+    state: GatewayState = request.app.state.gateway
+    runtime = state.runtime
+    tenant = authenticate(request, runtime)
+    body = _parse(await request.body())
+    if body.model not in MODEL_NAMES:
+        raise ApiError(
+            404,
+            f"The embedding model `{body.model}` does not exist; this gateway serves "
+            f"`{MODEL_NAME}`.",
+            param="model",
+            code="model_not_found",
+        )
+    request.state.model = MODEL_NAME
+    texts = body.texts()
+    digest = getattr(request.state, "key_digest", None)
+    estimate = sum(len(t) for t in texts) // 4 + len(texts)
+    admission = await request.app.state.limiter.admit(runtime.policy, tenant, digest, estimate)
+    tokens = None
+    try:
+        embedder = await get_embedder(request)
+        vectors = await asyncio.to_thread(embedder.embed_many, texts)
+        tokens = await asyncio.to_thread(embedder.count_tokens, texts)
+    finally:
+        await admission.finish(tokens)
+        state.stats.embeddings(tenant, len(texts), tokens or 0, ok=tokens is not None)
+    data = [
+        {"object": "embedding", "index": i, "embedding": _encode(v, body.encoding_format)}
+        for i, v in enumerate(vectors)
+    ]
+    usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+    return JSONResponse({"object": "list", "data": data, "model": MODEL_NAME, "usage": usage})

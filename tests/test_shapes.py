@@ -1,0 +1,95 @@
+"""The gateway's response shapes with logprobs, parsed back with the openai package's types."""
+
+import json
+
+import pytest
+from openai.types import Completion as OaiCompletion
+from openai.types.chat import ChatCompletion as OaiChat
+from openai.types.chat import ChatCompletionChunk as OaiChunk
+
+from engine.outputs import Logprob, TokenLogprobs
+from engine.protocol import Usage
+from gateway.api.shapes import ChatShape, TextShape
+
+USAGE = Usage.of(5, 2)
+
+
+def entry(token: str, value: float, alt: str) -> TokenLogprobs:
+    chosen = Logprob(1, token, token.encode(), value)
+    return TokenLogprobs(chosen, [chosen, Logprob(2, alt, alt.encode(), value - 1)])
+
+
+ENTRIES = [entry("Hel", -0.5, "Hi"), entry("lo", -0.25, "p")]
+
+
+def sse_json(event: bytes) -> dict:
+    text = event.decode()
+    assert text.startswith("data: ") and text.endswith("\n\n")
+    return json.loads(text[len("data: ") :])
+
+
+def test_chat_whole_and_delta_carry_logprobs() -> None:
+    shape = ChatShape("m")
+    whole = OaiChat.model_validate_json(shape.whole("Hello", "stop", USAGE, ENTRIES))
+    content = whole.choices[0].logprobs.content
+    assert [(c.token, c.logprob, bytes(c.bytes)) for c in content] == [
+        ("Hel", -0.5, b"Hel"),
+        ("lo", -0.25, b"lo"),
+    ]
+    assert [t.token for t in content[0].top_logprobs] == ["Hel", "Hi"]
+    chunk = OaiChunk.model_validate(sse_json(shape.delta("lo", ENTRIES[1:])))
+    assert chunk.choices[0].logprobs.content[0].top_logprobs[1].logprob == -1.25
+    assert OaiChat.model_validate_json(shape.whole("x", "stop", USAGE)).choices[0].logprobs is None
+    assert "logprobs" not in json.dumps(sse_json(shape.delta("x"))["choices"][0]["delta"])
+
+
+def test_text_offsets_continue_across_stream_chunks() -> None:
+    shape = TextShape("m")
+    # (the openai type wants a finish reason on every choice; its stream reader does not check)
+    first = sse_json(shape.delta("Hel", ENTRIES[:1]))["choices"][0]["logprobs"]
+    second = sse_json(shape.delta("lo", ENTRIES[1:]))["choices"][0]["logprobs"]
+    assert (first["tokens"], first["text_offset"]) == (["Hel"], [0])
+    assert (second["tokens"], second["text_offset"]) == (["lo"], [3])
+    whole = OaiCompletion.model_validate_json(shape.whole("Hello", "stop", USAGE, ENTRIES))
+    lp = whole.choices[0].logprobs
+    assert (lp.tokens, lp.token_logprobs, lp.text_offset) == (["Hel", "lo"], [-0.5, -0.25], [0, 3])
+    assert lp.top_logprobs == [{"Hel": -0.5, "Hi": -1.5}, {"lo": -0.25, "p": -1.25}]
+
+
+@pytest.mark.parametrize("shape", [ChatShape("m"), TextShape("m")])
+def test_logprobs_asked_but_none_produced_is_an_empty_list(shape: ChatShape | TextShape) -> None:
+    # e.g. an answer that is only a stop token: logprobs were asked, so the key is present
+    body = json.loads(shape.whole("", "stop", USAGE, []))
+    assert body["choices"][0]["logprobs"] is not None
+
+
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+def test_chat_shape_with_tools_answers_tool_calls_whole() -> None:
+    shape = ChatShape("m", {"get_weather"})
+    reply = OaiChat.model_validate_json(shape.whole(f"On it.\n{CALL}", "stop", USAGE))
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content == "On it."
+    (call,) = choice.message.tool_calls
+    assert (call.function.name, json.loads(call.function.arguments)) == (
+        "get_weather",
+        {"city": "Paris"},
+    )
+    plain = OaiChat.model_validate_json(ChatShape("m").whole(CALL, "stop", USAGE))
+    assert plain.choices[0].message.content == CALL and plain.choices[0].finish_reason == "stop"
+
+
+def test_chat_shape_with_tools_streams_tool_call_deltas() -> None:
+    shape = ChatShape("m", {"get_weather"})
+    text = f"On it.\n{CALL}"
+    chunks = [sse_json(shape.delta(text[i : i + 5])) for i in range(0, len(text), 5)]
+    chunks.append(sse_json(shape.finish("stop")))
+    parsed = [OaiChunk.model_validate(c) for c in chunks]
+    content = "".join(c.choices[0].delta.content or "" for c in parsed)
+    assert content == "On it.\n"
+    last = parsed[-1].choices[0]
+    assert last.finish_reason == "tool_calls"
+    (delta,) = last.delta.tool_calls
+    assert (delta.index, delta.type, delta.function.name) == (0, "function", "get_weather")
+    assert json.loads(delta.function.arguments) == {"city": "Paris"}
