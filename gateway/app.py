@@ -14,7 +14,9 @@ from engine.entrypoints.body_limit import BodyLimit
 from gateway.api import admin, admin_report, dashboard, openai
 from gateway.api.headers import TiergateHeaders
 from gateway.api.openapi import install_openapi
+from gateway.backends.balance import Balancer
 from gateway.backends.fallback import deployment_key
+from gateway.backends.health import HealthChecker
 from gateway.backends.local import EngineFactory, LocalEngines, default_engine_factory
 from gateway.drain import Drain
 from gateway.errors import install_error_handlers
@@ -41,7 +43,9 @@ def _applier(state: GatewayState):
         except Exception as exc:  # e.g. a model that is not installed
             issue = PolicyIssue("", f"preparing the policy failed: {exc}")
             raise PolicyError(str(state.policy_path), [issue]) from exc
-        state.runtime = build_runtime(policy, prepared, state.cooldowns, state.stats, state.http)
+        state.runtime = build_runtime(
+            policy, prepared, state.cooldowns, state.stats, state.http, state.balancer
+        )
         state.engines.activate(prepared.engines)  # after the swap: retire what is unused
 
     return apply
@@ -76,22 +80,26 @@ def create_app(
         prepared = await prepare(policy, engines, scorer_factory)
         engines.activate(prepared.engines)
         http = httpx.AsyncClient(limits=_HTTP_LIMITS)
+        balancer = Balancer()
         # No local name for the first runtime: this frame lives as long as the app, and a
         # runtime held here would keep engines a reload retires from ever being stopped.
         path = Path(policy_path) if policy_path is not None else None
         state = GatewayState(
-            build_runtime(policy, prepared, cooldowns, stats, http),
+            build_runtime(policy, prepared, cooldowns, stats, http, balancer),
             stats,
             engines,
             cooldowns,
             http,
             scorer_factory,
             path,
+            balancer=balancer,
         )
         state.history = StatsHistory(
             lambda: read_samples(stats.registry, *state.engine_registries())
         )
         history_task = asyncio.create_task(state.history.run())
+        health = HealthChecker(balancer, cooldowns, http, lambda: state.runtime.chain.tiers)
+        health_task = asyncio.create_task(health.run())
         app.state.gateway = state
         app.state.limiter = Limiter(stats.registry)
         app.state.drain = Drain()
@@ -104,7 +112,7 @@ def create_app(
         try:
             yield
         finally:
-            for task in (history_task, watch_task):
+            for task in (history_task, health_task, watch_task):
                 if task is not None:
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):

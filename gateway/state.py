@@ -8,6 +8,7 @@ from typing import Any
 
 from httpx import AsyncClient
 
+from gateway.backends.balance import Balancer
 from gateway.backends.base import Backend, BackendError
 from gateway.backends.fallback import Cooldowns, FallbackChain, TierBackends
 from gateway.backends.local import EngineSlot, LocalBackend, LocalEngines
@@ -43,6 +44,7 @@ class GatewayState:
     policy_path: Path | None = None
     watcher: PolicyWatcher | None = None
     history: StatsHistory | None = None  # snapshots of the stats, for windowed views
+    balancer: Balancer = field(default_factory=Balancer)  # replicas' load, prefixes, health
 
     def engine_registries(self) -> list[Any]:
         """Each running local engine's metrics registry (a test double may have none)."""
@@ -99,6 +101,7 @@ def build_runtime(
     cooldowns: Cooldowns,
     stats: Stats,
     http: AsyncClient,
+    balancer: Balancer | None = None,
 ) -> Runtime:
     """Wire one policy's tiers to backends (cheap: the slow part was `prepare`)."""
     engines = prepared.engines
@@ -115,6 +118,6 @@ def build_runtime(
     def on_failure(tier: str, model: str, error: BackendError) -> None:
         stats.deployment_failed(tier, model, error.status)
 
-    chain = FallbackChain(tiers, cooldowns, on_failure)
+    chain = FallbackChain(tiers, cooldowns, on_failure, balancer=balancer)
     tenants = {k.digest(): k.tenant for k in policy.auth.keys}
     return Runtime(policy, Router(policy, prepared.scorer), chain, tenants)
