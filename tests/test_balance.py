@@ -243,11 +243,12 @@ async def test_probes_take_a_replica_out_and_bring_it_back() -> None:
             await asyncio.sleep(0.02)
             await checker.check_once()
             assert balancer.is_down(key)
-            cooldowns.trip(key, 60)  # a request failed on it meanwhile
+            cooldowns.trip(key, 60)  # requests failed on it meanwhile
+            cooldowns.trip(key, 60, tenant="acme")
             app.state.status = 200
             await asyncio.sleep(0.02)
             await checker.check_once()
-            assert not balancer.is_down(key) and not cooldowns.cooling(key)
+            assert not balancer.is_down(key) and not cooldowns.cooling(key, "acme")
             app.state.status = 503
             await asyncio.sleep(0.02)
             await checker.check_once()

@@ -82,8 +82,11 @@ class Cooldowns:
             del self._tenant_until[entry]
 
     def reset(self, key: str) -> None:
-        """The deployment is known good again (e.g. its local engine restarted)."""
+        """The deployment is known good again (its local engine restarted, or its health
+        probe passes after failing): for every tenant too, as its failures were its own."""
         self._until.pop(key, None)
+        for entry in [e for e in self._tenant_until if e[0] == key]:
+            del self._tenant_until[entry]
 
 
 def deployment_key(deployment: Deployment) -> str:
