@@ -27,6 +27,7 @@ BENCHMARKS = [
     "prefix_sharing",
     "fuzz",
     "gateway_overhead",
+    "affinity",
     "throughput",
 ]
 

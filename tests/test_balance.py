@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from engine.protocol import ChatCompletionRequest, CompletionRequest, Usage
@@ -221,16 +221,21 @@ def test_health_url() -> None:
     assert health_url(Deployment(model="smollm2-135m")) is None
 
 
-async def test_probes_take_a_replica_out_and_bring_it_back() -> None:
+async def test_probes_take_a_replica_out_and_bring_it_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     app = FastAPI()
     app.state.status = 200
+    monkeypatch.setenv("PROBE_TEST_KEY", "sk-engine")
 
     @app.get("/health")
-    async def health() -> JSONResponse:
+    async def health(request: Request) -> JSONResponse:
+        if request.headers.get("authorization") != "Bearer sk-engine":  # a guarded /health
+            return JSONResponse({}, status_code=401)
         return JSONResponse({}, status_code=app.state.status)
 
     with run_uvicorn(app) as url:
-        dep = Deployment(model="hosted_vllm/m", api_base=url + "/v1")
+        dep = Deployment(model="hosted_vllm/m", api_base=url + "/v1", api_key_env="PROBE_TEST_KEY")
         key = deployment_key(dep)
         tier = Tier(deployments=[dep], health_check_s=0.01)
         tiers = {"small": TierBackends("small", tier, [(dep, Replica("a"))])}

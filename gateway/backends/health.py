@@ -4,14 +4,16 @@ Failures already take a replica out for the tier's `cooldown_s` (fallback.py). A
 adds two things: a replica that died is skipped before a request has to fail on it, and
 one that comes back serves again at the next probe rather than at the end of a cooldown.
 Probed: `hosted_vllm/` deployments with an `api_base` (vLLM, SGLang and `tiergate engine`
-all answer `GET /health` at the server's root, without a key) of tiers that set
-`health_check_s`.
+all answer `GET /health` at the server's root) of tiers that set `health_check_s`; the
+deployment's key goes along, for servers that guard /health too.
 """
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import httpx
 
@@ -20,7 +22,7 @@ from gateway.backends.fallback import Cooldowns, TierBackends, deployment_key
 from gateway.policy import Deployment
 
 logger = logging.getLogger("tiergate.health")
-PROBE_TIMEOUT_S = 5.0
+PROBE_TIMEOUT_S = 5.0  # not tied to the interval: a busy replica may answer slowly
 
 
 def health_url(deployment: Deployment) -> str | None:
@@ -32,9 +34,18 @@ def health_url(deployment: Deployment) -> str | None:
     return f"{base}/health"
 
 
-async def probe(http: httpx.AsyncClient, url: str, timeout_s: float) -> bool:
+@dataclass(frozen=True)
+class Probe:
+    url: str
+    timeout_s: float
+    key_env: str | None  # environment variable holding the deployment's key
+
+
+async def probe(http: httpx.AsyncClient, target: Probe) -> bool:
+    key = os.environ.get(target.key_env) if target.key_env else None
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
     try:
-        response = await http.get(url, timeout=timeout_s)
+        response = await http.get(target.url, headers=headers, timeout=target.timeout_s)
     except (httpx.HTTPError, OSError):
         return False
     return response.status_code == 200
@@ -53,8 +64,8 @@ class HealthChecker:
         self._tiers_now, self._clock = tiers_now, clock
         self._last: dict[str, float] = {}  # deployment key -> when it was last probed
 
-    def due(self) -> dict[str, tuple[str, float]]:
-        """Deployment key -> (health URL, probe timeout) of replicas due a probe now."""
+    def due(self) -> dict[str, Probe]:
+        """Deployment key -> its probe, for replicas due one now."""
         now, out = self._clock(), {}
         for tier in self._tiers_now().values():
             interval = tier.tier.health_check_s
@@ -63,7 +74,7 @@ class HealthChecker:
             for dep, _ in tier.backends:
                 key, url = deployment_key(dep), health_url(dep)
                 if url is not None and now - self._last.get(key, -interval) >= interval:
-                    out[key] = (url, min(interval, PROBE_TIMEOUT_S))
+                    out[key] = Probe(url, PROBE_TIMEOUT_S, dep.api_key_env)
         return out
 
     async def check_once(self) -> None:
@@ -79,7 +90,7 @@ class HealthChecker:
         due = self.due()
         for key in due:
             self._last[key] = self._clock()
-        verdicts = await asyncio.gather(*(probe(self._http, u, t) for u, t in due.values()))
+        verdicts = await asyncio.gather(*(probe(self._http, p) for p in due.values()))
         for key, alive in zip(due, verdicts, strict=True):
             if not self._balancer.mark(key, alive):
                 continue
