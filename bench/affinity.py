@@ -1,10 +1,11 @@
 """Prefix affinity vs round robin: two `tiergate engine` replicas behind one gateway tier.
 
-Workload: 8 system prompts of ~1,000 tokens (Python's help topics) x many short, distinct
-questions (ShareGPT), shuffled, sent by `--concurrency` clients. The same workload runs
-twice in this run, each time on fresh engine processes and a fresh gateway: the tier's
-`balance` is `round_robin`, then `prefix_affinity`. Figures: requests/s (goal: affinity
->= 1.5x round robin) and the engines' prefix-cache hit rate (from their /metrics).
+Workload: 8 system prompts of ~1,000 tokens (Python's help topics) x 12 short, distinct
+questions each (4 with --quick; ShareGPT), shuffled, sent by `--concurrency` clients. The
+same workload runs twice in this run, each time on fresh engine processes and a fresh
+gateway: the tier's `balance` is `round_robin`, then `prefix_affinity`. Figures:
+requests/s (goal: affinity >= 1.5x round robin) and the engines' prefix-cache hit rate
+(from their /metrics).
 
 Why it matters: each replica's KV budget (`--kv-cache-mb`, 256 MiB by default, the
 engine's own default) holds about five of the eight prompts. Round robin shows every
@@ -176,13 +177,13 @@ def run_mode(mode: str, workload: list[tuple[str, str]], args: argparse.Namespac
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="6 questions per prompt, not 16")
+    p.add_argument("--quick", action="store_true", help="4 questions per prompt, not 12")
     p.add_argument("--questions", type=int, help="questions per system prompt")
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=8)
     p.add_argument("--kv-cache-mb", type=int, default=256, help="KV budget of each replica")
     args = p.parse_args()
-    per_prompt = args.questions or (6 if args.quick else 16)
+    per_prompt = args.questions or (4 if args.quick else 12)
     systems = system_prompts()
     asks = questions(PROMPTS * per_prompt)
     workload = [(systems[i % PROMPTS], q) for i, q in enumerate(asks)]

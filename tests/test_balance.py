@@ -129,8 +129,8 @@ def test_health_marks() -> None:
 class Replica:
     """A backend double that answers when released (the chain is what is tested here)."""
 
-    def __init__(self, name: str, fail: bool = False) -> None:
-        self.name, self.fail, self.calls = name, fail, 0
+    def __init__(self, name: str, fail: bool = False, hold_first: bool = False) -> None:
+        self.name, self.fail, self.calls, self.hold_first = name, fail, 0, hold_first
         self.questions: list[str] = []
         self.release = asyncio.Event()
 
@@ -139,6 +139,8 @@ class Replica:
         self.questions.append(request.body.messages[-1].content)  # type: ignore[union-attr]
         if self.fail:
             raise BackendError(502, f"{self.name}: refused", True, True, deployment_fault=True)
+        if self.hold_first:  # like a whole (non-streamed) answer: nothing until it is done
+            await self.release.wait()
         yield Piece("hi")
         await self.release.wait()
         yield Piece("", "stop", Usage.of(1, 1))
@@ -209,6 +211,25 @@ async def test_affinity_through_the_chain() -> None:
         await (await chain.open(chat(systems[name], f"{name} q{i}"), "small")).pieces.aclose()
     # Nothing in flight: each prefix stays on the replica it met first.
     assert sorted({q[0] for q in r.questions} for r in replicas) == [{"O"}, {"S"}]
+
+
+async def test_a_prefix_belongs_to_its_replica_from_dispatch() -> None:
+    """A second request for a prefix still being prefilled queues behind the first one
+    rather than prefilling it again elsewhere (a whole answer's first piece is its end)."""
+    replicas = [Replica("a", hold_first=True), Replica("b", hold_first=True)]
+    chain, _ = chain_of("prefix_affinity", replicas)
+    first = asyncio.create_task(chain.open(chat(SYSTEM, "S q1"), "small"))
+    while sum(r.calls for r in replicas) == 0:
+        await asyncio.sleep(0)
+    second = asyncio.create_task(chain.open(chat(SYSTEM, "S q2"), "small"))
+    while sum(r.calls for r in replicas) == 1:
+        await asyncio.sleep(0)
+    assert sorted(r.calls for r in replicas) == [0, 2]
+    for replica in replicas:
+        replica.release.set()
+    for task in (first, second):
+        await (await task).pieces.aclose()
+    assert set(chain.balancer.outstanding.values()) == {0}
 
 
 # ---------------------------------------------------------------- health probes

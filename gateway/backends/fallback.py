@@ -273,7 +273,10 @@ class FallbackChain:
         for attempt in range(tier.tier.retries + 1):
             if attempt:
                 await self._sleep(tier.tier.backoff_s * 2 ** (attempt - 1))
+            # Owned from now, not from the first piece: requests for the same prefix that
+            # arrive while this one is being prefilled should queue behind it, not elsewhere.
             self.balancer.started(key)
+            self.balancer.served(tier.name, prefixes, key)
             try:
                 pieces, first = await _first_piece(backend, request, timeout_s)
             except BackendError as exc:
@@ -294,7 +297,6 @@ class FallbackChain:
             except BaseException:  # cancelled while waiting: the request is gone
                 self.balancer.finished(key)
                 raise
-            self.balancer.served(tier.name, prefixes, key)
             done = functools.partial(self.balancer.finished, key)
             answer = _Answer(pieces, first, backend.name, timeout_s, done)
             price = tier.prices.get(dep.model, tier.tier.price)
