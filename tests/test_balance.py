@@ -3,18 +3,21 @@ through the fallback chain, and health probes over real HTTP."""
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import httpx
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from fastapi.testclient import TestClient
 
 from engine.protocol import ChatCompletionRequest, CompletionRequest, Usage
+from gateway.app import create_app
 from gateway.backends.balance import BLOCK_CHARS, Balancer, prefixes_of
 from gateway.backends.base import BackendError, GenerationRequest, Piece
 from gateway.backends.fallback import Cooldowns, FallbackChain, TierBackends, deployment_key
 from gateway.backends.health import HealthChecker, health_url
-from gateway.policy import Deployment, Tier
+from gateway.policy import Deployment, Tier, parse_policy
 from tests.servers import run_uvicorn
 
 KEYS = ["m@http://a/v1", "m@http://b/v1", "m@http://c/v1"]
@@ -294,3 +297,22 @@ async def test_probes_take_a_replica_out_and_bring_it_back(
 def test_policy_refuses_bad_balance_settings(bad: dict) -> None:
     with pytest.raises(ValueError):
         Tier(deployments=[Deployment(model="m")], **bad)
+
+
+def test_a_reload_keeps_the_replicas_load_and_prefixes(tmp_path: Path) -> None:
+    """The runtime a reload builds shares the gateway's one balancer with the old one."""
+    text = (
+        "auth: {mode: none, admin_key: sk-adm}\nserver: {reload_interval_s: 0}\n"
+        "tiers:\n  small:\n    balance: least_outstanding\n"
+        "    deployments: [{model: hosted_vllm/m, api_base: 'http://a/v1'}]\n"
+    )
+    path = tmp_path / "policy.yaml"
+    path.write_text(text)
+    app = create_app(parse_policy(text, env={}), policy_path=path)
+    with TestClient(app) as client:
+        state = app.state.gateway
+        before = state.runtime
+        path.write_text(text.replace("least_outstanding", "prefix_affinity"))
+        reply = client.post("/admin/policy/reload", headers={"authorization": "Bearer sk-adm"})
+        assert reply.status_code == 200 and state.runtime is not before
+        assert before.chain.balancer is state.balancer is state.runtime.chain.balancer
