@@ -16,7 +16,7 @@ from gateway.api.headers import TiergateHeaders
 from gateway.api.openapi import install_openapi
 from gateway.backends.balance import Balancer
 from gateway.backends.fallback import deployment_key
-from gateway.backends.health import HealthChecker
+from gateway.backends.health import HealthChecker, ReplicaMetrics
 from gateway.backends.local import EngineFactory, LocalEngines, default_engine_factory
 from gateway.drain import Drain
 from gateway.errors import install_error_handlers
@@ -98,7 +98,12 @@ def create_app(
             lambda: read_samples(stats.registry, *state.engine_registries())
         )
         history_task = asyncio.create_task(state.history.run())
-        health = HealthChecker(balancer, cooldowns, http, lambda: state.runtime.chain.tiers)
+
+        def tiers_now() -> dict:
+            return state.runtime.chain.tiers
+
+        health = HealthChecker(balancer, cooldowns, http, tiers_now)
+        stats.registry.register(ReplicaMetrics(balancer, tiers_now))
         health_task = asyncio.create_task(health.run())
         app.state.gateway = state
         app.state.limiter = Limiter(stats.registry)

@@ -10,6 +10,7 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
 
 from engine.protocol import ChatCompletionRequest, CompletionRequest, Usage
 from gateway.app import create_app
@@ -316,3 +317,29 @@ def test_a_reload_keeps_the_replicas_load_and_prefixes(tmp_path: Path) -> None:
         reply = client.post("/admin/policy/reload", headers={"authorization": "Bearer sk-adm"})
         assert reply.status_code == 200 and state.runtime is not before
         assert before.chain.balancer is state.balancer is state.runtime.chain.balancer
+
+
+def test_metrics_show_each_replica_up_and_its_load() -> None:
+    text = (
+        "auth: {mode: none, admin_key: sk-adm}\ntiers:\n  small:\n"
+        "    deployments: [{model: hosted_vllm/m, api_base: 'http://a/v1'},"
+        " {model: hosted_vllm/m, api_base: 'http://b/v1'}]\n"
+    )
+    app = create_app(parse_policy(text, env={}))
+    with TestClient(app) as client:
+        balancer = app.state.gateway.balancer
+        balancer.mark("hosted_vllm/m@http://b/v1", False)
+        balancer.started("hosted_vllm/m@http://a/v1")
+        body = client.get("/metrics", headers={"authorization": "Bearer sk-adm"}).text
+    samples = {
+        (s.name, s.labels["deployment"]): s.value
+        for family in text_string_to_metric_families(body)
+        for s in family.samples
+        if s.name.startswith("tiergate_replica_")
+    }
+    assert samples == {
+        ("tiergate_replica_up", "hosted_vllm/m@http://a/v1"): 1.0,
+        ("tiergate_replica_up", "hosted_vllm/m@http://b/v1"): 0.0,
+        ("tiergate_replica_outstanding", "hosted_vllm/m@http://a/v1"): 1.0,
+        ("tiergate_replica_outstanding", "hosted_vllm/m@http://b/v1"): 0.0,
+    }

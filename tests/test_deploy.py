@@ -24,6 +24,8 @@ from engine.engine import AsyncEngine
 from engine.entrypoints.server import create_engine_app
 from engine.metrics import EngineMetrics
 from gateway.app import create_app
+from gateway.backends.balance import Balancer
+from gateway.backends.health import ReplicaMetrics
 from gateway.cli import build_parser
 from gateway.limits import Limiter
 from gateway.policy import load_policy, parse_policy
@@ -268,6 +270,7 @@ def test_the_dashboard_plots_metrics_that_exist() -> None:
     names = set()
     stats = Stats()
     Limiter(stats.registry)  # registers the limits' counters, as the app does
+    stats.registry.register(ReplicaMetrics(Balancer(), dict))  # and the replicas' gauges
     for registry in (stats.registry, EngineMetrics("m").registry):
         for collector in registry.collect():
             names |= {collector.name, f"{collector.name}_total", f"{collector.name}_bucket"}

@@ -12,10 +12,11 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import httpx
+from prometheus_client.core import GaugeMetricFamily
 
 from gateway.backends.balance import Balancer
 from gateway.backends.fallback import Cooldowns, TierBackends, deployment_key
@@ -107,3 +108,31 @@ class HealthChecker:
             except Exception:  # a probe bug must not stop probing
                 logger.exception("health probes failed")
             await asyncio.sleep(tick_s)
+
+
+class ReplicaMetrics:
+    """Prometheus collector: each deployment's requests in flight and probe verdict, read
+    live from the balancer (label `deployment` is the key, model@api_base)."""
+
+    def __init__(
+        self, balancer: Balancer, tiers_now: Callable[[], dict[str, TierBackends]]
+    ) -> None:
+        self._balancer, self._tiers_now = balancer, tiers_now
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        keys = {deployment_key(d) for t in self._tiers_now().values() for d, _ in t.backends}
+        up = GaugeMetricFamily(
+            "tiergate_replica_up",
+            "0 while a health probe finds the deployment dead",
+            labels=["deployment"],
+        )
+        busy = GaugeMetricFamily(
+            "tiergate_replica_outstanding",
+            "Requests this gateway has in flight at the deployment",
+            labels=["deployment"],
+        )
+        for key in sorted(keys):
+            up.add_metric([key], 0.0 if self._balancer.is_down(key) else 1.0)
+            busy.add_metric([key], float(self._balancer.outstanding.get(key, 0)))
+        yield up
+        yield busy
