@@ -33,6 +33,7 @@ BENCHMARKS = [
     "fuzz",
     "gateway_overhead",
     "load",
+    "affinity",
     "throughput",
 ]
 

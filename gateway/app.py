@@ -14,7 +14,9 @@ from engine.entrypoints.body_limit import BodyLimit
 from gateway.api import admin, admin_cache, dashboard, embeddings, health, openai
 from gateway.api.headers import TiergateHeaders
 from gateway.api.openapi import install_openapi
+from gateway.backends.balance import Balancer
 from gateway.backends.fallback import deployment_key
+from gateway.backends.health import HealthChecker, ReplicaMetrics
 from gateway.backends.local import EngineFactory, LocalEngines, default_engine_factory
 from gateway.cache.semantic import SemanticCache
 from gateway.cache.verifier import PairVerifier
@@ -48,7 +50,9 @@ def _applier(state: GatewayState):
         except Exception as exc:  # e.g. a model that is not installed
             issue = PolicyIssue("", f"preparing the policy failed: {exc}")
             raise PolicyError(str(state.policy_path), [issue]) from exc
-        state.runtime = build_runtime(policy, prepared, state.cooldowns, state.stats, state.http)
+        state.runtime = build_runtime(
+            policy, prepared, state.cooldowns, state.stats, state.http, state.balancer
+        )
         state.engines.activate(prepared.engines)  # after the swap: retire what is unused
 
     return apply
@@ -117,11 +121,12 @@ def create_app(
         prepared = await prepare(policy, engines, scorer_factory)
         engines.activate(prepared.engines)
         http = httpx.AsyncClient(limits=_HTTP_LIMITS)
+        balancer = Balancer()
         # No local name for the first runtime: this frame lives as long as the app, and a
         # runtime held here would keep engines a reload retires from ever being stopped.
         path = Path(policy_path) if policy_path is not None else None
         state = GatewayState(
-            build_runtime(policy, prepared, cooldowns, stats, http),
+            build_runtime(policy, prepared, cooldowns, stats, http, balancer),
             stats,
             engines,
             cooldowns,
@@ -129,12 +134,20 @@ def create_app(
             scorer_factory,
             path,
             embedder=embedder,
+            balancer=balancer,
         )
         state.cache = await _start_cache(policy, embedder)
         state.history = StatsHistory(
             lambda: read_samples(stats.registry, *state.engine_registries())
         )
         history_task = asyncio.create_task(state.history.run())
+
+        def tiers_now() -> dict:
+            return state.runtime.chain.tiers
+
+        health = HealthChecker(balancer, cooldowns, http, tiers_now)
+        stats.registry.register(ReplicaMetrics(balancer, tiers_now))
+        health_task = asyncio.create_task(health.run())
         app.state.gateway = state
         app.state.limiter = Limiter(stats.registry)
         app.state.drain = Drain()
@@ -147,7 +160,7 @@ def create_app(
         try:
             yield
         finally:
-            for task in (history_task, watch_task):
+            for task in (history_task, health_task, watch_task):
                 if task is not None:
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):

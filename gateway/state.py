@@ -8,6 +8,7 @@ from typing import Any
 
 from httpx import AsyncClient
 
+from gateway.backends.balance import Balancer
 from gateway.backends.base import Backend, BackendError
 from gateway.backends.fallback import Cooldowns, FallbackChain, TierBackends
 from gateway.backends.local import EngineSlot, LocalBackend, LocalEngines
@@ -48,6 +49,7 @@ class GatewayState:
     embedder: SharedEmbedder = field(default_factory=SharedEmbedder)  # cache and router
     background: set[asyncio.Task] = field(default_factory=set)  # e.g. cache stores
     history: StatsHistory | None = None  # snapshots of the stats, for windowed views
+    balancer: Balancer = field(default_factory=Balancer)  # replicas' load, prefixes, health
 
     def engine_registries(self) -> list[Any]:
         """Each running local engine's metrics registry (a test double may have none)."""
@@ -104,6 +106,7 @@ def build_runtime(
     cooldowns: Cooldowns,
     stats: Stats,
     http: AsyncClient,
+    balancer: Balancer | None = None,
 ) -> Runtime:
     """Wire one policy's tiers to backends (cheap: the slow part was `prepare`)."""
     engines = prepared.engines
@@ -120,6 +123,6 @@ def build_runtime(
     def on_failure(tier: str, model: str, error: BackendError) -> None:
         stats.deployment_failed(tier, model, error.status)
 
-    chain = FallbackChain(tiers, cooldowns, on_failure)
+    chain = FallbackChain(tiers, cooldowns, on_failure, balancer=balancer)
     tenants = {k.digest(): k.tenant for k in policy.auth.keys}
     return Runtime(policy, Router(policy, prepared.scorer), chain, tenants)

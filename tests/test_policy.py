@@ -139,7 +139,12 @@ def test_env_expansion() -> None:
 def test_shipped_policies_pass_check_policy(
     path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
-    for name in ("TIERGATE_API_KEY", "TIERGATE_ADMIN_KEY", "TIERGATE_SALT_SECRET"):
+    for name in (
+        "TIERGATE_API_KEY",
+        "TIERGATE_ADMIN_KEY",
+        "TIERGATE_METRICS_KEY",
+        "TIERGATE_SALT_SECRET",
+    ):
         monkeypatch.setenv(name, "sk-test-value")
     assert main(["check-policy", str(path)]) == 0
     assert ": ok (" in capsys.readouterr().out

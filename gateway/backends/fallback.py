@@ -7,11 +7,13 @@ answer is committed to that deployment; a later failure ends the answer with an 
 """
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
+from gateway.backends.balance import Balancer, Prefixes, prefixes_of
 from gateway.backends.base import Backend, BackendError, GenerationRequest, Piece
 from gateway.policy import Deployment, Price, Tier
 
@@ -80,8 +82,11 @@ class Cooldowns:
             del self._tenant_until[entry]
 
     def reset(self, key: str) -> None:
-        """The deployment is known good again (e.g. its local engine restarted)."""
+        """The deployment is known good again (its local engine restarted, or its health
+        probe passes after failing): for every tenant too, as its failures were its own."""
         self._until.pop(key, None)
+        for entry in [e for e in self._tenant_until if e[0] == key]:
+            del self._tenant_until[entry]
 
 
 def deployment_key(deployment: Deployment) -> str:
@@ -124,11 +129,17 @@ class _Answer:
     """
 
     def __init__(
-        self, pieces: AsyncIterator[Piece], first: Piece, name: str, timeout_s: float
+        self,
+        pieces: AsyncIterator[Piece],
+        first: Piece,
+        name: str,
+        timeout_s: float,
+        on_close: Callable[[], None] = lambda: None,
     ) -> None:
         self._pieces, self._first, self._name, self._timeout_s = pieces, first, name, timeout_s
         self.complete = first.finish_reason is not None and first.usage is not None
         self._finished = first.finish_reason is not None
+        self._on_close: Callable[[], None] | None = on_close  # once: the request left
 
     def __aiter__(self) -> "_Answer":
         return self
@@ -159,7 +170,14 @@ class _Answer:
         return piece
 
     async def aclose(self) -> None:
+        if self._on_close is not None:
+            on_close, self._on_close = self._on_close, None
+            on_close()
         await self._pieces.aclose()
+
+
+def _serves(tier: TierBackends, model: str) -> bool:
+    return any(d.model == model for d, _ in tier.backends)
 
 
 def all_failed(failures: list[BackendError]) -> BackendError:
@@ -182,9 +200,11 @@ class FallbackChain:
         cooldowns: Cooldowns,
         on_failure: OnFailure | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        balancer: Balancer | None = None,
     ) -> None:
         self.tiers = tiers
         self._cooldowns = cooldowns
+        self.balancer = balancer or Balancer()
         self._on_failure = on_failure or (lambda tier, model, error: None)
         self._sleep = sleep
 
@@ -198,24 +218,41 @@ class FallbackChain:
         return out
 
     def _candidates(
-        self, tier_name: str, deployment: str | None
+        self, tier_name: str, deployment: str | None, prefixes: Prefixes | None
     ) -> list[tuple[TierBackends, Deployment, Backend]]:
+        """Each tier's replicas in its balance order, then the next tier's."""
         if deployment is not None:  # a named deployment is pinned: no other model answers
-            tiers = self.tiers.values()
-            return [(t, d, b) for t in tiers for d, b in t.backends if d.model == deployment]
-        return [(t, d, b) for t in self.chain(tier_name) for d, b in t.backends]
+            tiers = [t for t in self.tiers.values() if _serves(t, deployment)]
+        else:
+            tiers = self.chain(tier_name)
+        out = []
+        for tier in tiers:
+            pairs = [(d, b) for d, b in tier.backends if deployment in (None, d.model)]
+            keys = [deployment_key(d) for d, _ in pairs]
+            order = self.balancer.order(
+                tier.name, tier.tier.balance, keys, prefixes, tier.tier.affinity_slack
+            )
+            out += [(tier, *pairs[i]) for i in order]
+        return out
 
     async def open(
         self, request: GenerationRequest, tier_name: str, deployment: str | None = None
     ) -> Served:
         """Find a deployment that starts answering; raises BackendError when none does."""
-        candidates = self._candidates(tier_name, deployment)
+        tiers = self.chain(tier_name) if deployment is None else self.tiers.values()
+        affinity = any(t.tier.balance == "prefix_affinity" for t in tiers)
+        prefixes = prefixes_of(request) if affinity else None
+        candidates = self._candidates(tier_name, deployment, prefixes)
         tenant = request.tenant
-        ready = [c for c in candidates if not self._cooldowns.cooling(deployment_key(c[1]), tenant)]
-        # When everything is cooling down, trying anyway beats a certain error.
+
+        def ready(dep: Deployment) -> bool:
+            key = deployment_key(dep)
+            return not self._cooldowns.cooling(key, tenant) and not self.balancer.is_down(key)
+
+        # When everything is cooling down or down, trying anyway beats a certain error.
         failures: list[BackendError] = []
-        for tier, dep, backend in ready or candidates:
-            served = await self._try(request, tier, dep, backend, failures)
+        for tier, dep, backend in [c for c in candidates if ready(c[1])] or candidates:
+            served = await self._try(request, tier, dep, backend, failures, prefixes)
             if served is not None:
                 return served
         raise all_failed(failures)
@@ -227,16 +264,23 @@ class FallbackChain:
         dep: Deployment,
         backend: Backend,
         failures: list[BackendError],
+        prefixes: Prefixes | None = None,
     ) -> Served | None:
         timeout_s = dep.timeout_s or tier.tier.timeout_s
+        key = deployment_key(dep)
         cooldown_s = tier.tier.cooldown_s
         blamed: str | None = request.tenant  # None once a failure is the deployment's own
         for attempt in range(tier.tier.retries + 1):
             if attempt:
                 await self._sleep(tier.tier.backoff_s * 2 ** (attempt - 1))
+            # Owned from now, not from the first piece: requests for the same prefix that
+            # arrive while this one is being prefilled should queue behind it, not elsewhere.
+            self.balancer.started(key)
+            self.balancer.served(tier.name, prefixes, key)
             try:
                 pieces, first = await _first_piece(backend, request, timeout_s)
             except BackendError as exc:
+                self.balancer.finished(key)
                 self._on_failure(tier.name, backend.name, exc)
                 if not exc.fallback:
                     raise
@@ -250,8 +294,12 @@ class FallbackChain:
                 if not exc.retry:
                     break
                 continue
-            answer = _Answer(pieces, first, backend.name, timeout_s)
+            except BaseException:  # cancelled while waiting: the request is gone
+                self.balancer.finished(key)
+                raise
+            done = functools.partial(self.balancer.finished, key)
+            answer = _Answer(pieces, first, backend.name, timeout_s, done)
             price = tier.prices.get(dep.model, tier.tier.price)
             return Served(tier.name, backend.name, price, answer, failures, answer.complete)
-        self._cooldowns.trip(deployment_key(dep), cooldown_s, blamed)
+        self._cooldowns.trip(key, cooldown_s, blamed)
         return None

@@ -41,9 +41,17 @@ class Tier(StrictModel):
     backoff_s: float = 0.2  # first retry delay; doubles each retry
     cooldown_s: float = 30.0  # a deployment that exhausted its retries is skipped this long
     fallback: str | None = None  # tier tried when every deployment of this one failed
+    # Several deployments (replicas): which goes first (README "Balancing replicas").
+    balance: Literal["ordered", "round_robin", "least_outstanding", "prefix_affinity"] = "ordered"
+    # prefix_affinity: requests in flight the replica holding a prefix may have above the
+    # least loaded replica before the request goes to that one instead.
+    affinity_slack: int = 8
+    health_check_s: float = 0.0  # probe remote replicas' /health this often; 0: off
 
     _check_positive = field_validator("timeout_s")(positive)
-    _check_not_negative = field_validator("retries", "backoff_s", "cooldown_s")(not_negative)
+    _check_not_negative = field_validator(
+        "retries", "backoff_s", "cooldown_s", "affinity_slack", "health_check_s"
+    )(not_negative)
 
 
 class Rule(StrictModel):

@@ -1,0 +1,157 @@
+"""Two real `tiergate engine` processes behind one gateway tier with prefix affinity.
+
+Each system prompt stays on one replica; one replica killed mid-run: its requests fail
+over and the tier keeps answering; the health probe takes it out, and brings it back once
+it serves again on the same port.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+from fastapi import FastAPI
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.app import create_app
+from gateway.policy import parse_policy
+from tests.servers import free_port, run_uvicorn, wait_for_port
+
+MODEL = "smollm2-135m"
+SYSTEMS = [
+    "You answer questions about the Python standard library. " * 25,
+    "You are a terse travel agent for trains in the Alps. " * 25,
+]
+
+
+class Engine:
+    """`tiergate engine` as its own process, on a port it keeps across restarts."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        args = ["engine", "--model", MODEL, "--port", str(self.port), "--served-name", "smol"]
+        args += ["--kv-cache-mb", "32", "--threads", "1", "--max-model-len", "2048"]
+        env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+        cmd = [sys.executable, "-m", "gateway.cli", *args]
+        self.proc = subprocess.Popen(cmd, env=env, stderr=subprocess.DEVNULL)
+        wait_for_port(self.port, timeout=180)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+    def metric(self, name: str) -> float:
+        text = httpx.get(f"http://127.0.0.1:{self.port}/metrics", timeout=10).text
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name:
+                    return sample.value
+        return 0.0
+
+    def requests_served(self) -> float:
+        return self.metric("tiergate_engine_time_to_first_token_seconds_count")
+
+    def prefix_hit_rate(self) -> float:
+        hits = self.metric("tiergate_engine_prefix_cache_hits_total")
+        return hits / self.metric("tiergate_engine_prefix_cache_queries_total")
+
+
+@pytest.fixture(scope="module")
+def engines() -> Iterator[list[Engine]]:
+    pair = [Engine(), Engine()]
+    try:
+        for engine in pair:
+            engine.start()
+        yield pair
+    finally:
+        for engine in pair:
+            engine.kill()
+
+
+@pytest.fixture(scope="module")
+def gateway(engines: list[Engine]) -> Iterator[tuple[FastAPI, openai.OpenAI]]:
+    deployments = ", ".join(
+        f'{{model: hosted_vllm/smol, api_base: "http://127.0.0.1:{e.port}/v1"}}' for e in engines
+    )
+    policy = f"""
+auth: {{mode: none}}
+tiers:
+  replicas:
+    deployments: [{deployments}]
+    balance: prefix_affinity
+    health_check_s: 0.5
+    retries: 0
+    cooldown_s: 600
+    timeout_s: 300
+"""
+    app = create_app(parse_policy(policy, env={}))
+    with run_uvicorn(app) as base:
+        yield app, openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+
+
+def ask(client: openai.OpenAI, system: str, question: str, max_tokens: int = 4) -> str:
+    reply = client.chat.completions.create(
+        model="replicas",
+        messages=[{"role": "system", "content": system}, {"role": "user", "content": question}],
+        max_tokens=max_tokens,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    assert reply.usage.completion_tokens == max_tokens
+    return reply.choices[0].message.content
+
+
+def eventually(check, deadline_s: float = 60.0) -> bool:
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        if check():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_each_prefix_stays_on_one_replica_and_a_dead_one_fails_over(
+    engines: list[Engine], gateway: tuple[FastAPI, openai.OpenAI]
+) -> None:
+    app, client = gateway
+    balancer = app.state.gateway.balancer
+    for i, which in enumerate([0, 1, 1, 0, 0, 1]):  # taking turns would mix them up
+        ask(client, SYSTEMS[which], f"Question number {i}?")
+    assert [e.requests_served() for e in engines] == [3, 3]
+    # Each engine kept one system prompt: its 2nd and 3rd request reused the 1st's pages
+    # (~2/3 of the prompt tokens). Taking turns, each would have hit on one of three.
+    assert all(e.prefix_hit_rate() > 0.5 for e in engines)
+    before = [e.requests_served() for e in engines]
+
+    # Kill replica 0 while requests for both prompts are in flight on both replicas.
+    with ThreadPoolExecutor(8) as pool:
+        futures = [
+            pool.submit(ask, client, SYSTEMS[i % 2], f"Long answer {i}", 48) for i in range(8)
+        ]
+        assert eventually(lambda: engines[0].requests_served() > before[0], 120)
+        engines[0].kill()
+        answers = [f.result(timeout=600) for f in futures]  # none fails: they fail over
+    assert all(answers)
+    key0 = f"hosted_vllm/smol@http://127.0.0.1:{engines[0].port}/v1"
+    assert eventually(lambda: balancer.is_down(key0))
+    for i in range(4):  # the tier keeps answering, on the replica left
+        ask(client, SYSTEMS[i % 2], f"After the crash {i}?")
+
+    # Back on the same port: the probe returns it to rotation (the cooldown alone would
+    # keep it out for 10 minutes), and new prefixes reach it again.
+    engines[0].start()
+    assert eventually(lambda: not balancer.is_down(key0))
+    for i in range(4):
+        ask(client, f"A brand new system prompt {i}. " * 40, "Hello?")
+    assert engines[0].requests_served() >= 1
+    assert set(balancer.outstanding.values()) == {0}
