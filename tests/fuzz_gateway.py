@@ -17,6 +17,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
 
+from tests.load_driver import is_openai_error
+
 KEY = "sk-fuzz-0123456789"
 POLICY = f"""
 auth:
@@ -40,20 +42,12 @@ class FuzzReport:
     failures: list[str] = field(default_factory=list)
 
 
-def _is_openai_error(response: httpx.Response) -> bool:
-    try:
-        error = response.json()["error"]
-    except (ValueError, KeyError, TypeError):
-        return False
-    return isinstance(error, dict) and isinstance(error.get("message"), str) and "type" in error
-
-
 def _check(response: httpx.Response, report: FuzzReport, case_text: str) -> None:
     report.cases += 1
     report.statuses[response.status_code] += 1
     if response.status_code >= 500:
         report.failures.append(f"{response.status_code} for {case_text}: {response.text[:300]}")
-    elif response.status_code >= 400 and not _is_openai_error(response):
+    elif response.status_code >= 400 and not is_openai_error(response):
         report.failures.append(f"non-OpenAI error body for {case_text}: {response.text[:300]}")
 
 
