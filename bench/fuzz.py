@@ -10,6 +10,7 @@ connections); goal: zero findings and the service answering afterwards.
 
 import argparse
 import sys
+import tempfile
 import time
 
 import common
@@ -17,8 +18,7 @@ import common
 sys.path.insert(0, str(common.ROOT))  # the driver lives with the tests
 
 from gateway.app import create_app
-from gateway.policy import parse_policy
-from tests.fuzz_gateway import POLICY, fuzz
+from tests.fuzz_gateway import fuzz, fuzz_policy
 from tests.servers import run_uvicorn
 
 
@@ -29,8 +29,10 @@ def main() -> None:
     args = p.parse_args()
     examples = args.examples or (150 if args.quick else 400)
     started = time.perf_counter()
-    with run_uvicorn(create_app(parse_policy(POLICY, env={}))) as url:
-        report = fuzz(url, examples)
+    with tempfile.TemporaryDirectory(prefix="fuzz-") as tmp:
+        app = create_app(fuzz_policy(f"{tmp}/cache.sqlite3"))
+        with run_uvicorn(app) as url:
+            report = fuzz(url, examples)
     seconds = time.perf_counter() - started
     result = {
         "examples_per_operation": examples,

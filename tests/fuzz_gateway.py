@@ -17,13 +17,17 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
 
+from gateway.policy import Policy, parse_policy
 from tests.load_driver import is_openai_error
 
 KEY = "sk-fuzz-0123456789"
+# The semantic cache is on, so generated requests also go through its scope, lookup and
+# store paths (the embedded store in `${FUZZ_CACHE}`, a temporary file).
 POLICY = f"""
 auth:
   keys: [{{key: {KEY}, tenant: fuzz}}]
   admin_key: sk-fuzz-admin-0123456789
+cache: {{enabled: true, path: "${{FUZZ_CACHE}}"}}
 engines:
   smollm2-135m: {{kv_cache_mb: 16, max_num_seqs: 8, max_model_len: 48, max_waiting: 64}}
 tiers:
@@ -31,6 +35,12 @@ tiers:
 routes:
   auto: {{default: small}}
 """
+
+
+def fuzz_policy(cache_file: str) -> Policy:
+    return parse_policy(POLICY, env={"FUZZ_CACHE": cache_file})
+
+
 OPERATIONS = ("POST /v1/chat/completions", "POST /v1/completions", "GET /v1/models")
 
 

@@ -1,15 +1,17 @@
 """Generated requests against the live gateway: no 5xx, OpenAI error bodies, still alive."""
 
+from pathlib import Path
+
 import openai
 
 from gateway.app import create_app
-from gateway.policy import parse_policy
-from tests.fuzz_gateway import KEY, POLICY, fuzz
+from tests.fuzz_gateway import KEY, fuzz, fuzz_policy
 from tests.servers import run_uvicorn
 
 
-def test_generated_requests_never_break_the_gateway() -> None:
-    with run_uvicorn(create_app(parse_policy(POLICY, env={}))) as url:
+def test_generated_requests_never_break_the_gateway(tmp_path: Path) -> None:
+    app = create_app(fuzz_policy(str(tmp_path / "cache.sqlite3")))
+    with run_uvicorn(app) as url:
         report = fuzz(url, examples_per_operation=80)
         assert report.cases >= 200
         assert report.failures == [], "\n".join(report.failures[:20])
