@@ -32,7 +32,7 @@ import numpy as np
 
 from gateway.cache.embedder import Embedder
 from gateway.cache.entry import STORABLE_FINISH_REASONS, CachedAnswer, Entry
-from gateway.cache.store import Store, StoreUnavailable
+from gateway.cache.store import CLOSE_WAIT_S, Store, StoreUnavailable, stop_task
 from gateway.cache.tables import EntryTables
 from gateway.cache.verifier import Verdict
 from gateway.policy import CacheSettings, RouteCacheSettings
@@ -262,13 +262,16 @@ class SemanticCache:
         }
 
     async def close(self) -> None:
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
+        """Stop the background work and close the store; bounded, so a shutdown never hangs
+        on a store that stopped answering."""
+        await stop_task(self._sweeper)
         if self._touches:
-            await asyncio.wait(list(self._touches))
-        await self._store.close()
+            await asyncio.wait(list(self._touches), timeout=CLOSE_WAIT_S)
+        try:
+            async with asyncio.timeout(CLOSE_WAIT_S):
+                await self._store.close()
+        except TimeoutError:
+            logger.warning("semantic cache store did not close within %gs", CLOSE_WAIT_S)
         self.tables.close()
         self._verify_thread.shutdown(wait=False)
 

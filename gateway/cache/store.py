@@ -5,6 +5,8 @@ and the exact-match table need them); the store keeps the whole entry, survives 
 for Redis, is shared by replicas. Answer texts are read from the store only on a hit.
 """
 
+import asyncio
+import contextlib
 import json
 from dataclasses import asdict
 from typing import Protocol
@@ -67,3 +69,16 @@ def answer_to_json(answer: CachedAnswer) -> str:
 
 def answer_from_json(text: str | bytes) -> CachedAnswer:
     return CachedAnswer(**json.loads(text))
+
+
+CLOSE_WAIT_S = 5.0  # longest a close waits for background work
+
+
+async def stop_task(task: asyncio.Task | None) -> None:
+    """Cancel a background task and wait for it, CLOSE_WAIT_S at most."""
+    if task is None:
+        return
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+        async with asyncio.timeout(CLOSE_WAIT_S):
+            await task

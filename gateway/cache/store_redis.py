@@ -24,7 +24,14 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from gateway.cache.entry import CachedAnswer, Entry, facts_only
-from gateway.cache.store import StoreListener, StoreUnavailable, answer_from_json, answer_to_json
+from gateway.cache.store import (
+    CLOSE_WAIT_S,
+    StoreListener,
+    StoreUnavailable,
+    answer_from_json,
+    answer_to_json,
+    stop_task,
+)
 
 logger = logging.getLogger("tiergate.cache")
 
@@ -199,13 +206,11 @@ class RedisStore:
         }
 
     async def close(self) -> None:
-        if self._follower is not None:
-            self._follower.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._follower
+        await stop_task(self._follower)
         for client in (self._client, self._reader):
-            with contextlib.suppress(*_ERRORS):
-                await client.aclose()
+            with contextlib.suppress(*_ERRORS, TimeoutError):
+                async with asyncio.timeout(CLOSE_WAIT_S):
+                    await client.aclose()
 
     # --- internals -----------------------------------------------------------------------
 
