@@ -5,21 +5,19 @@ A hit names its entry in `x-tiergate-cache-entry`; that id is what invalidation 
 reports take. Every action is audited with the admin key's fingerprint.
 """
 
-from typing import Any, TypeVar
+from typing import Any
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from engine.protocol import validation_error_message
 from gateway.api.audit import audit
-from gateway.api.deps import Admin, State
+from gateway.api.deps import Admin, State, parse_body
 from gateway.cache.semantic import SemanticCache
 from gateway.cache.store import StoreUnavailable
 from gateway.errors import ApiError
 from gateway.state import GatewayState
 
 router = APIRouter()
-Body = TypeVar("Body", bound=BaseModel)
 
 
 class PurgeRequest(BaseModel):
@@ -34,14 +32,6 @@ class WrongHitReport(BaseModel):
 
     entry_id: str = Field(min_length=1, max_length=256)
     reason: str | None = Field(default=None, max_length=1000)  # kept in the audit log
-
-
-async def _body(request: Request, model: type[Body]) -> Body:
-    try:
-        return model.model_validate_json(await request.body() or b"{}")
-    except ValidationError as exc:
-        message, param = validation_error_message(exc)
-        raise ApiError(400, message, param=param) from None
 
 
 def _cache(state: GatewayState) -> SemanticCache:
@@ -66,7 +56,7 @@ def _store_down() -> ApiError:
 @router.post("/admin/cache/purge")
 async def purge(request: Request, state: State, _: Admin) -> dict[str, Any]:
     """Body `{}` purges everything; `tenant` and/or `route` narrow it."""
-    body = await _body(request, PurgeRequest)
+    body = await parse_body(request, PurgeRequest, empty=b"{}")
     try:
         removed = await _cache(state).purge(tenant=body.tenant, route=body.route)
     except StoreUnavailable:
@@ -85,7 +75,7 @@ async def invalidate(request: Request, entry_id: str, state: State, _: Admin) ->
 @router.post("/admin/cache/report")
 async def report_wrong_hit(request: Request, state: State, _: Admin) -> dict[str, Any]:
     """A hit an operator found wrong: removed, and counted next to the hit rate."""
-    body = await _body(request, WrongHitReport)
+    body = await parse_body(request, WrongHitReport, empty=b"{}")
     await _remove(state, body.entry_id)
     state.stats.wrong_hit_reported()
     audit(request, "cache wrong hit reported", entry_id=body.entry_id, reason=body.reason)

@@ -5,15 +5,14 @@ One module for every router, so a key is checked one way everywhere: tenants by 
 key's SHA-256, the admin and metrics keys compared in constant time on bytes.
 """
 
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 from fastapi import Depends, Request
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from engine.entrypoints.api_key import bearer_token, same_key
 from engine.protocol import validation_error_message
 from gateway.api.audit import key_fingerprint
-from gateway.backends.base import OpenAIRequest
 from gateway.errors import ApiError
 from gateway.policy import key_digest
 from gateway.state import GatewayState, Runtime
@@ -52,9 +51,14 @@ def authenticate(request: Request, runtime: Runtime) -> str:
     return tenant
 
 
-async def parse_body(request: Request, model: type[OpenAIRequest]) -> OpenAIRequest:
+Body = TypeVar("Body", bound=BaseModel)
+
+
+async def parse_body(request: Request, model: type[Body], empty: bytes = b"") -> Body:
+    """The JSON body as `model`, or OpenAI's 400 naming the bad field. `empty`: what an
+    empty body means (the admin actions read none as `{}`)."""
     try:
-        return model.model_validate_json(await request.body())
+        return model.model_validate_json(await request.body() or empty)
     except ValidationError as exc:
         message, param = validation_error_message(exc)
         raise ApiError(400, message, param=param) from None

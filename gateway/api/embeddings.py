@@ -12,10 +12,10 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from engine.protocol import ModelCard, validation_error_message
-from gateway.api.deps import authenticate
+from engine.protocol import ModelCard
+from gateway.api.deps import authenticate, parse_body
 from gateway.cache.embedder import MODEL_NAME, Embedder, EmbedderNotInstalled
 from gateway.errors import ApiError
 from gateway.state import GatewayState
@@ -76,20 +76,12 @@ def _encode(vector: Any, encoding: str) -> list[float] | str:
     return vector.tolist()
 
 
-def _parse(raw: bytes) -> EmbeddingRequest:
-    try:
-        return EmbeddingRequest.model_validate_json(raw)
-    except ValidationError as exc:
-        message, param = validation_error_message(exc)
-        raise ApiError(400, message, param=param) from None
-
-
 @router.post("/v1/embeddings")
 async def create_embeddings(request: Request) -> JSONResponse:
     state: GatewayState = request.app.state.gateway
     runtime = state.runtime
     tenant = authenticate(request, runtime)
-    body = _parse(await request.body())
+    body = await parse_body(request, EmbeddingRequest)
     if body.model not in MODEL_NAMES:
         raise ApiError(
             404,
