@@ -7,7 +7,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import uvicorn
 
@@ -25,6 +25,16 @@ def wait_for_port(port: int, timeout: float = 30.0) -> None:
             return
         time.sleep(0.05)
     raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout}s")
+
+
+def eventually(check: Callable[[], bool], seconds: float) -> bool:
+    """Whether `check()` comes true within `seconds` (polled every 50 ms)."""
+    deadline = time.monotonic() + seconds
+    while not check():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 @contextlib.contextmanager

@@ -1,6 +1,5 @@
 """Two live gateways on one real Redis share the cache; Redis dying degrades, never fails."""
 
-import time
 from collections.abc import Iterator
 
 import openai
@@ -8,7 +7,7 @@ import pytest
 
 from gateway.app import create_app
 from gateway.policy import parse_policy
-from tests.servers import redis_server, run_uvicorn
+from tests.servers import eventually, redis_server, run_uvicorn
 
 KEY = "sk-cache-redis-1"
 
@@ -36,15 +35,6 @@ def ask(url: str, text: str) -> str:
     return raw.headers["x-tiergate-cache"]
 
 
-def eventually(check, seconds: float = 1.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.05)
-    return check()
-
-
 @pytest.fixture
 def replicas(redis_url: str) -> Iterator[tuple[str, str]]:
     policy = parse_policy(policy_text(redis_url), env={})
@@ -58,7 +48,7 @@ def test_answer_stored_through_one_replica_hits_through_the_other(
     a, b = replicas
     text = "Which planet is known as the red planet?"
     assert ask(a, text) == "miss"
-    assert eventually(lambda: ask(b, text) == "hit", seconds=1.5)
+    assert eventually(lambda: ask(b, text) == "hit", 1.5)
 
 
 def test_redis_down_bypasses_then_recovers() -> None:

@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -21,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.app import create_app
 from gateway.policy import parse_policy
-from tests.servers import free_port, run_uvicorn, wait_for_port
+from tests.servers import eventually, free_port, run_uvicorn, wait_for_port
 
 MODEL = "smollm2-135m"
 SYSTEMS = [
@@ -111,15 +110,6 @@ def ask(client: openai.OpenAI, system: str, question: str, max_tokens: int = 4) 
     return reply.choices[0].message.content
 
 
-def eventually(check, deadline_s: float = 60.0) -> bool:
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        if check():
-            return True
-        time.sleep(0.1)
-    return False
-
-
 def test_each_prefix_stays_on_one_replica_and_a_dead_one_fails_over(
     engines: list[Engine], gateway: tuple[FastAPI, openai.OpenAI]
 ) -> None:
@@ -143,14 +133,14 @@ def test_each_prefix_stays_on_one_replica_and_a_dead_one_fails_over(
         answers = [f.result(timeout=600) for f in futures]  # none fails: they fail over
     assert all(answers)
     key0 = f"hosted_vllm/smol@http://127.0.0.1:{engines[0].port}/v1"
-    assert eventually(lambda: balancer.is_down(key0))
+    assert eventually(lambda: balancer.is_down(key0), 60)
     for i in range(4):  # the tier keeps answering, on the replica left
         ask(client, SYSTEMS[i % 2], f"After the crash {i}?")
 
     # Back on the same port: the probe returns it to rotation (the cooldown alone would
     # keep it out for 10 minutes), and new prefixes reach it again.
     engines[0].start()
-    assert eventually(lambda: not balancer.is_down(key0))
+    assert eventually(lambda: not balancer.is_down(key0), 60)
     for i in range(4):
         ask(client, f"A brand new system prompt {i}. " * 40, "Hello?")
     assert engines[0].requests_served() >= 1
