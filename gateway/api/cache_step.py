@@ -127,14 +127,11 @@ class CacheStep:
 
     cache: SemanticCache
     policy: Policy
+    settings: RouteCacheSettings  # the route's effective cache settings, resolved once
     query: CacheQuery
     control: CacheControl
     embed: Embed
     lookup_result: Lookup | None = None
-
-    @property
-    def settings(self) -> RouteCacheSettings:
-        return self.policy.cache.for_route(self.policy.routes.get(self.query.route))
 
     async def lookup(self) -> Lookup:
         if self.control.no_cache:

@@ -95,7 +95,10 @@ def _not_found(model: str) -> ApiError:
 def _cache_step(ctx: RequestContext) -> CacheStep | None:
     """The request's use of the cache, or None (header `off` or `bypass` says why)."""
     cache, policy = ctx.state.cache, ctx.runtime.policy
-    if cache is None or not policy.cache.for_route(policy.routes.get(ctx.route)).enabled:
+    if cache is None:
+        return None
+    settings = policy.cache.for_route(policy.routes.get(ctx.route))
+    if not settings.enabled:
         return None
     ctx.mark(cache="bypass")
     text = matched_text(ctx.body)
@@ -108,7 +111,7 @@ def _cache_step(ctx: RequestContext) -> CacheStep | None:
     max_tokens = getattr(ctx.body, "max_completion_tokens", None) or ctx.body.max_tokens
     scope = scope_of(ctx.tenant, ctx.body)
     query = CacheQuery(scope, ctx.tenant, ctx.route, text, max_tokens, temperature)
-    return CacheStep(cache, policy, query, control, ctx.embed)
+    return CacheStep(cache, policy, settings, query, control, ctx.embed)
 
 
 async def _from_cache(ctx: RequestContext) -> Call | None:
