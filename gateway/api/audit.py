@@ -1,17 +1,18 @@
 """The audit trail of admin actions: who (a fingerprint of the admin key, never the key),
 what, and with which arguments, on the `tiergate.audit` logger."""
 
-import hashlib
 import logging
 
 from fastapi import Request
+
+from gateway.policy import key_digest
 
 audit_log = logging.getLogger("tiergate.audit")
 
 
 def key_fingerprint(key: str) -> str:
     """Short and stable across restarts, so log lines of one key can be grouped."""
-    return "key:" + hashlib.sha256(key.encode()).hexdigest()[:10]
+    return "key:" + key_digest(key.encode())[:10]
 
 
 def audit(request: Request, action: str, **details: object) -> None:
