@@ -54,9 +54,18 @@ BASELINE_VENVS: dict[str, VenvSpec] = {
 # ---------------------------------------------------------------- results
 
 
+def cpu_model() -> str:
+    """The CPU's name as lscpu shows it (figures move 2-3x between machine types)."""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
 def machine_info() -> dict[str, Any]:
-    """What a reader needs to judge the figures: cores, load (others share this machine)."""
+    """What a reader needs to judge the figures: CPU, cores, load (others share this machine)."""
     return {
+        "cpu_model": cpu_model(),
         "cpus": os.cpu_count(),
         "loadavg": [round(x, 2) for x in os.getloadavg()],
         "python": platform.python_version(),
