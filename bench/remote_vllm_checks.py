@@ -134,7 +134,9 @@ def completions(vllm_url: str, gw_url: str, tier: str) -> dict[str, Any]:
     usage, expected = usage_pair(reply.usage), usage_pair(direct.usage)
     served = served_by(raw.headers)
     return {
-        "pass": served == (tier, REMOTE_MODEL) and bool(reply.choices[0].text) and usage == expected,
+        "pass": served == (tier, REMOTE_MODEL)
+        and bool(reply.choices[0].text)
+        and usage == expected,
         "served_by": served,
         "usage": usage,
         "vllm_usage": expected,
@@ -261,7 +263,9 @@ def latency(vllm_url: str, gw_url: str, tiers: list[str], rounds: int) -> dict[s
     """Seconds to the whole answer and to the first streamed piece, targets in turn."""
     targets = {"vllm:direct": (vllm(vllm_url), SERVED)}
     targets |= {f"gateway:{t}": (gateway(gw_url), t) for t in tiers}
-    samples: dict[str, dict[str, list]] = {n: {"total": [], "ttft": [], "tiers": []} for n in targets}
+    samples: dict[str, dict[str, list]] = {
+        n: {"total": [], "ttft": [], "tiers": []} for n in targets
+    }
     for client, model in targets.values():  # warm: connections, litellm's first call
         _timed(client, model, QUESTIONS[0], stream=False)
     for r in range(rounds):
