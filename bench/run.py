@@ -32,17 +32,21 @@ BENCHMARKS = [
     "prefix_sharing",
     "fuzz",
     "gateway_overhead",
+    "redis_usage",
     "load",
     "affinity",
     "throughput",
+    "remote_vllm",
 ]
+# Not a benchmark: the capacity table, derived from the results above once they all exist.
+CAPACITY_INPUTS = ["gateway_overhead", "redis_usage", "throughput", "cache_lookup"]
 
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--quick", action="store_true", help="smaller sizes everywhere")
     p.add_argument("--only", nargs="+", choices=BENCHMARKS, help="run just these")
-    p.add_argument("--skip-vllm", action="store_true", help="no vLLM baseline (throughput)")
+    p.add_argument("--skip-vllm", action="store_true", help="no vLLM (throughput, remote_vllm)")
     p.add_argument("--skip-llamacpp", action="store_true", help="no llama-cpp baseline")
     p.add_argument("--skip-litellm", action="store_true", help="no LiteLLM proxy baseline")
     p.add_argument("--no-install", action="store_true", help="skip baselines not installed yet")
@@ -53,9 +57,10 @@ def parse_args() -> argparse.Namespace:
 def install_baselines(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
     """Create/verify the venvs the chosen benchmarks need; failures become 'skipped'."""
     wanted = []
-    if "throughput" in names:
-        wanted += [] if args.skip_vllm else ["vllm"]
-        wanted += [] if args.skip_llamacpp else ["llamacpp"]
+    if {"throughput", "remote_vllm"} & set(names) and not args.skip_vllm:
+        wanted.append("vllm")
+    if "throughput" in names and not args.skip_llamacpp:
+        wanted.append("llamacpp")
     if "gateway_overhead" in names and not args.skip_litellm:
         wanted.append("litellm-proxy")
     report = {}
@@ -81,9 +86,12 @@ def flags_for(name: str, args: argparse.Namespace) -> list[str]:
         flags += ["--skip-vllm"] if args.skip_vllm else []
         flags += ["--skip-llamacpp"] if args.skip_llamacpp else []
         flags += ["--threads", str(args.threads)] if args.threads else []
+    if name == "remote_vllm":
+        flags += ["--skip-vllm"] if args.skip_vllm else []
+        flags += ["--threads", str(args.threads)] if args.threads else []
     if name == "gateway_overhead" and args.skip_litellm:
         flags.append("--skip-litellm")
-    if name in ("throughput", "gateway_overhead") and args.no_install:
+    if name in ("throughput", "gateway_overhead", "remote_vllm") and args.no_install:
         flags.append("--no-install")
     return flags
 
@@ -122,6 +130,9 @@ def main() -> int:
     venvs = install_baselines(args, names)
     runs = {name: run_benchmark(name, flags_for(name, args)) for name in names}
     print_table(runs)
+    if all((common.RESULTS_DIR / f"{n}.json").is_file() for n in CAPACITY_INPUTS):
+        print("\n=== capacity (bench/capacity.py)", flush=True)
+        subprocess.run([sys.executable, str(HERE / "capacity.py")])
     summary = {"quick": args.quick, "venvs": venvs, "runs": runs}
     common.write_result("summary", summary)
     return 0 if all(r["ok"] for r in runs.values()) else 1
