@@ -67,6 +67,13 @@ def test_figures_are_read_from_each_benchmark(results: Path) -> None:
     assert "Fixture CPU" in fig.sources["cache_lookup"]
 
 
+def test_engine_figure_prefers_tokens_per_cpu_second(results: Path) -> None:
+    body = {"machine": MACHINE, **FIXTURE["throughput"]}
+    body["ours"] = {"tokens_per_s": 400.0, "tokens_per_cpu_s": 250.0}
+    (results / "throughput.json").write_text(json.dumps(body))
+    assert capacity.load_figures(results).engine_tokens_per_s_per_core == {"smollm2-135m": 250.0}
+
+
 def test_replicas_for_a_load(results: Path) -> None:
     rows = {r.component: r for r in capacity.plan(capacity.load_figures(results), LOAD)}
     gateway = rows["gateway, cache on"]
