@@ -109,13 +109,8 @@ def load_figures(results: Path) -> Figures:
             p: v["redis_net_in_bytes_per_request"] + v["redis_net_out_bytes_per_request"]
             for p, v in phases.items()
         },
-        # What a stored answer leaves in Redis (entry, index keys, the replicas' stream):
-        # a miss's growth less an exact hit's (both add the rate limits' window entries).
-        redis_bytes_per_entry=max(
-            0.0,
-            redis_use["miss"]["redis_memory_bytes_per_request"]
-            - redis_use["hit"]["redis_memory_bytes_per_request"],
-        ),
+        # Redis's MEMORY USAGE of the entries and their LRU set, per entry.
+        redis_bytes_per_entry=redis_use["cache_memory"]["bytes_per_entry"],
         engine_tokens_per_s_per_core={model: per_core},
         index_bytes_per_entry=largest["rss_bytes_per_entry"],
         sources={

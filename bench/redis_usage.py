@@ -96,6 +96,24 @@ def redis_snapshot(client: redis.Redis) -> dict[str, Any]:
     }
 
 
+def cache_memory(client: redis.Redis, prefix: str = "tiergate:cache") -> dict[str, Any]:
+    """Redis's own account (MEMORY USAGE) of the cache's keys: entries, LRU set, events.
+
+    The events stream is kept to a bounded length whatever the entries, so it is reported
+    apart and left out of the bytes per entry.
+    """
+    entries, entry_bytes, stream_bytes = 0, 0, 0
+    for key in client.scan_iter(f"{prefix}:*", count=1000):
+        size = client.memory_usage(key, samples=0) or 0
+        if client.type(key) == b"stream":
+            stream_bytes += size
+            continue
+        entries += client.type(key) == b"hash"
+        entry_bytes += size
+    per_entry = round(entry_bytes / entries, 1) if entries else None
+    return {"entries": entries, "bytes_per_entry": per_entry, "events_stream_bytes": stream_bytes}
+
+
 def phase(
     name: str, url: str, texts: list[str], args: argparse.Namespace, rc: redis.Redis, pid: int
 ) -> dict[str, Any]:
@@ -145,14 +163,14 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         hit = phase("hit", url, texts, args, rc, pid)
         reworded = [question(i, reworded=True) for i in range(n)]
         semantic = phase("semantic_hit", url, reworded, args, rc, pid)
-        entries = len(rc.keys("tiergate:cache:*"))
+        memory = cache_memory(rc)
         rc.close()
     return {
         "settings": {"requests": n, "concurrency": args.concurrency},
         "miss": miss,
         "hit": hit,  # exact: the normalised question was stored
         "semantic_hit": semantic,  # found by the embedding, passed the verifier
-        "redis_keys_after": entries,
+        "cache_memory": memory,
     }
 
 

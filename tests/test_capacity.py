@@ -28,8 +28,9 @@ FIXTURE = {
     "gateway_overhead": {"throughput_c16": {"tiergate": {"cpu_ms_per_request": 2.0}}},
     "redis_usage": {
         "miss": phase(10.0, 0.2, 8.0, 900.0, 6000.0),
-        "hit": phase(1.0, 0.05, 4.0, 200.0, 1000.0),  # exact: only its memory is used
+        "hit": phase(1.0, 0.05, 4.0, 200.0, 1000.0),  # exact: unused (semantic_hit is)
         "semantic_hit": phase(4.0, 0.1, 5.0, 300.0, 1000.0),
+        "cache_memory": {"entries": 100, "bytes_per_entry": 5000.0, "events_stream_bytes": 9},
     },
     "throughput": {"workload": {"threads": 2}, "ours": {"tokens_per_s": 400.0}},
     "cache_lookup": {
@@ -61,7 +62,7 @@ def test_figures_are_read_from_each_benchmark(results: Path) -> None:
     assert fig.gateway_cpu_ms_cache_off == 2.0
     assert (fig.gateway_cpu_ms_miss, fig.gateway_cpu_ms_hit) == (10.0, 4.0)
     assert fig.redis_net_bytes == {"miss": 1000.0, "hit": 400.0}  # a hit: the semantic one
-    assert fig.redis_bytes_per_entry == 5000  # a miss's memory less an exact hit's
+    assert fig.redis_bytes_per_entry == 5000
     assert fig.engine_tokens_per_s_per_core == {"smollm2-135m": 200.0}  # 400 tokens/s, 2 threads
     assert fig.index_bytes_per_entry == 3000  # the largest size measured, not the first
     assert "Fixture CPU" in fig.sources["cache_lookup"]
