@@ -186,11 +186,14 @@ def _redis(fig: Figures, load: Load) -> Row:
     return Row("redis (instances/shards)", words, rps, n, n, memory)
 
 
+def per_core_rps(row: Row) -> float:
+    return row.replica_rps * row.replicas / row.cores
+
+
 def saturates_first(rows: list[Row]) -> str:
-    """The component whose single replica serves the fewest requests/s (cache on)."""
-    return min(
-        (r for r in rows if r.component != "gateway, cache off"), key=lambda r: r.replica_rps
-    ).component
+    """The component (cache on) that serves the fewest requests/s per core it is given."""
+    serving = [r for r in rows if r.component != "gateway, cache off"]
+    return min(serving, key=per_core_rps).component
 
 
 # ---------------------------------------------------------------- output
@@ -202,15 +205,23 @@ def markdown(rows: list[Row], load: Load) -> str:
         f"{load.output_tokens} tokens per answer; gateway replicas of {load.gateway_cores} "
         f"cores, engine replicas of {load.engine_cores} cores, planned at "
         f"{load.utilisation:.0%} of capacity, {load.cache_entries:,} cached entries.\n\n"
-        "| component | per request | one replica serves | replicas | cores | memory per replica |\n"
-        "| --- | --- | ---: | ---: | ---: | ---: |\n"
+        "| component | per request | one replica serves | per core | replicas | cores "
+        "| memory per replica |\n| --- | --- | ---: | ---: | ---: | ---: | ---: |\n"
     )
     lines = [
-        f"| {r.component} | {r.per_request} | {r.replica_rps:,.1f} req/s | {r.replicas} "
+        f"| {r.component} | {r.per_request} | {r.replica_rps:,.1f} req/s "
+        f"| {per_core_rps(r):,.1f} req/s | {r.replicas} "
         f"| {r.cores} | {_mib(r.memory_bytes)} |"
         for r in rows
     ]
-    return head + "\n".join(lines) + f"\n\nSaturates first: {saturates_first(rows)}.\n"
+    redis = next(r for r in rows if r.component.startswith("redis"))
+    tail = (
+        f"\n\nSaturates first: {saturates_first(rows)}. One Redis serves "
+        f"{redis.replica_rps:,.0f} requests/s at this mix (cache and limits together; "
+        "`limits.redis_url` can put the limits on a second one): the ceiling of one "
+        "deployment, since neither is sharded.\n"
+    )
+    return head + "\n".join(lines) + tail
 
 
 def _mib(value: float | None) -> str:

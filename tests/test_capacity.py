@@ -88,6 +88,7 @@ def test_replicas_for_a_load(results: Path) -> None:
     # misses only: 0.6 * 100 = 60 tokens per request; 8 cores * 200 = 1600 tokens/s
     assert engine.replica_rps == pytest.approx(1600 / 60)
     assert (engine.replicas, engine.cores) == (75, 600)
+    assert capacity.per_core_rps(engine) == pytest.approx(1600 / 60 / 8)
     redis = rows["redis (instances/shards)"]
     assert redis.replica_rps == pytest.approx(1000 / 0.16)  # 0.4 * 0.1 + 0.6 * 0.2 ms
     assert redis.replicas == 1
@@ -109,6 +110,7 @@ def test_markdown_table_and_json_from_the_command(results: Path, capsys) -> None
     assert capacity.main(["--results", str(results), "--rps", "1000", "--markdown"]) == 0
     table = capsys.readouterr().out
     assert "| component | per request |" in table and "Saturates first: engine" in table
+    assert "One Redis serves 6,250 requests/s" in table
     assert capacity.main(["--results", str(results)]) == 0
     written = json.loads((results / "capacity.json").read_text())
     assert written["saturates_first"].startswith("engine")
