@@ -127,3 +127,13 @@ def test_an_unmeasured_model_is_refused(results: Path) -> None:
     other = capacity.Load(model="qwen2.5-coder-0.5b")
     with pytest.raises(SystemExit, match=r"no engine throughput measured for qwen2\.5-coder-0\.5b"):
         capacity.plan(capacity.load_figures(results), other)
+
+
+def test_the_deploy_readme_table_is_the_output_for_its_snapshot(capsys) -> None:
+    """deploy/README.md's table comes from the results kept beside it, unedited."""
+    root = Path(__file__).resolve().parent.parent
+    snapshot = root / "deploy" / "capacity-results"
+    assert capacity.main(["--results", str(snapshot), "--markdown"]) == 0
+    table = capsys.readouterr().out
+    assert table.strip() in (root / "deploy" / "README.md").read_text()
+    assert not (snapshot / "capacity.json").exists()  # --markdown writes nothing
