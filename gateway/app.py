@@ -90,7 +90,9 @@ async def _stop_cache(state: GatewayState) -> None:
     await state.embedder.close()
 
 
-def _start_replica_sync(state: GatewayState, policy: Policy, replica: str) -> asyncio.Task | None:
+async def _start_replica_sync(
+    state: GatewayState, policy: Policy, replica: str
+) -> asyncio.Task | None:
     """Share stats and policy reloads with the replicas on the policy's Redis (if any)."""
     url = policy.replicas_redis_url()  # read at start, like the rest of `server`
     fleet = Fleet(url, f"{policy.cache.redis_prefix}:replicas") if url else None
@@ -102,7 +104,10 @@ def _start_replica_sync(state: GatewayState, policy: Policy, replica: str) -> as
         state.watcher.on_loaded = state.replicas.policy_loaded
         with contextlib.suppress(PolicyError):
             state.replicas.policy_sha = policy_sha256(state.watcher.read())
-    return asyncio.create_task(state.replicas.run()) if fleet is not None else None
+    if fleet is None:
+        return None
+    await state.replicas.join()
+    return asyncio.create_task(state.replicas.run())
 
 
 def create_app(
@@ -177,7 +182,7 @@ def create_app(
             state.watcher = PolicyWatcher(path, _applier(state), interval, stats.policy_reload)
             if interval > 0:
                 watch_task = asyncio.create_task(state.watcher.watch())
-        sync_task = _start_replica_sync(state, policy, replica or replica_id())
+        sync_task = await _start_replica_sync(state, policy, replica or replica_id())
         try:
             yield
         finally:

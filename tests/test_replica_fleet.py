@@ -144,7 +144,20 @@ def test_redis_down_leaves_each_replica_its_own_stats_flagged(
     assert stats["windows"]["all"]["requests"] == 2
     assert requests_by_replica(stats) == {"a": 2}
     a.ask(1)  # requests are unaffected
-    redis.start()  # an empty Redis: each replica publishes again by itself
+    reloaded = a.admin("POST", "/admin/policy/reload")  # applies here, shared with no one
+    assert reloaded.status_code == 200 and reloaded.json()["shared"] is False
+    # A report nobody can read (another version, a stray write) is skipped, not a 500.
+    redis.start()
+    fleet = Fleet(redis.url, f"{PREFIX}:replicas")
+
+    async def garble() -> None:
+        await fleet._redis.set(fleet._stats_key("z"), b"not json", ex=60)
+        await fleet._redis.zadd(fleet._members, {"z": 1.0})
+        await fleet.close()
+
+    asyncio.run(garble())
+    assert a.stats()["fleet"]["shared"] is True
+    # The Redis came back empty: each replica publishes again by itself.
     assert eventually(lambda: requests_by_replica(a.stats()) == {"a": 3, "b": 1}, 10)
     assert a.stats()["fleet"]["shared"] is True
 

@@ -10,6 +10,7 @@ Every call raises redis' errors; callers degrade (local stats, no sharing) on th
 """
 
 import hashlib
+import logging
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
@@ -17,6 +18,8 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from gateway.replicas.report import ReplicaReport
+
+logger = logging.getLogger("tiergate.replicas")
 
 STATS_TTL_S = 15.0
 
@@ -32,6 +35,14 @@ class PolicyHead:
     version: int
     sha256: str | None
     origin: str | None
+
+
+def _decoded(value: bytes) -> ReplicaReport | None:
+    try:
+        return ReplicaReport.from_json(value)
+    except (ValueError, KeyError, TypeError):  # e.g. a replica of another version
+        logger.warning("replicas: skipped a stats report that could not be read")
+        return None
 
 
 class Fleet:
@@ -63,7 +74,7 @@ class Fleet:
         gone = [i for i, value in zip(ids, values, strict=True) if value is None]
         if gone:
             await self._redis.zrem(self._members, *gone)
-        return [ReplicaReport.from_json(v) for v in values if v is not None]
+        return [r for v in values if v is not None and (r := _decoded(v)) is not None]
 
     async def forget(self, replica: str) -> None:
         """A replica that stops on purpose leaves the fleet at once."""

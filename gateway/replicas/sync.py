@@ -19,6 +19,7 @@ from gateway.replicas.report import ReplicaReport
 logger = logging.getLogger("tiergate.replicas")
 
 SYNC_INTERVAL_S = 1.0
+JOIN_TIMEOUT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -47,13 +48,25 @@ class ReplicaSync:
         self._down = False
         self.last_shared = False  # whether the last reload of the file reached the fleet
 
+    async def join(self) -> None:
+        """The first round, before the gateway serves: from here on a policy that another
+        replica shares is applied (the one shared before this replica started is not: it
+        serves its own file). Bounded: a Redis that does not answer is left to `run`."""
+        try:
+            await asyncio.wait_for(self.tick(), JOIN_TIMEOUT_S)
+        except TimeoutError:
+            self._failed(TimeoutError(f"no answer in {JOIN_TIMEOUT_S} s"))
+        except Exception:  # sharing is never a reason not to serve
+            logger.exception("replica sync failed")
+
     async def run(self) -> None:
+        """Every round after `join`'s, until cancelled."""
         while True:
+            await asyncio.sleep(self.interval_s)
             try:
                 await self.tick()
             except Exception:  # a bug in one round must not end sharing for good
                 logger.exception("replica sync failed")
-            await asyncio.sleep(self.interval_s)
 
     async def tick(self) -> None:
         if self.fleet is None:
