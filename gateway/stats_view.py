@@ -282,8 +282,17 @@ def replica_report(history: StatsHistory, replica: str) -> ReplicaReport:
     return ReplicaReport(replica, now.at, history.started_at, window_samples(history, now))
 
 
-def _windows(windows: Windows, top: tuple[str, Price]) -> dict[str, Any]:
-    return {name: window(samples, seconds, top) for name, (seconds, samples) in windows.items()}
+def replica_row(samples: Samples) -> dict[str, Any]:
+    """One replica's headline figures in a window (the fleet's sum has every detail)."""
+    everything = _cache_rows(samples, ()).get((), {})
+    statuses = total(samples, "tiergate_requests_total", "status")
+    return {
+        "requests": everything.get("requests", 0),
+        "hit_rate": everything.get("hit_rate"),
+        "errors": int(sum(n for (status,), n in statuses.items() if status not in _OK_STATUSES)),
+        "cost_usd": sum(total(samples, "tiergate_cost_usd_total").values()),
+        "latency_s": latency(samples, "tiergate_request_duration_seconds", None),
+    }
 
 
 def stats_view(
@@ -294,17 +303,18 @@ def stats_view(
     fleet: FleetStats | None = None,
 ) -> dict[str, Any]:
     """`windows` sum this replica's and the other live replicas' (`fleet`) counters;
-    `replicas` has each one's own; the rest (engines, series) is this replica's."""
+    `replicas` has each one's headline figures; the rest (engines, series) is this
+    replica's."""
     fleet = fleet or FleetStats("-", False, None, [])
     now = history.now()
     own = ReplicaReport(fleet.replica, now.at, history.started_at, window_samples(history, now))
     reports = [own, *fleet.others]
-    windows = _windows(summed(reports), top)
+    windows = {name: window(s, seconds, top) for name, (seconds, s) in summed(reports).items()}
     replicas = {
         r.replica: {
             "reported_at": r.at,
             "started_at": r.started_at,
-            "windows": windows if len(reports) == 1 else _windows(r.windows, top),
+            "windows": {name: replica_row(s) for name, (_, s) in r.windows.items()},
         }
         for r in reports
     }

@@ -1,12 +1,14 @@
-"""One replica's part in the fleet: every second it publishes its stats windows and checks
-whether another replica put a new policy in force, which it then applies through the same
-validated path as its own file (refused here: the running policy stays, the error shows
-in GET /admin/policy). Redis down: nothing is shared meanwhile, nothing fails.
+"""One replica's part in the fleet: every 5 s it publishes its stats windows, and every
+second it checks whether another replica put a new policy in force, which it then applies
+through the same validated path as its own file (refused here: the running policy stays,
+the error shows in GET /admin/policy). Redis down: nothing is shared meanwhile, nothing
+fails.
 """
 
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -18,7 +20,10 @@ from gateway.replicas.report import ReplicaReport
 
 logger = logging.getLogger("tiergate.replicas")
 
-SYNC_INTERVAL_S = 1.0
+SYNC_INTERVAL_S = 1.0  # how often the shared policy is checked
+# How often this replica's stats are written: reading them costs tens of ms on the event
+# loop (bench/replica_stats.py), and /admin/stats windows are 5 s snapshots anyway.
+STATS_EVERY_S = 5.0
 JOIN_TIMEOUT_S = 2.0
 
 
@@ -46,6 +51,7 @@ class ReplicaSync:
         self.policy_sha: str | None = None  # the text in force (this file's or shared)
         self._seen: int | None = None  # the shared policy version last looked at
         self._down = False
+        self._stats_due = 0.0  # monotonic time of the next stats write
         self.last_shared = False  # whether the last reload of the file reached the fleet
 
     async def join(self) -> None:
@@ -72,7 +78,9 @@ class ReplicaSync:
         if self.fleet is None:
             return
         try:
-            await self.fleet.publish_stats(self._report())
+            if time.monotonic() >= self._stats_due:
+                await self.fleet.publish_stats(self._report())
+                self._stats_due = time.monotonic() + STATS_EVERY_S
             await self._follow_policy(self.fleet)
         except RedisError as exc:
             self._failed(exc)
