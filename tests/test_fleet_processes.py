@@ -117,9 +117,14 @@ def test_an_engine_and_a_gateway_die_and_the_fleet_keeps_serving(fleet: Fleet) -
     assert second.requests_served() == served + 1
 
     # Both gateways counted into one fleet, failed attempts included; then one dies.
-    assert eventually(lambda: admin_stats(b)["fleet"]["replicas"] == 2, 10)
-    everything = admin_stats(b)["windows"]["all"]
-    assert everything["requests"] == 8
+    assert eventually(lambda: admin_stats(b)["windows"]["all"]["requests"] == 8, 15)
+    stats = admin_stats(b)
+    assert stats["fleet"]["replicas"] == 2
+    assert {r: v["windows"]["all"]["requests"] for r, v in stats["replicas"].items()} == {
+        "gw0": 4,
+        "gw1": 4,
+    }
+    everything = stats["windows"]["all"]
     assert everything["tiers"]["small"]["models"]["hosted_vllm/smol"]["failed_attempts"] >= 1
     a.kill()
     # The answer stored through the dead gateway is a hit through the live one.
