@@ -95,7 +95,11 @@ async def _start_replica_sync(
 ) -> asyncio.Task | None:
     """Share stats and policy reloads with the replicas on the policy's Redis (if any)."""
     url = policy.replicas_redis_url()  # read at start, like the rest of `server`
-    fleet = Fleet(url, f"{policy.cache.redis_prefix}:replicas") if url else None
+    fleet = None
+    try:
+        fleet = Fleet(url, f"{policy.cache.redis_prefix}:replicas") if url else None
+    except ValueError as exc:  # e.g. limits.redis_url with a scheme redis-py cannot read
+        logger.error("replicas: not sharing stats or reloads, bad Redis URL: %s", exc)
     history = state.history
     assert history is not None
     state.replicas = ReplicaSync(fleet, replica, lambda: replica_report(history, replica))

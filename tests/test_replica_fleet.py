@@ -16,9 +16,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.app import create_app
-from gateway.policy import load_policy
+from gateway.policy import PolicyError, load_policy
 from gateway.replicas import Fleet
-from tests.servers import RedisServer, eventually, redis_server, run_uvicorn
+from tests.servers import RedisServer, eventually, free_port, redis_server, run_uvicorn
 from tests.upstream_stub import upstream_stub
 
 KEY, ADMIN = "sk-fleet-1", "sk-fleet-admin"
@@ -212,3 +212,26 @@ def test_a_shared_policy_this_replica_cannot_use_is_refused_and_the_old_one_serv
         error = r.admin("GET", "/admin/policy").json()["last_error"]
         assert "FLEET_TEST_UNSET_KEY is not set" in " ".join(error["issues"])
         r.ask(1)  # the running policy, key and all, still serves
+
+
+def test_a_redis_down_at_start_is_no_error_and_its_password_is_never_shown(
+    stub: str, tmp_path: Path
+) -> None:
+    unreachable = f"redis://fleet:hunter2@127.0.0.1:{free_port()}/0"
+    with replica("a", tmp_path, policy_text(unreachable, stub)) as a:
+        a.ask(2)
+        stats = a.stats()
+        assert stats["fleet"]["shared"] is False and stats["fleet"]["error"]
+        assert requests_by_replica(stats) == {"a": 2}
+        shown = a.admin("GET", "/admin/policy").json()["policy"]["server"]["redis_url"]
+        assert "hunter2" not in shown and shown.startswith("redis://***@127.0.0.1:")
+        reloaded = a.admin("POST", "/admin/policy/reload")
+        assert reloaded.status_code == 200 and reloaded.json()["shared"] is False
+
+
+def test_server_redis_url_must_name_a_redis(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(policy_text("http://127.0.0.1:6379", "http://127.0.0.1:9"))
+    with pytest.raises(PolicyError) as error:
+        load_policy(path)
+    assert "server.redis_url: must start with redis://" in str(error.value)

@@ -36,6 +36,13 @@ class ServerSettings(StrictModel):
     _check_interval = field_validator("reload_interval_s", "shutdown_grace_s")(not_negative)
     _check_body = field_validator("max_body_bytes")(positive)
 
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_scheme(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must start with redis://, rediss:// or unix://")
+        return value
+
     @field_validator("port")
     @classmethod
     def _port(cls, value: int) -> int:
