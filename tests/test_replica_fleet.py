@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.app import create_app
 from gateway.policy import PolicyError, load_policy
 from gateway.replicas import Fleet
+from gateway.stats_table import render
 from tests.servers import RedisServer, eventually, free_port, redis_server, run_uvicorn
 from tests.upstream_stub import upstream_stub
 
@@ -126,6 +127,8 @@ def test_admin_stats_on_any_replica_sums_the_fleet_and_shows_each(
             assert window["requests"] == 5
             assert window["tiers"]["stub"]["requests"] == 5
             assert window["tiers"]["stub"]["prompt_tokens"] == 5 * 7  # the stub's usage
+    shown = render(a.stats(), "all")  # what `tiergate stats` prints
+    assert [line.split()[:2] for line in shown.splitlines()[-2:]] == [["a", "3"], ["b", "2"]]
     # /metrics stays this process's own: Prometheus adds the replicas up.
     assert a.metric("tiergate_tenant_requests_total", tenant="acme") == 3
     assert b.metric("tiergate_tenant_requests_total", tenant="acme") == 2
