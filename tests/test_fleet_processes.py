@@ -2,6 +2,7 @@
 gateways sharing one real redis-server, in front of two `tiergate engine` processes (the
 small model, one thread each), driven by the openai client.
 
+A policy reload through one gateway's admin API is applied by the other process.
 One engine is killed mid-run: its requests fail over and the tier keeps answering. One
 gateway is killed: the other keeps serving, including a cache hit for an answer that was
 stored through the one that died, and its /admin/stats stops counting it.
@@ -10,6 +11,7 @@ stored through the one that died, and its /admin/stats stops counting it.
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import openai
@@ -21,11 +23,12 @@ from tests.servers import RedisServer, eventually, redis_server
 KEY, ADMIN = "sk-fleet-proc", "sk-fleet-proc-admin"
 
 
-def policy_text(redis_url: str, engines: list[Engine]) -> str:
+def policy_text(redis_url: str, engines: list[Engine], aliases: str = "[]") -> str:
     deployments = ", ".join(
         f'{{model: hosted_vllm/smol, api_base: "{e.api_base()}"}}' for e in engines
     )
     return f"""
+server: {{reload_interval_s: 0}}  # reloads only through the admin API (and so the fleet)
 auth:
   keys: [{{key: {KEY}, tenant: acme}}]
   admin_key: {ADMIN}
@@ -39,7 +42,7 @@ tiers:
     cooldown_s: 600
     timeout_s: 300
 routes:
-  auto: {{default: small}}
+  auto: {{default: small, aliases: {aliases}}}
 """
 
 
@@ -48,6 +51,7 @@ class Fleet:
     redis: RedisServer
     engines: list[Engine]
     gateways: list[Gateway]
+    policy: Path
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +68,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
                 process.launch()
             for process in processes:
                 process.wait_ready()
-            yield Fleet(redis, engines, gateways)
+            yield Fleet(redis, engines, gateways, policy)
         finally:
             for process in processes:
                 process.kill()
@@ -88,11 +92,19 @@ def ask(gateway: Gateway, question: str, max_tokens: int = 4) -> tuple[str, str]
     return reply.choices[0].message.content, raw.headers["x-tiergate-cache"]
 
 
-def admin_stats(gateway: Gateway) -> dict:
+def admin(gateway: Gateway, method: str, path: str) -> httpx.Response:
     headers = {"authorization": f"Bearer {ADMIN}"}
-    response = httpx.get(f"{gateway.url}/admin/stats", headers=headers, timeout=30)
+    return httpx.request(method, f"{gateway.url}{path}", headers=headers, timeout=30)
+
+
+def admin_stats(gateway: Gateway) -> dict:
+    response = admin(gateway, "GET", "/admin/stats")
     assert response.status_code == 200, response.text
     return response.json()
+
+
+def models(gateway: Gateway) -> set[str]:
+    return {m.id for m in client(gateway).models.list()}
 
 
 def test_an_engine_and_a_gateway_die_and_the_fleet_keeps_serving(fleet: Fleet) -> None:
@@ -100,6 +112,12 @@ def test_an_engine_and_a_gateway_die_and_the_fleet_keeps_serving(fleet: Fleet) -
     first, second = fleet.engines
     stored, outcome = ask(a, "What colour is the sky on a clear day?")
     assert outcome == "miss"
+
+    # A reload through one gateway's admin API reaches the other process.
+    fleet.policy.write_text(policy_text(fleet.redis.url, fleet.engines, "[everyday]"))
+    reloaded = admin(a, "POST", "/admin/policy/reload")
+    assert reloaded.status_code == 200 and reloaded.json()["shared"] is True
+    assert eventually(lambda: "everyday" in models(b), 10)
 
     # Kill an engine while requests through both gateways are in flight on both engines.
     served_before = first.requests_served()
