@@ -281,13 +281,16 @@ def _validate(text: str, source: str, env: dict[str, str] | None) -> Policy:
     return policy
 
 
-def load_policy(path: str | Path, env: dict[str, str] | None = None) -> Policy:
-    path = Path(path)
+def read_policy_text(path: Path) -> str:
     try:
-        text = path.read_text()
+        return path.read_text()
     except OSError as exc:
         raise PolicyError(str(path), [PolicyIssue("", f"cannot read: {exc.strerror}")]) from None
-    return policy_from_text(text, path, env)
+
+
+def load_policy(path: str | Path, env: dict[str, str] | None = None) -> Policy:
+    path = Path(path)
+    return policy_from_text(read_policy_text(path), path, env)
 
 
 def policy_from_text(

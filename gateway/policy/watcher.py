@@ -5,8 +5,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from gateway.policy.loading import policy_from_text
-from gateway.policy.schema import Policy, PolicyError, PolicyIssue
+from gateway.policy.loading import policy_from_text, read_policy_text
+from gateway.policy.schema import Policy, PolicyError
 
 logger = logging.getLogger("tiergate.policy")
 
@@ -43,11 +43,7 @@ class PolicyWatcher:
             return None
 
     def read(self) -> str:
-        try:
-            return self.path.read_text()
-        except OSError as exc:
-            issue = PolicyIssue("", f"cannot read: {exc.strerror}")
-            raise PolicyError(str(self.path), [issue]) from None
+        return read_policy_text(self.path)
 
     async def reload(self) -> Policy | None:
         """Load and apply the file now; returns the new policy, or None when it is invalid."""
