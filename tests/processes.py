@@ -1,10 +1,12 @@
 """Real tiergate processes for tests: `tiergate engine` and `tiergate serve` subprocesses on
 loopback ports they keep across restarts; each can be killed (SIGKILL: a crash)."""
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -36,8 +38,16 @@ class Process:
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
 
     def wait_ready(self, timeout: float = 180) -> None:
-        # uvicorn opens the port once the lifespan is done (models and embedder loaded).
-        wait_for_port(self.port, timeout=timeout)
+        """Until the port opens: uvicorn opens it once the lifespan is done (models and
+        embedder loaded). A process that exits first fails at once, with its log's end."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                tail = self.log.read_text()[-2000:] if self.log else ""
+                raise RuntimeError(f"{self.args[0]} exited with {self.proc.returncode}\n{tail}")
+            with contextlib.suppress(TimeoutError):
+                return wait_for_port(self.port, timeout=1)
+        raise TimeoutError(f"{self.args[0]} not listening on {self.port} after {timeout}s")
 
     def start(self) -> None:
         self.launch()
