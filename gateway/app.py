@@ -25,11 +25,14 @@ from gateway.embedding import SharedEmbedder
 from gateway.errors import install_error_handlers
 from gateway.limits import Limiter
 from gateway.policy import Deployment, Policy, PolicyError, PolicyIssue, PolicyWatcher
+from gateway.replicas import Fleet, ReplicaSync, replica_id
+from gateway.replicas.fleet import policy_sha256
 from gateway.routing.difficulty import difficulty_scorer_factory
 from gateway.routing.router import ScorerFactory
 from gateway.state import GatewayState, build_runtime, prepare
 from gateway.stats import CountedCooldowns, Stats, read_samples
 from gateway.stats_history import StatsHistory
+from gateway.stats_view import replica_report
 
 logger = logging.getLogger("tiergate")
 # Streams hold a connection each for their whole length: allow many at once.
@@ -87,6 +90,30 @@ async def _stop_cache(state: GatewayState) -> None:
     await state.embedder.close()
 
 
+async def _start_replica_sync(
+    state: GatewayState, policy: Policy, replica: str
+) -> asyncio.Task | None:
+    """Share stats and policy reloads with the replicas on the policy's Redis (if any)."""
+    url = policy.replicas_redis_url()  # read at start, like the rest of `server`
+    fleet = None
+    try:
+        fleet = Fleet(url, f"{policy.cache.redis_prefix}:replicas") if url else None
+    except ValueError as exc:  # e.g. limits.redis_url with a scheme redis-py cannot read
+        logger.error("replicas: not sharing stats or reloads, bad Redis URL: %s", exc)
+    history = state.history
+    assert history is not None
+    state.replicas = ReplicaSync(fleet, replica, lambda: replica_report(history, replica))
+    if state.watcher is not None:
+        state.replicas.watcher = state.watcher
+        state.watcher.on_loaded = state.replicas.policy_loaded
+        with contextlib.suppress(PolicyError):
+            state.replicas.policy_sha = policy_sha256(state.watcher.read())
+    if fleet is None:
+        return None
+    await state.replicas.join()
+    return asyncio.create_task(state.replicas.run())
+
+
 def create_app(
     policy: Policy,
     *,
@@ -94,6 +121,7 @@ def create_app(
     engine_factory: EngineFactory = default_engine_factory,
     scorer_factory: ScorerFactory | None = None,
     retire_grace_s: float = 5.0,
+    replica: str | None = None,
 ) -> FastAPI:
     """The gateway for `policy`. With `policy_path` the file is watched and reloadable.
 
@@ -101,7 +129,8 @@ def create_app(
     the difficulty router's hook: it builds a policy's scorer at start-up and on reload
     (default: the trained difficulty score, on the embedder the cache shares).
     A local engine a reload retires is stopped `retire_grace_s` after the swap at the
-    earliest, and never while a request still holds it.
+    earliest, and never while a request still holds it. `replica` names this gateway
+    among the replicas sharing its Redis (default: TIERGATE_REPLICA_ID, else host:pid).
     """
 
     embedder = SharedEmbedder()
@@ -157,14 +186,16 @@ def create_app(
             state.watcher = PolicyWatcher(path, _applier(state), interval, stats.policy_reload)
             if interval > 0:
                 watch_task = asyncio.create_task(state.watcher.watch())
+        sync_task = await _start_replica_sync(state, policy, replica or replica_id())
         try:
             yield
         finally:
-            for task in (history_task, health_task, watch_task):
+            for task in (history_task, health_task, watch_task, sync_task):
                 if task is not None:
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
+            await state.replicas.close()
             await _stop_cache(state)
             await http.aclose()
             await app.state.limiter.close()

@@ -18,6 +18,7 @@ from gateway.cache.semantic import SemanticCache
 from gateway.embedding import SharedEmbedder
 from gateway.policy import Deployment, Policy, PolicyWatcher
 from gateway.pricing import deployment_price
+from gateway.replicas import ReplicaReport, ReplicaSync
 from gateway.routing.router import Router, Scorer, ScorerFactory
 from gateway.stats import Stats
 from gateway.stats_history import StatsHistory
@@ -35,6 +36,10 @@ class Runtime:
     loaded_at: float = field(default_factory=time.time)
 
 
+def _no_report() -> ReplicaReport:
+    raise RuntimeError("a replica without a Redis publishes nothing")
+
+
 @dataclass
 class GatewayState:
     runtime: Runtime
@@ -50,6 +55,9 @@ class GatewayState:
     background: set[asyncio.Task] = field(default_factory=set)  # e.g. cache stores
     history: StatsHistory | None = None  # snapshots of the stats, for windowed views
     balancer: Balancer = field(default_factory=Balancer)  # replicas' load, prefixes, health
+    replicas: ReplicaSync = field(  # the other gateways on the same Redis, if any
+        default_factory=lambda: ReplicaSync(None, "-", _no_report)
+    )
 
     def engine_registries(self) -> list[Any]:
         """Each running local engine's metrics registry (a test double may have none)."""

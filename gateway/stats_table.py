@@ -91,6 +91,16 @@ def _engine_rows(stats: dict[str, Any], w: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+def _replica_rows(stats: dict[str, Any], window: str) -> list[list[str]]:
+    rows = []
+    for replica, entry in sorted(stats.get("replicas", {}).items()):
+        w = entry["windows"][window]
+        latency = [_fmt(w["latency_s"][q], "s") for q in ("p50", "p95")]
+        rate = _fmt(w["hit_rate"], "%")
+        rows.append([replica, str(w["requests"]), rate, *latency, str(w["errors"])])
+    return rows
+
+
 def render(stats: dict[str, Any], window: str) -> str:
     w = stats["windows"][window]
     route_headers = ["route", "tenant", "requests", "exact", "semantic", "miss", "bypass"]
@@ -103,5 +113,17 @@ def render(stats: dict[str, Any], window: str) -> str:
             table([*route_headers, "refused", "hit rate"], _route_rows(w), left=2),
             table(tier_headers, _tier_rows(w), left=2),
             table(engine_headers, _engine_rows(stats, w)),
+            *_fleet_part(stats, window),
         ]
     )
+
+
+def _fleet_part(stats: dict[str, Any], window: str) -> list[str]:
+    """With several gateway replicas: the figures above are their sum; each one's here."""
+    fleet = stats.get("fleet") or {}
+    if fleet.get("error"):
+        return [f"replicas: {fleet['error']}"]
+    if fleet.get("replicas", 1) < 2:
+        return []
+    headers = ["replica", "requests", "hit rate", "p50", "p95", "errors"]
+    return [table(headers, _replica_rows(stats, window))]

@@ -1,8 +1,9 @@
 """The JSON of GET /admin/stats, built from differences of the stats registry's samples.
 
 Every figure comes from the counters in `gateway/stats.py` (and each local engine's
-registry), so /admin/stats and /metrics never disagree. The shape is documented in the
-README ("Admin stats").
+registry), so /admin/stats and /metrics never disagree; with replicas, the windows add the
+other replicas' counters to this one's (each replica's /metrics stays its own). The shape
+is documented in the README ("Admin stats").
 """
 
 import functools
@@ -13,8 +14,10 @@ from collections.abc import Iterable
 from typing import Any
 
 from gateway.policy import Price
+from gateway.replicas.report import ReplicaReport, Windows, summed
+from gateway.replicas.sync import FleetStats
 from gateway.stats import Labels, Samples
-from gateway.stats_history import Snapshot, StatsHistory, difference
+from gateway.stats_history import Live, Snapshot, StatsHistory, difference
 
 WINDOWS: dict[str, float | None] = {"1m": 60.0, "1h": 3600.0, "all": None}
 SERIES_S = 600.0  # what the dashboard's charts span
@@ -264,24 +267,69 @@ def engines_now(engines: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def stats_view(
-    history: StatsHistory, prices: Prices, top: tuple[str, Price], engines: dict[str, Any]
-) -> dict[str, Any]:
-    now = history.now()
-    windows = {}
+def window_samples(history: StatsHistory, now: Live) -> Windows:
+    """Each window's counters: the live ones minus the snapshot the window starts from."""
+    out: Windows = {}
     for name, seconds in WINDOWS.items():
         base = history.baseline(seconds, now.at)
-        delta = difference(now.samples, base.samples)
-        windows[name] = window(delta, round(now.at - base.at, 3), top)
+        out[name] = (round(now.at - base.at, 3), difference(now.samples, base.samples))
+    return out
+
+
+def replica_report(history: StatsHistory, replica: str) -> ReplicaReport:
+    """This replica's windows, as the other replicas read them (see gateway/replicas)."""
+    now = history.now()
+    return ReplicaReport(replica, now.at, history.started_at, window_samples(history, now))
+
+
+def replica_row(samples: Samples) -> dict[str, Any]:
+    """One replica's headline figures in a window (the fleet's sum has every detail)."""
+    everything = _cache_rows(samples, ()).get((), {})
+    statuses = total(samples, "tiergate_requests_total", "status")
+    return {
+        "requests": everything.get("requests", 0),
+        "hit_rate": everything.get("hit_rate"),
+        "errors": int(sum(n for (status,), n in statuses.items() if status not in _OK_STATUSES)),
+        "cost_usd": sum(total(samples, "tiergate_cost_usd_total").values()),
+        "latency_s": latency(samples, "tiergate_request_duration_seconds", None),
+    }
+
+
+def stats_view(
+    history: StatsHistory,
+    prices: Prices,
+    top: tuple[str, Price],
+    engines: dict[str, Any],
+    fleet: FleetStats | None = None,
+) -> dict[str, Any]:
+    """`windows` sum this replica's and the other live replicas' (`fleet`) counters;
+    `replicas` has each one's headline figures; the rest (engines, series) is this
+    replica's."""
+    fleet = fleet or FleetStats("-", False, None, [])
+    now = history.now()
+    own = ReplicaReport(fleet.replica, now.at, history.started_at, window_samples(history, now))
+    reports = [own, *fleet.others]
+    windows = {name: window(s, seconds, top) for name, (seconds, s) in summed(reports).items()}
+    replicas = {
+        r.replica: {
+            "reported_at": r.at,
+            "started_at": r.started_at,
+            "windows": {name: replica_row(s) for name, (_, s) in r.windows.items()},
+        }
+        for r in reports
+    }
     return {
         "generated_at": now.at,
         "started_at": history.started_at,
         "interval_s": history.interval_s,
+        "replica": fleet.replica,
+        "fleet": {"shared": fleet.shared, "error": fleet.error, "replicas": len(reports)},
         "prices": [
             {"tier": t, "model": m, "input": p.input, "output": p.output}
             for (t, m), p in sorted(prices.items())
         ],
         "windows": windows,
+        "replicas": replicas,
         "engines": engines_now(engines),
         "series": series(history.points(SERIES_S, now), top, history.derived),
     }

@@ -5,72 +5,32 @@ over and the tier keeps answering; the health probe takes it out, and brings it 
 it serves again on the same port.
 """
 
-import os
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
-import httpx
 import openai
 import pytest
 from fastapi import FastAPI
-from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.app import create_app
 from gateway.policy import parse_policy
-from tests.servers import eventually, free_port, run_uvicorn, wait_for_port
+from tests.processes import Engine
+from tests.servers import eventually, run_uvicorn
 
-MODEL = "smollm2-135m"
 SYSTEMS = [
     "You answer questions about the Python standard library. " * 25,
     "You are a terse travel agent for trains in the Alps. " * 25,
 ]
 
 
-class Engine:
-    """`tiergate engine` as its own process, on a port it keeps across restarts."""
-
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        args = ["engine", "--model", MODEL, "--port", str(self.port), "--served-name", "smol"]
-        args += ["--kv-cache-mb", "32", "--threads", "1", "--max-model-len", "2048"]
-        env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
-        cmd = [sys.executable, "-m", "gateway.cli", *args]
-        self.proc = subprocess.Popen(cmd, env=env, stderr=subprocess.DEVNULL)
-        wait_for_port(self.port, timeout=180)
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait()
-
-    def metric(self, name: str) -> float:
-        text = httpx.get(f"http://127.0.0.1:{self.port}/metrics", timeout=10).text
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name == name:
-                    return sample.value
-        return 0.0
-
-    def requests_served(self) -> float:
-        return self.metric("tiergate_engine_time_to_first_token_seconds_count")
-
-    def prefix_hit_rate(self) -> float:
-        hits = self.metric("tiergate_engine_prefix_cache_hits_total")
-        return hits / self.metric("tiergate_engine_prefix_cache_queries_total")
-
-
 @pytest.fixture(scope="module")
 def engines() -> Iterator[list[Engine]]:
     pair = [Engine(), Engine()]
     try:
+        for engine in pair:  # both load the model at once
+            engine.launch()
         for engine in pair:
-            engine.start()
+            engine.wait_ready()
         yield pair
     finally:
         for engine in pair:

@@ -42,7 +42,7 @@ def _redacted(policy_json: dict[str, Any]) -> dict[str, Any]:
     for tier in policy_json.get("tiers", {}).values():
         for deployment in tier.get("deployments", []):
             deployment["api_base"] = redact_url(deployment.get("api_base"))
-    for section in ("cache", "limits"):
+    for section in ("cache", "limits", "server"):
         part = policy_json.get(section, {})
         if part.get("redis_url"):
             part["redis_url"] = redact_url(part["redis_url"])
@@ -83,7 +83,9 @@ async def reload_policy(request: Request, state: State, _: Admin) -> dict[str, A
             "Invalid policy, the running one stays in force: " + "; ".join(issues),
             code="invalid_policy",
         )
-    return {"status": "reloaded", "loaded_at": state.runtime.loaded_at}
+    # shared: whether the other replicas on the policy's Redis will apply it too
+    shared = state.replicas.last_shared
+    return {"status": "reloaded", "loaded_at": state.runtime.loaded_at, "shared": shared}
 
 
 @router.get("/admin/stats")
@@ -91,4 +93,5 @@ async def show_stats(state: State, _: Admin) -> dict[str, Any]:
     """Windows (last minute, last hour, since start), engines and chart series: README."""
     prices = policy_prices(state.runtime.policy)
     engines = state.engines.all()
-    return stats_view(state.history, prices, most_expensive(prices), engines)
+    fleet = await state.replicas.fleet_stats()
+    return stats_view(state.history, prices, most_expensive(prices), engines, fleet)

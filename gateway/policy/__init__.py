@@ -6,7 +6,7 @@ schema then cross-section checks), each reporting `yaml.path: reason` with its l
 watcher.py reloads a changed file. Everything callers use is importable from here.
 """
 
-from gateway.policy.loading import load_policy, parse_policy, with_lines
+from gateway.policy.loading import load_policy, parse_policy, policy_from_text, with_lines
 from gateway.policy.schema import Policy, PolicyError, PolicyIssue
 from gateway.policy.settings import (
     ApiKey,
@@ -61,5 +61,6 @@ __all__ = [
     "key_digest",
     "load_policy",
     "parse_policy",
+    "policy_from_text",
     "with_lines",
 ]

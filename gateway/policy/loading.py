@@ -281,13 +281,24 @@ def _validate(text: str, source: str, env: dict[str, str] | None) -> Policy:
     return policy
 
 
-def load_policy(path: str | Path, env: dict[str, str] | None = None) -> Policy:
-    path = Path(path)
+def read_policy_text(path: Path) -> str:
     try:
-        text = path.read_text()
+        return path.read_text()
     except OSError as exc:
         raise PolicyError(str(path), [PolicyIssue("", f"cannot read: {exc.strerror}")]) from None
-    policy = parse_policy(text, str(path), env)
+
+
+def load_policy(path: str | Path, env: dict[str, str] | None = None) -> Policy:
+    path = Path(path)
+    return policy_from_text(read_policy_text(path), path, env)
+
+
+def policy_from_text(
+    text: str, path: Path, env: dict[str, str] | None = None, source: str | None = None
+) -> Policy:
+    """Policy text as if read from `path`: relative example files are read beside it.
+    `source` names the text in errors (default: the path), e.g. another replica's policy."""
+    policy = parse_policy(text, source or str(path), env)
     from gateway.routing.examples import resolve_example_files  # lazy: it reads files
 
     return resolve_example_files(policy, path, text)

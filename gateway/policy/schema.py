@@ -46,6 +46,9 @@ class Policy(StrictModel):
     def limits_redis_url(self) -> str | None:
         return self.limits.redis_url or self.cache.redis_url
 
+    def replicas_redis_url(self) -> str | None:
+        return self.server.redis_url or self.limits_redis_url()
+
 
 @dataclass(frozen=True)
 class PolicyIssue:

@@ -29,9 +29,19 @@ class ServerSettings(StrictModel):
     # with the abort margin that fits Kubernetes' default 30 s before it kills the pod.
     shutdown_grace_s: float = 25.0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # larger request bodies get 413
+    # Where gateway replicas share their stats and policy reloads (read at start). None:
+    # limits.redis_url, then cache.redis_url; none of the three: this gateway is alone.
+    redis_url: str | None = None
 
     _check_interval = field_validator("reload_interval_s", "shutdown_grace_s")(not_negative)
     _check_body = field_validator("max_body_bytes")(positive)
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_scheme(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must start with redis://, rediss:// or unix://")
+        return value
 
     @field_validator("port")
     @classmethod

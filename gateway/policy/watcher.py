@@ -5,7 +5,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from gateway.policy.loading import load_policy
+from gateway.policy.loading import policy_from_text, read_policy_text
 from gateway.policy.schema import Policy, PolicyError
 
 logger = logging.getLogger("tiergate.policy")
@@ -15,7 +15,8 @@ class PolicyWatcher:
     """Polls the policy file's mtime and calls `apply` with each new valid policy.
 
     An invalid file leaves the running policy in force: the error is logged and kept in
-    `last_error` (shown by GET /admin/policy) until a later load succeeds.
+    `last_error` (shown by GET /admin/policy) until a later load succeeds. Policy text from
+    elsewhere (another gateway replica) goes through the same checks (`apply_text`).
     """
 
     def __init__(
@@ -29,6 +30,8 @@ class PolicyWatcher:
         self._apply = apply  # raises PolicyError to refuse a policy it cannot put in force
         self.interval_s = interval_s
         self._on_result = on_result or (lambda ok: None)
+        # Called with the file's text after it was put in force (e.g. to share it).
+        self.on_loaded: Callable[[str], Awaitable[object]] | None = None
         self.last_error: PolicyError | None = None
         self._mtime = self._current_mtime()
         self._lock = asyncio.Lock()
@@ -39,22 +42,50 @@ class PolicyWatcher:
         except OSError:
             return None
 
+    def read(self) -> str:
+        return read_policy_text(self.path)
+
     async def reload(self) -> Policy | None:
         """Load and apply the file now; returns the new policy, or None when it is invalid."""
         async with self._lock:
             self._mtime = self._current_mtime()
             try:
-                policy = await asyncio.to_thread(load_policy, self.path)
-                await self._apply(policy)
+                text = await asyncio.to_thread(self.read)
             except PolicyError as exc:
-                self.last_error = exc
-                self._on_result(False)
-                logger.error("policy reload refused, keeping the running policy: %s", exc)
+                self._refused(exc)
                 return None
-            self.last_error = None
-            self._on_result(True)
-            logger.info("policy reloaded from %s", self.path)
+            policy = await self._load(text, str(self.path))
+            if policy is not None and self.on_loaded is not None:
+                await self.on_loaded(text)
             return policy
+
+    async def apply_text(
+        self, text: str, source: str, still_wanted: Callable[[], bool] = lambda: True
+    ) -> Policy | None:
+        """Apply policy text from `source` as if it were the file's (relative paths resolve
+        beside the file); None when it is invalid here (the running policy kept), or when
+        `still_wanted()` says no once the reload before it is done."""
+        async with self._lock:
+            if not still_wanted():
+                return None
+            return await self._load(text, source)
+
+    async def _load(self, text: str, source: str) -> Policy | None:
+        try:
+            policy = await asyncio.to_thread(policy_from_text, text, self.path, None, source)
+            await self._apply(policy)
+        except PolicyError as exc:
+            self._refused(exc)
+            return None
+        self.last_error = None
+        self._on_result(True)
+        logger.info("policy reloaded from %s", source)
+        return policy
+
+    def _refused(self, exc: PolicyError) -> None:
+        self.last_error = exc
+        self._on_result(False)
+        logger.error("policy reload refused, keeping the running policy: %s", exc)
 
     async def watch(self) -> None:
         """Run until cancelled; reloads whenever the file's mtime changes."""
