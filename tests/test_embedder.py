@@ -74,6 +74,7 @@ def test_onnx_agrees_with_torch(embedder: Embedder, torch_embedder: Embedder) ->
         "How do I reset my password?",
         "héllo Wörld, ÇA VA? 日本語のテキスト",
         "x",
+        "",
         " ".join(f"token{i}" for i in range(300)),  # past the 256 word pieces the model reads
     ]
     drift = 1 - (embedder.embed_many(texts) * torch_embedder.embed_many(texts)).sum(axis=1)
@@ -127,3 +128,21 @@ def test_graph_is_exported_once_and_a_broken_one_rebuilt(
     text = ["the cached graph gives the same vector"]
     assert np.allclose(rebuilt.embed_many(text), embedder.embed_many(text), atol=1e-6)
     assert np.allclose(again.embed_many(text), embedder.embed_many(text), atol=1e-6)
+
+
+@pytest.mark.parametrize("broken", ["onnx package missing", "cache dir unwritable"])
+def test_a_graph_that_cannot_be_exported_falls_back_to_torch(
+    broken: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if broken == "onnx package missing":
+        monkeypatch.setenv("TIERGATE_CACHE_DIR", str(tmp_path))
+        monkeypatch.setitem(sys.modules, "onnx", None)  # the exporter needs it
+    else:
+        (tmp_path / "file").write_text("")  # a file where the cache dir's folder must go
+        monkeypatch.setenv("TIERGATE_CACHE_DIR", str(tmp_path / "file" / "cache"))
+    with pytest.raises(OnnxUnavailable, match="export failed"):
+        Embedder(backend="onnx")
+    fallback = Embedder(backend="auto")
+    assert fallback.backend == "torch"
+    assert fallback.embed_many([""]).shape == (1, fallback.dim)  # even an empty text
+    assert not list(tmp_path.rglob("*.onnx"))  # nothing half-written left behind
