@@ -146,3 +146,15 @@ def test_a_graph_that_cannot_be_exported_falls_back_to_torch(
     assert fallback.backend == "torch"
     assert fallback.embed_many([""]).shape == (1, fallback.dim)  # even an empty text
     assert not list(tmp_path.rglob("*.onnx"))  # nothing half-written left behind
+
+
+def test_a_folder_without_a_fast_tokenizer_runs_on_torch(tmp_path: Path) -> None:
+    """A sentence-transformers folder with only vocab.txt: torch builds its tokenizer."""
+    for item in default_model_path().iterdir():
+        if item.name != "tokenizer.json":
+            (tmp_path / item.name).symlink_to(item)
+    with pytest.raises(OnnxUnavailable, match=r"tokenizer\.json"):
+        Embedder(str(tmp_path), backend="onnx")
+    folder = Embedder(str(tmp_path))
+    assert folder.backend == "torch"
+    assert np.allclose(np.linalg.norm(folder.embed_many(["a question"]), axis=1), 1.0)

@@ -116,9 +116,12 @@ class OnnxBackend:
             raise OnnxUnavailable("onnxruntime is not installed") from exc
         from tokenizers import Tokenizer
 
-        config = json.loads((model_dir / "sentence_bert_config.json").read_text())
+        try:  # a folder without these files is left to sentence-transformers on torch
+            config = json.loads((model_dir / "sentence_bert_config.json").read_text())
+            self._tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        except Exception as exc:
+            raise OnnxUnavailable(f"no tokenizer.json or sentence_bert_config.json: {exc}") from exc
         self.max_seq_length: int = int(config.get("max_seq_length", 256))
-        self._tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         # The file's own settings (fixed padding to 128, cut at 128) are not the model's.
         self._tokenizer.enable_truncation(self.max_seq_length)
         self._tokenizer.no_padding()
