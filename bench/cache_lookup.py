@@ -268,6 +268,7 @@ async def main() -> int:
     payload = {
         "cpu_model": cpu_model(),
         "torch_threads": args.torch_threads,
+        "embedder_backend": embedder.backend,
         "sizes": results,
         "verifier_skipped": verifier_skipped,
         "goals_at_entries": max(args.sizes),

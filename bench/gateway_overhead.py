@@ -6,6 +6,8 @@ gateway with the semantic cache on, and LiteLLM's proxy (`litellm --config`, one
 master key, no cache) over the same stub. The cached gateway gets a new question every
 request, so each one pays the whole cache path and still goes to the stub: embed, exact
 and semantic lookup, store (and the verifier whenever a neighbour is close enough).
+`--torch-embedder` adds the same cached gateway with its embedder on torch instead of
+ONNX Runtime (the reference the embedder's speed-up is read against).
 Figures: added latency p50/p99 at concurrency 1 (stream and not), requests/s at
 concurrency 16, and CPU seconds per request of each gateway's server process tree.
 Goals: our added p50 and CPU/request <= 1/3 of LiteLLM's, our requests/s >= 3x, and our
@@ -125,13 +127,16 @@ def tree_cpu_seconds(pid: int) -> float:
 # ---------------------------------------------------------------- configs
 
 
-def tiergate_policy(stub_port: int, port: int, cache: str = "{enabled: false}") -> str:
+def tiergate_policy(
+    stub_port: int, port: int, cache: str = "{enabled: false}", embedder: str = "auto"
+) -> str:
     return f"""
 server: {{host: 127.0.0.1, port: {port}, reload_interval_s: 0}}
 auth:
   keys:
     - {{key: {KEY}, tenant: bench}}
 cache: {cache}
+embedder: {{backend: {embedder}}}
 tiers:
   stub:
     deployments:
@@ -266,7 +271,10 @@ def goals(lat: dict[str, Any], tput: dict[str, Any]) -> dict[str, Any]:
     cpu_o, cpu_l = tput["tiergate"]["cpu_ms_per_request"], tput["litellm"]["cpu_ms_per_request"]
     cpu_cache = tput["tiergate-cache"]["cpu_ms_per_request"]
     rps = tput["tiergate"]["requests_per_s"] / tput["litellm"]["requests_per_s"]
+    torch_embedder = tput.get("tiergate-cache-torch", {}).get("cpu_ms_per_request")
+    reference = {"cache_torch_embedder_cpu_share": share(torch_embedder, cpu_l)}  # no goal
     return {
+        **(reference if torch_embedder else {}),
         "cache_cpu_per_request_share": common.goal(
             share(cpu_cache, cpu_l), GOALS["cache_cpu_per_request_share"], False
         ),
@@ -288,6 +296,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="fewer requests")
     p.add_argument("--skip-litellm", action="store_true", help="no LiteLLM proxy baseline")
     p.add_argument("--no-install", action="store_true", help="skip LiteLLM if not installed")
+    p.add_argument(
+        "--torch-embedder",
+        action="store_true",
+        help="also the cached gateway with its embedder on torch (tiergate-cache-torch)",
+    )
     return p.parse_args()
 
 
@@ -313,15 +326,26 @@ async def measure(targets: list[Target], n_latency: int, n_tput: int) -> dict[st
     }
 
 
+def start_cached(
+    stack: contextlib.ExitStack, work: Path, stub_port: int, env: dict[str, str], embedder: str
+) -> Target:
+    """Our gateway with the cache on (embedded store), its embedder on `embedder`."""
+    port = free_port()
+    policy = work / f"policy-cache-{embedder}.yaml"
+    store = f"{{enabled: true, path: {work / f'cache-{embedder}.sqlite3'}}}"
+    policy.write_text(tiergate_policy(stub_port, port, store, embedder))
+    log = work / f"tg-cache-{embedder}.log"
+    pid = stack.enter_context(server(tiergate_cmd(policy, port), log, env))
+    name = "tiergate-cache" if embedder == "auto" else f"tiergate-cache-{embedder}"
+    return Target(name, f"http://127.0.0.1:{port}/v1", "auto", pid, unique=True)
+
+
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     n_latency, n_tput = (60, 240) if args.quick else (300, 1200)
     venv = lite_venv(args)
-    stub_port, tg_port, lite_port, cache_port = free_port(), free_port(), free_port(), free_port()
+    stub_port, tg_port, lite_port = free_port(), free_port(), free_port()
     policy, config = work / "policy.yaml", work / "litellm.yaml"
     policy.write_text(tiergate_policy(stub_port, tg_port))
-    cached = work / "policy-cache.yaml"
-    store = f"{{enabled: true, path: {work / 'cache.sqlite3'}}}"
-    cached.write_text(tiergate_policy(stub_port, cache_port, store))
     config.write_text(litellm_config(stub_port))
     env = {"STUB_API_KEY": "sk-stub", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
     stub_cmd = [sys.executable, str(HERE / "stub_backend.py"), "--port", str(stub_port)]
@@ -329,13 +353,13 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     with contextlib.ExitStack() as stack:
         stack.enter_context(server(stub_cmd, work / "stub.log"))
         tg_pid = stack.enter_context(server(tiergate_cmd(policy, tg_port), work / "tg.log", env))
-        cache_cmd = tiergate_cmd(cached, cache_port)
-        cache_pid = stack.enter_context(server(cache_cmd, work / "tg-cache.log", env))
         targets = [
             Target("direct", f"http://127.0.0.1:{stub_port}/v1", "stub-model", None),
             Target("tiergate", f"http://127.0.0.1:{tg_port}/v1", "auto", tg_pid),
-            Target("tiergate-cache", f"http://127.0.0.1:{cache_port}/v1", "auto", cache_pid, True),
+            start_cached(stack, work, stub_port, env, "auto"),
         ]
+        if args.torch_embedder:  # the same cache path on the reference embedder
+            targets.append(start_cached(stack, work, stub_port, env, "torch"))
         lite_cmd = litellm_cmd(venv, config, lite_port) if venv.python else None
         if lite_cmd:
             lite_pid = stack.enter_context(server(lite_cmd, work / "litellm.log", env))

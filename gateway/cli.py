@@ -51,7 +51,7 @@ def calibrate(args: argparse.Namespace) -> int:
         tier = args.tier or next((r.tier for r in policy.routes[route].rules if r.min_score), None)
         index = cal.score_rule_index(policy, route, tier)
         prompts = cal.read_prompts(Path(args.prompts))
-        embedder = Embedder(policy.embedder.model)
+        embedder = Embedder(policy.embedder.model, backend=policy.embedder.backend)
         scores = cal.score_prompts(policy, prompts, embedder.embed_many)
     except PolicyError as exc:
         _print_policy_error(exc)

@@ -28,7 +28,11 @@ class SharedEmbedder:
         async with self._lock:
             if self._embedder is None:
                 self._embedder = await asyncio.to_thread(
-                    Embedder, settings.model, settings.batch_size, settings.max_wait_ms
+                    Embedder,
+                    settings.model,
+                    settings.batch_size,
+                    settings.max_wait_ms,
+                    settings.backend,
                 )
             return self._embedder
 

