@@ -88,8 +88,16 @@ class JsonSchemaFormat(BaseModel):
 
     name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")
     description: str | None = None
-    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")  # BaseModel.schema
     strict: bool | None = None
+
+    @model_serializer(mode="wrap")
+    def _as_sent(self, handler: Any) -> dict[str, Any]:
+        # forwarded to remote tiers under OpenAI's own name, whatever the dump's by_alias
+        out = handler(self)
+        if "schema_" in out:
+            out["schema"] = out.pop("schema_")
+        return out
 
 
 class ToolChoiceFunction(BaseModel):
