@@ -19,9 +19,9 @@ from collections import OrderedDict
 from typing import Any
 
 import llguidance
+import numpy as np
 import torch
 from jsonschema import Draft202012Validator, SchemaError, validators
-from llguidance.torch import fill_next_token_bitmask_par
 
 from engine.constraints import Constraint, JsonConstraint, SchemaSource, ToolCallConstraint
 from engine.errors import InvalidParamError
@@ -31,7 +31,7 @@ from engine.tool_calls import CLOSE, OPEN
 # model could otherwise repeat until max_tokens.
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 _CACHE_SIZE = 128  # compiled constraints kept (least recently used go first)
-_SHIFTS = torch.arange(32, dtype=torch.int32)
+_SHIFTS = np.arange(32, dtype=np.uint32)
 
 
 class GrammarState:
@@ -159,26 +159,44 @@ def _first_line(message: str) -> str:
     return message.strip().splitlines()[0] if message.strip() else "invalid grammar"
 
 
-_executor: llguidance.LLExecutor | None = None
-
-
 def mask_logits(logits: torch.Tensor, states: list[GrammarState | None]) -> None:
-    """Set every token a row's grammar forbids to -inf, in place (rows without: untouched)."""
-    global _executor
+    """Set every token a row's grammar forbids to -inf, in place (rows without: untouched).
+
+    A handful of rows: each matcher fills its bitmask row directly (llguidance's thread
+    pool costs more than it saves here), and only the smaller of the allowed and forbidden
+    sets is touched, found word by word (most words are all 0 or all 1 bits): a full-width
+    boolean pass over the vocabulary would cost more than computing the mask."""
     rows = [i for i, s in enumerate(states) if s is not None]
     if not rows:
         return
-    if _executor is None:
-        _executor = llguidance.LLExecutor()
     words = states[rows[0]].mask_words  # type: ignore[union-attr]
     bitmask = torch.full((len(rows), words), -1, dtype=torch.int32)
-    matchers = [(states[i].matcher, j) for j, i in enumerate(rows)]  # type: ignore[union-attr]
-    fill_next_token_bitmask_par(_executor, matchers, bitmask)
-    vocab = logits.shape[-1]
-    allowed = ((bitmask.unsqueeze(-1) >> _SHIFTS) & 1).view(len(rows), -1)
-    forbidden = allowed[:, :vocab] == 0
-    if allowed.shape[1] < vocab:  # a padded vocabulary: the grammar knows no such tokens
-        pad = torch.ones(len(rows), vocab - allowed.shape[1], dtype=torch.bool)
-        forbidden = torch.cat([forbidden, pad], dim=1)
-    index = torch.tensor(rows)
-    logits[index] = logits[index].masked_fill(forbidden, float("-inf"))
+    for j, i in enumerate(rows):
+        target = bitmask[j]
+        states[i].matcher.unsafe_compute_mask_ptr(target.data_ptr(), words * 4)  # type: ignore[union-attr]
+    for j, i in enumerate(rows):
+        _mask_row(logits[i], bitmask[j].numpy().view(np.uint32))
+
+
+def _mask_row(row: torch.Tensor, words: np.ndarray) -> None:
+    """-inf where the bitmask `words` has a 0 bit (and past its end)."""
+    vocab = row.shape[0]
+    some_allowed = np.flatnonzero(words)
+    some_forbidden = np.flatnonzero(~words)
+    if len(some_allowed) <= len(some_forbidden):  # e.g. between JSON values
+        ids = torch.from_numpy(_set_bits(words, some_allowed))
+        ids = ids[ids < vocab]
+        kept = row[ids]
+        row.fill_(float("-inf"))
+        row[ids] = kept
+        return
+    ids = torch.from_numpy(_set_bits(~words, some_forbidden))
+    row[ids[ids < vocab]] = float("-inf")
+    row[32 * len(words) :] = float("-inf")  # a padded vocabulary: no grammar knows these
+
+
+def _set_bits(words: np.ndarray, which: np.ndarray) -> np.ndarray:
+    """Token ids of the 1 bits in words[which] (bit j of word w is token 32w + j)."""
+    bits = (words[which, None] >> _SHIFTS) & 1
+    word, bit = np.nonzero(bits)
+    return (which[word] * 32 + bit).astype(np.int64)
