@@ -89,7 +89,12 @@ class GrammarCompiler:
             return self._ll
 
     def _compile(self, constraint: Constraint) -> llguidance.LLMatcher:
-        ll = self.ll_tokenizer()
+        try:
+            ll = self.ll_tokenizer()
+        except Exception as exc:  # a tokenizer llguidance cannot read: refuse, stay up
+            field = "response_format" if isinstance(constraint, JsonConstraint) else "tool_choice"
+            message = f"{field} cannot be enforced with this model's tokenizer: {exc}"
+            raise InvalidParamError(field, message) from exc
         if isinstance(constraint, JsonConstraint):
             schema = self._checked(constraint.source, ll)
             grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)

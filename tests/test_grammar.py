@@ -19,6 +19,7 @@ from engine.grammar import GrammarCompiler, GrammarState, mask_logits
 from engine.model_registry import resolve_model
 from engine.protocol import ChatCompletionRequest
 from engine.tokenizer import Tokenizer, load_tokenizer
+from tests.fake_runner import FakeTokenizer
 
 POINT = {
     "type": "object",
@@ -177,3 +178,14 @@ def test_which_requests_are_constrained() -> None:
     one = constraint_of(chat(tools=TOOLS, tool_choice=named, parallel_tool_calls=False))
     assert isinstance(one, ToolCallConstraint) and not one.parallel
     assert [name for name, _ in one.functions] == ["b"]
+
+
+def test_a_tokenizer_llguidance_cannot_read_refuses_the_request() -> None:
+    compiler = GrammarCompiler(FakeTokenizer(), 261)  # no `tokenizers` backend to hand over
+    with pytest.raises(InvalidParamError) as info:
+        compiler.state_for(JsonConstraint(SchemaSource(json.dumps(POINT), "response_format")))
+    assert info.value.param == "response_format"
+    tools = ToolCallConstraint((("f", SchemaSource("{}", "tools[0].function.parameters")),), True)
+    with pytest.raises(InvalidParamError) as info:
+        compiler.state_for(tools)
+    assert info.value.param == "tool_choice"

@@ -323,3 +323,32 @@ def test_remote_tiers_get_response_format_as_sent(
     sent = stub[0].state.bodies[-1]
     assert sent["response_format"] == PERSON_FORMAT
     assert sent["tool_choice"] == named
+
+
+# ------------------------------------------------------------------------ Qwen2.5
+
+
+@pytest.mark.slow  # a 0.5B model on CPU
+def test_qwen_writes_forced_calls_with_its_own_tag_tokens(one_torch_thread: None) -> None:
+    name = "qwen2.5-coder-0.5b"
+    engine = AsyncEngine(EngineConfig(model=name, kv_cache_bytes=64 << 20, num_threads=1))
+    engine.start()
+    try:
+        with run_uvicorn(create_engine_app(engine, name)) as url:
+            qwen = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+            named: Any = {"type": "function", "function": {"name": "get_time"}}
+            reply = qwen.chat.completions.create(
+                model=name,
+                messages=ASK_WEATHER,
+                tools=TOOLS,
+                tool_choice=named,
+                parallel_tool_calls=False,
+                temperature=0,
+                max_tokens=60,
+            )
+    finally:
+        engine.shutdown()
+    assert reply.choices[0].finish_reason == "tool_calls"
+    calls = calls_of(reply.choices[0].message)
+    assert len(calls) == 1
+    check_calls(calls, {"get_time"})
