@@ -96,8 +96,7 @@ class GrammarCompiler:
             message = f"{field} cannot be enforced with this model's tokenizer: {exc}"
             raise InvalidParamError(field, message) from exc
         if isinstance(constraint, JsonConstraint):
-            schema = self._checked(constraint.source, ll)
-            grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)
+            _, grammar = self._checked(constraint.source, ll)
             param = constraint.source.param
         else:
             grammar = llguidance.LLMatcher.grammar_from_lark(self._tool_lark(constraint, ll))
@@ -107,8 +106,10 @@ class GrammarCompiler:
             raise InvalidParamError(param, f"{param}: {_first_line(matcher.get_error())}")
         return matcher
 
-    def _checked(self, source: SchemaSource, ll: llguidance.LLTokenizer) -> dict[str, Any]:
-        """The schema, once both the meta-schema and llguidance accept it."""
+    def _checked(
+        self, source: SchemaSource, ll: llguidance.LLTokenizer
+    ) -> tuple[dict[str, Any], str]:
+        """The schema and its grammar, once both the meta-schema and llguidance accept it."""
         schema = json.loads(source.schema)
         if not isinstance(schema, dict):
             raise InvalidParamError(source.param, f"{source.param}: a schema must be an object")
@@ -120,12 +121,16 @@ class GrammarCompiler:
                 f"[{p}]" if isinstance(p, int) else f".{p}" for p in exc.path
             )
             raise InvalidParamError(where, f"{where}: invalid JSON schema: {exc.message}") from None
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)
-        error = llguidance.LLMatcher.validate_grammar(grammar, ll)
-        if error:
-            message = f"{source.param}: this schema cannot be enforced: {_first_line(error)}"
+        try:
+            grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)
+            is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, ll)
+        except ValueError as exc:
+            is_error, messages = True, [str(exc)]
+        if is_error:
+            reason = _first_line(messages[0] if messages else "")
+            message = f"{source.param}: this schema cannot be enforced: {reason}"
             raise InvalidParamError(source.param, message)
-        return schema
+        return schema, grammar
 
     def _tool_lark(self, constraint: ToolCallConstraint, ll: llguidance.LLTokenizer) -> str:
         """Qwen2.5's (Hermes') format: `<tool_call>\\n{"name": ..., "arguments": {...}}\\n
@@ -133,7 +138,7 @@ class GrammarCompiler:
         when its vocabulary has them."""
         rules = []
         for i, (name, source) in enumerate(constraint.functions):
-            params = dict(self._checked(source, ll))
+            params = dict(self._checked(source, ll)[0])
             # `#/$defs/...` references point at the root: the definitions move up to it
             defs = {k: params.pop(k) for k in ("$defs", "definitions") if k in params}
             call = {
