@@ -88,6 +88,7 @@ tiers:
   remote: {{deployments: [{{model: hosted_vllm/echo, api_base: '{stub[1]}'}}], retries: 0}}
 routes:
   auto: {{default: small}}
+cache: {{enabled: false}}  # every answer comes from the engine, batched or alone
 """
     with run_uvicorn(create_app(parse_policy(policy, env={}))) as url:
         yield openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
