@@ -77,7 +77,7 @@ def stub() -> Iterator[tuple[FastAPI, str]]:
 
 
 @pytest.fixture(scope="module")
-def client(one_torch_thread: None, stub: tuple[FastAPI, str]) -> Iterator[openai.OpenAI]:
+def gateway(one_torch_thread: None, stub: tuple[FastAPI, str]) -> Iterator[FastAPI]:
     policy = f"""
 auth:
   keys: [{{key: {KEY}, tenant: one}}]
@@ -90,8 +90,15 @@ routes:
   auto: {{default: small}}
 cache: {{enabled: false}}  # every answer comes from the engine, batched or alone
 """
-    with run_uvicorn(create_app(parse_policy(policy, env={}))) as url:
-        yield openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
+    app = create_app(parse_policy(policy, env={}))
+    with run_uvicorn(app) as url:
+        app.state.url = url
+        yield app
+
+
+@pytest.fixture(scope="module")
+def client(gateway: FastAPI) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{gateway.state.url}/v1", api_key=KEY, max_retries=0)
 
 
 @pytest.fixture(scope="module")
@@ -248,7 +255,9 @@ def test_invalid_schemas_are_400s_naming_the_place(
 # ------------------------------------------------------------------------ the batch
 
 
-def test_mixed_batch_gives_each_request_its_answer_alone(client: openai.OpenAI) -> None:
+def test_mixed_batch_gives_each_request_its_answer_alone(
+    client: openai.OpenAI, gateway: FastAPI
+) -> None:
     named: Any = {"type": "function", "function": {"name": "get_weather"}}
     requests: list[dict[str, Any]] = [
         {"messages": ASK_PERSON, "response_format": PERSON_FORMAT},
@@ -265,9 +274,25 @@ def test_mixed_batch_gives_each_request_its_answer_alone(client: openai.OpenAI) 
         return message.content, calls_of(message)
 
     alone = [answer(r) for r in requests]
-    start = threading.Barrier(len(requests))
-    with ThreadPoolExecutor(len(requests)) as pool:
-        together = list(pool.map(lambda r: answer(r, start), requests))
+    runner = gateway.state.gateway.engines.get(MODEL).engine.runner
+    steps: list[tuple[int, int]] = []  # per step: rows sampled with a grammar, without
+    execute = runner.execute
+
+    def watched(chunks: list[Any]) -> Any:
+        sampled = [c for c in chunks if c.sample]
+        steps.append(
+            (sum(c.grammar is not None for c in sampled), sum(c.grammar is None for c in sampled))
+        )
+        return execute(chunks)
+
+    runner.execute = watched
+    try:
+        start = threading.Barrier(len(requests))
+        with ThreadPoolExecutor(len(requests)) as pool:
+            together = list(pool.map(lambda r: answer(r, start), requests))
+    finally:
+        del runner.execute
+    assert any(constrained and plain for constrained, plain in steps)  # really one batch
     assert together == alone
     jsonschema.validate(json.loads(alone[0][0]), PERSON)
     check_calls(alone[2][1], {"get_weather"})
