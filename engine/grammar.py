@@ -102,8 +102,11 @@ class GrammarCompiler:
             grammar = llguidance.LLMatcher.grammar_from_lark(self._tool_lark(constraint, ll))
             param = "tools"
         matcher = llguidance.LLMatcher(ll, grammar, log_level=0)
-        if matcher.is_error():
-            raise InvalidParamError(param, f"{param}: {_first_line(matcher.get_error())}")
+        probe = matcher.deep_copy()  # some grammars fail only at their first mask
+        probe.compute_bitmask()  # (a schema that is nothing but a reference to itself)
+        if probe.is_error():
+            reason = _first_line(probe.get_error())
+            raise InvalidParamError(param, f"{param}: no output can satisfy it ({reason})")
         return matcher
 
     def _checked(
@@ -113,7 +116,11 @@ class GrammarCompiler:
         schema = json.loads(source.schema)
         if not isinstance(schema, dict):
             raise InvalidParamError(source.param, f"{source.param}: a schema must be an object")
-        meta = validators.validator_for(schema, default=Draft202012Validator)
+        try:
+            meta = validators.validator_for(schema, default=Draft202012Validator)
+        except Exception:  # e.g. a `$schema` that is not a string
+            where = f"{source.param}.$schema"
+            raise InvalidParamError(where, f"{where}: not a known JSON Schema dialect") from None
         try:
             meta.check_schema(schema)
         except SchemaError as exc:

@@ -126,6 +126,8 @@ def test_parameters_with_local_definitions(compiler: GrammarCompiler, tokenizer:
         ({"type": "array", "items": [{"type": 3}]}, "p.items"),
         ({"type": "string", "pattern": "(?<=a)b"}, "p"),  # valid, but not enforceable
         ({"$ref": "#/$defs/missing"}, "p"),
+        ({"$ref": "#"}, "p"),  # nothing but itself: no document satisfies it
+        ({"$schema": 5}, "p.$schema"),
     ],
 )
 def test_bad_schemas_name_their_place(
