@@ -206,6 +206,22 @@ def test_required_tool_choice_forces_a_declared_call(client: openai.OpenAI) -> N
     assert streamed_calls == calls  # several calls in a row: tests/test_grammar.py
 
 
+def test_each_choice_of_n_has_its_own_matcher(engine_client: openai.OpenAI) -> None:
+    reply = engine_client.chat.completions.create(
+        model=MODEL,
+        messages=ASK_PERSON,
+        response_format=PERSON_FORMAT,
+        n=3,
+        temperature=1.0,
+        seed=7,
+        max_tokens=80,
+    )
+    texts = [choice.message.content or "" for choice in reply.choices]
+    for text in texts:
+        jsonschema.validate(json.loads(text), PERSON)
+    assert len(set(texts)) > 1  # sampled apart, each along its own grammar state
+
+
 # ------------------------------------------------------------------------ the 400s
 
 BAD_MINIMUM: Any = {
