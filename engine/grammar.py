@@ -2,9 +2,9 @@
 
 A constraint compiles once per distinct content (cached by its hash) into a template
 LLMatcher; each request gets its own copy, made when the request is added, off the step
-loop (deep_copy is cheap; compiling a schema is not). In a step the runner fills one
-bitmask row per constrained request (llguidance's executor, in parallel, without the GIL)
-and sets every token the grammar forbids to -inf; the engine advances the request's
+loop (deep_copy is cheap; compiling a schema is not). In a step the runner has each
+constrained request's matcher fill its row of a token bitmask and sets every token the
+grammar forbids to -inf, other rows untouched; the engine advances the request's
 matcher with each token it accepts and ends the request once the grammar is complete.
 
 Schemas are checked against their JSON Schema meta-schema first, so an error names the
