@@ -23,6 +23,7 @@ HERE = Path(__file__).resolve().parent
 BENCHMARKS = [
     "admin_stats",
     "sampling_fields",
+    "structured",
     "memory",
     "cache_eval",
     "cache_lookup",

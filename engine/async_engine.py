@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from engine.config import EngineConfig
 from engine.errors import EngineDeadError, RequestFailedError
+from engine.grammar import GrammarState
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
@@ -55,6 +56,7 @@ class _Add:
     params: SamplingParams
     cache_salt: str | None
     stream: _Stream
+    grammar: GrammarState | None
 
 
 @dataclass
@@ -118,8 +120,11 @@ class AsyncEngine:
         self.start()
         if isinstance(prompt, str):
             prompt = await self.encode(prompt)
+        grammar = None
+        if params.constraint is not None:  # compiled here: a new schema takes a while
+            grammar = await asyncio.to_thread(self.engine.grammars.state_for, params.constraint)
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
-        self._submit(_Add(request_id, prompt, params, cache_salt, stream))
+        self._submit(_Add(request_id, prompt, params, cache_salt, stream, grammar))
         finished = False
         try:
             while not finished:
@@ -201,7 +206,9 @@ class AsyncEngine:
                 self.engine.abort_request(cmd.request_id)  # its stream gets "abort" next step
                 continue
             try:
-                self.engine.add_request(cmd.request_id, cmd.prompt, cmd.params, cmd.cache_salt)
+                self.engine.add_request(
+                    cmd.request_id, cmd.prompt, cmd.params, cmd.cache_salt, cmd.grammar
+                )
             except Exception as exc:  # a rejected request, not an engine failure
                 cmd.stream.put(exc)
                 continue

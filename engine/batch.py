@@ -4,6 +4,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.grammar import GrammarState
 from engine.logits_process import History
 from engine.sampler import SampledLogprobs
 from engine.sampling_params import SamplingParams
@@ -20,3 +21,4 @@ class SeqChunk:
     generator: torch.Generator | None = None  # per-request, seeded when params.seed is set
     history: History | None = None  # set when sampling reads past tokens (penalties, min_tokens)
     logprobs: SampledLogprobs | None = None  # written by the runner when params.logprobs is set
+    grammar: GrammarState | None = None  # masks the logits when the output is constrained

@@ -17,6 +17,7 @@ from engine.errors import (
     QueueFullError,
     TenantQueueFullError,
 )
+from engine.grammar import GrammarCompiler, GrammarState
 from engine.kv import KVManager
 from engine.metrics import EngineMetrics
 from engine.model_registry import ModelNotFoundError, resolve_model
@@ -77,6 +78,8 @@ class LLMEngine:
             getattr(runner, "model_config", None), "vocab_size", None
         )
         self._token_names = TokenNames(self.tokenizer)
+        vocab = self._vocab_size or getattr(self.tokenizer, "vocab_size", 0)
+        self.grammars = GrammarCompiler(self.tokenizer, vocab)  # compiles on first use
         self._seqs: dict[str, Sequence] = {}
         self._pending: list[RequestOutput] = []  # abort outputs, handed out by the next step()
         self._seq_ids = itertools.count()
@@ -90,11 +93,14 @@ class LLMEngine:
         prompt: str | list[int],
         params: SamplingParams,
         cache_salt: str | None = None,
+        grammar: GrammarState | None = None,
     ) -> None:
         """Queue a request; raises PromptTooLongError, QueueFullError or ValueError.
 
         The cache salt stands for the tenant (the gateway sets it from the tenant), so it is
-        also what `max_waiting_per_tenant` counts by.
+        also what `max_waiting_per_tenant` counts by. A constrained request's grammar is
+        best compiled by the caller (`self.grammars.state_for`, off the step loop); without
+        one it is compiled here.
         """
         if request_id in self._seqs:
             raise ValueError(f"request id {request_id!r} is already in use")
@@ -104,6 +110,8 @@ class LLMEngine:
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         self._check_prompt(ids)
         self._check_token_params(params)
+        if params.constraint is not None and grammar is None:
+            grammar = self.grammars.state_for(params.constraint)
         if self._vocab_size is not None and params.top_k >= self._vocab_size:
             params = dataclasses.replace(params, top_k=0)  # no filter at all, and int64-safe
         seq = Sequence(
@@ -117,6 +125,7 @@ class LLMEngine:
             arrival_time=time.monotonic(),
             generator=None if params.seed is None else torch.Generator().manual_seed(params.seed),
             detokenizer=IncrementalDetokenizer(self.tokenizer, ids, params.stop),
+            grammar=grammar,
         )
         self.scheduler.add(seq)  # QueueFullError when the waiting queue is at its bound
         self._seqs[request_id] = seq
@@ -270,6 +279,8 @@ class LLMEngine:
             text = detok.add(token)
             if detok.stopped:
                 reason = "stop"
+            elif seq.grammar is not None and seq.grammar.accept(token):
+                reason, text = "stop", text + detok.flush()  # the grammar is complete
             elif seq.num_output_tokens >= seq.max_tokens:
                 reason, text = "length", text + detok.flush()
         if reason is not None:

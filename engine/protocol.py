@@ -21,10 +21,12 @@ from pydantic import (
     model_validator,
 )
 
+from engine.answer_fields import NamedToolChoice, ResponseFormat, Tool
 from engine.api_errors import ErrorBody as ErrorBody  # re-exported: the API's error models
 from engine.api_errors import ErrorResponse as ErrorResponse
 from engine.api_errors import error_response_body as error_response_body
 from engine.api_errors import validation_error_message as validation_error_message
+from engine.constraints import constraint_of
 from engine.logprob_shapes import ChatLogprobs, CompletionLogprobs
 from engine.sampling_params import SamplingParams
 
@@ -62,27 +64,6 @@ class ChatMessage(BaseModel):
 
 class StreamOptions(BaseModel):
     include_usage: bool = False
-
-
-class FunctionDefinition(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    name: str
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-
-
-class Tool(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    type: Literal["function"] = "function"
-    function: FunctionDefinition
-
-
-class ResponseFormat(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    type: Literal["text", "json_object", "json_schema"]
 
 
 _INT32_MAX = 2**31 - 1
@@ -187,10 +168,23 @@ class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1, le=_INT32_MAX)
     tools: list[Tool] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
     logprobs: StrictBool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _declared_tool(cls, choice: Any, info: ValidationInfo) -> Any:
+        tools = info.data.get("tools") or []
+        if choice == "required" and not tools:
+            raise ValueError("`required` needs at least one tool in `tools`")
+        if isinstance(choice, NamedToolChoice):
+            name = choice.function.name
+            if name not in {tool.function.name for tool in tools}:
+                raise ValueError(f"the function {name!r} is not one of `tools`")
+        return choice
 
     @field_validator("top_logprobs")
     @classmethod
@@ -206,8 +200,8 @@ class ChatCompletionRequest(_SamplingRequest):
         """Names of the tools the answer may call (none with `tool_choice: none`)."""
         if not self.tools or self.tool_choice == "none":
             return set()
-        if isinstance(self.tool_choice, dict):  # {"type": "function", "function": {"name"}}
-            return {str((self.tool_choice.get("function") or {}).get("name"))}
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return {self.tool_choice.function.name}
         return {tool.function.name for tool in self.tools}
 
 
@@ -276,6 +270,7 @@ def to_sampling_params(
         logit_bias={int(k): v for k, v in (req.logit_bias or {}).items()},
         min_tokens=req.min_tokens or 0,
         logprobs=req.logprobs_count(),
+        constraint=constraint_of(req) if isinstance(req, ChatCompletionRequest) else None,
     )
 
 

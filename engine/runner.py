@@ -9,6 +9,7 @@ from engine.batch import SeqChunk
 from engine.config import EngineConfig
 from engine.cpu_features import cpu_features
 from engine.fused_decode import FusedDecode
+from engine.grammar import mask_logits
 from engine.logits_process import adjust_logits
 from engine.model_registry import resolve_model
 from engine.models.config import ModelConfig
@@ -117,6 +118,8 @@ class ModelRunner:
         if any(p.adjusts_logits for p in params):
             histories = [c.history for c in chunks]
             logits = adjust_logits(logits, params, histories, self.tokenizer.eos_token_ids)
+        if any(c.grammar is not None for c in chunks):
+            mask_logits(logits, [c.grammar for c in chunks])
         tokens = sample(logits, params, [c.generator for c in chunks])
         logprobs = logprobs_of(logits, tokens, params)
         for c, lp in zip(chunks, logprobs, strict=True):

@@ -130,6 +130,7 @@ class Scheduler:
             params=seq.params,
             generator=seq.generator,
             history=history if sample and seq.params.needs_history else None,
+            grammar=seq.grammar if sample else None,
         )
 
     def on_executed(self, scheduled: Scheduled) -> None:

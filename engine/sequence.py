@@ -6,6 +6,7 @@ from enum import Enum
 import torch
 
 from engine.detokenizer import IncrementalDetokenizer
+from engine.grammar import GrammarState
 from engine.outputs import TokenLogprobs
 from engine.sampling_params import SamplingParams
 
@@ -28,6 +29,7 @@ class Sequence:
     arrival_time: float = 0.0
     generator: torch.Generator | None = None
     detokenizer: IncrementalDetokenizer | None = None
+    grammar: GrammarState | None = None  # the output's constraint, advanced per token
     status: SeqStatus = SeqStatus.WAITING
     finish_reason: str | None = None
     # KV bookkeeping (the KV manager holds the page table and sets these)

@@ -37,6 +37,7 @@ _ANSWER_FIELDS = (
     "frequency_penalty",
     "tools",
     "tool_choice",
+    "parallel_tool_calls",
     "response_format",
     "logit_bias",
     "repetition_penalty",

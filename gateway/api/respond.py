@@ -86,7 +86,7 @@ def backend_error(exc: BackendError) -> ApiError:
     headers = {}
     if exc.retry_after is not None:
         headers["retry-after"] = str(max(1, round(exc.retry_after)))
-    return ApiError(exc.status, exc.message, code=exc.code, headers=headers)
+    return ApiError(exc.status, exc.message, code=exc.code, param=exc.param, headers=headers)
 
 
 def _merge(last: Piece, piece: Piece) -> Piece:

@@ -58,6 +58,7 @@ class BackendError(Exception):
         retry_after: float | None = None,
         deployment_fault: bool = False,
         code: str | None = None,  # OpenAI's error code for the caller, e.g. context_length_exceeded
+        param: str | None = None,  # the request field at fault (400s), e.g. response_format
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -67,6 +68,7 @@ class BackendError(Exception):
         self.retry_after = sane_wait(retry_after)
         self.deployment_fault = deployment_fault
         self.code = code
+        self.param = param
 
 
 MAX_RETRY_AFTER_S = 3600.0  # an upstream asking for more is capped, not obeyed for days

@@ -35,6 +35,7 @@ OPENAI_FIELDS = frozenset(
         "user",
         "tools",
         "tool_choice",
+        "parallel_tool_calls",
         "response_format",
     }
 )

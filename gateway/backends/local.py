@@ -213,8 +213,9 @@ def _engine_error(exc: Exception, name: str) -> BackendError:
     if isinstance(exc, PromptTooLongError):  # the request's fault: no fallback
         code = "context_length_exceeded"
         return BackendError(400, str(exc), retry=False, fallback=False, code=code)
-    if isinstance(exc, ValueError):
-        return BackendError(400, str(exc), retry=False, fallback=False)
+    if isinstance(exc, ValueError):  # InvalidParamError names the field, e.g. a bad schema
+        param = getattr(exc, "param", None)
+        return BackendError(400, str(exc), retry=False, fallback=False, param=param)
     if isinstance(exc, TenantQueueFullError):  # this tenant's doing: no cooldown for others
         return BackendError(429, f"{name}: {exc}", retry=False, fallback=False, retry_after=1)
     if isinstance(exc, QueueFullError):

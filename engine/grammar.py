@@ -1,0 +1,219 @@
+"""Constrained decoding with llguidance: a Constraint becomes a token matcher per request.
+
+A constraint compiles once per distinct content (cached by its hash) into a template
+LLMatcher; each request gets its own copy, made when the request is added, off the step
+loop (deep_copy is cheap; compiling a schema is not). In a step the runner has each
+constrained request's matcher fill its row of a token bitmask and sets every token the
+grammar forbids to -inf, other rows untouched; the engine advances the request's
+matcher with each token it accepts and ends the request once the grammar is complete.
+
+Schemas are checked against their JSON Schema meta-schema first, so an error names the
+offending place (`response_format.json_schema.schema.properties.age.minimum`); what the
+meta-schema allows but llguidance cannot enforce is refused with llguidance's message.
+"""
+
+import hashlib
+import json
+import threading
+from collections import OrderedDict
+from typing import Any
+
+import llguidance
+import numpy as np
+import torch
+from jsonschema import Draft202012Validator, SchemaError, validators
+
+from engine.constraints import Constraint, JsonConstraint, SchemaSource, ToolCallConstraint
+from engine.errors import InvalidParamError
+from engine.tool_calls import CLOSE, OPEN
+
+# Compact JSON as models write it (`{"a": 1, "b": 2}`): no free whitespace, which a small
+# model could otherwise repeat until max_tokens.
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+_CACHE_SIZE = 128  # compiled constraints kept (least recently used go first)
+_SHIFTS = np.arange(32, dtype=np.uint32)
+
+
+class GrammarState:
+    """One request's position in its grammar. Used by the step loop thread only."""
+
+    def __init__(self, matcher: llguidance.LLMatcher, mask_words: int) -> None:
+        self.matcher = matcher
+        self.mask_words = mask_words  # int32 words of its token bitmask
+
+    def accept(self, token: int) -> bool:
+        """Advance past a sampled token; True when the grammar is complete."""
+        if not self.matcher.consume_token(token):
+            raise RuntimeError(f"token {token} breaks the grammar: {self.matcher.get_error()}")
+        return self.matcher.is_stopped()
+
+
+class GrammarCompiler:
+    """Compiles constraints for one tokenizer; thread-safe (requests are added from any)."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int) -> None:
+        self._tokenizer = tokenizer  # engine.tokenizer.Tokenizer
+        self._vocab_size = vocab_size  # the logits' width
+        self._ll: llguidance.LLTokenizer | None = None
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
+
+    def state_for(self, constraint: Constraint) -> GrammarState:
+        """A fresh matcher for one request; InvalidParamError names a bad schema's field."""
+        key = hashlib.sha256(repr(constraint).encode()).hexdigest()
+        with self._lock:
+            template = self._cache.get(key)
+            if template is not None:
+                self._cache.move_to_end(key)
+                return self._state(template)
+        template = self._compile(constraint)  # unlocked: other requests need not wait
+        with self._lock:
+            self._cache[key] = template
+            while len(self._cache) > _CACHE_SIZE:
+                self._cache.popitem(last=False)
+            return self._state(template)
+
+    def _state(self, template: llguidance.LLMatcher) -> GrammarState:
+        return GrammarState(template.deep_copy(), (self._vocab_size + 31) // 32)
+
+    def ll_tokenizer(self) -> llguidance.LLTokenizer:
+        """Built on first use (about a second for a 150k vocabulary), then kept."""
+        with self._lock:
+            if self._ll is None:
+                tok = self._tokenizer
+                self._ll = llguidance.LLTokenizer(
+                    tok.backend.to_str(),
+                    n_vocab=self._vocab_size,
+                    eos_token=sorted(tok.eos_token_ids),
+                )
+            return self._ll
+
+    def _compile(self, constraint: Constraint) -> llguidance.LLMatcher:
+        try:
+            ll = self.ll_tokenizer()
+        except Exception as exc:  # a tokenizer llguidance cannot read: refuse, stay up
+            field = "response_format" if isinstance(constraint, JsonConstraint) else "tool_choice"
+            message = f"{field} cannot be enforced with this model's tokenizer: {exc}"
+            raise InvalidParamError(field, message) from exc
+        if isinstance(constraint, JsonConstraint):
+            _, grammar = self._checked(constraint.source, ll)
+            param = constraint.source.param
+        else:
+            grammar = llguidance.LLMatcher.grammar_from_lark(self._tool_lark(constraint, ll))
+            param = "tools"
+        matcher = llguidance.LLMatcher(ll, grammar, log_level=0)
+        probe = matcher.deep_copy()  # some grammars fail only at their first mask
+        probe.compute_bitmask()  # (a schema that is nothing but a reference to itself)
+        if probe.is_error():
+            reason = _first_line(probe.get_error())
+            raise InvalidParamError(param, f"{param}: no output can satisfy it ({reason})")
+        return matcher
+
+    def _checked(
+        self, source: SchemaSource, ll: llguidance.LLTokenizer
+    ) -> tuple[dict[str, Any], str]:
+        """The schema and its grammar, once both the meta-schema and llguidance accept it."""
+        schema = json.loads(source.schema)
+        if not isinstance(schema, dict):
+            raise InvalidParamError(source.param, f"{source.param}: a schema must be an object")
+        try:
+            meta = validators.validator_for(schema, default=Draft202012Validator)
+        except Exception:  # e.g. a `$schema` that is not a string
+            where = f"{source.param}.$schema"
+            raise InvalidParamError(where, f"{where}: not a known JSON Schema dialect") from None
+        try:
+            meta.check_schema(schema)
+        except SchemaError as exc:
+            where = source.param + "".join(
+                f"[{p}]" if isinstance(p, int) else f".{p}" for p in exc.path
+            )
+            raise InvalidParamError(where, f"{where}: invalid JSON schema: {exc.message}") from None
+        try:
+            grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)
+            is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, ll)
+        except ValueError as exc:
+            is_error, messages = True, [str(exc)]
+        if is_error:
+            reason = _first_line(messages[0] if messages else "")
+            message = f"{source.param}: this schema cannot be enforced: {reason}"
+            raise InvalidParamError(source.param, message)
+        return schema, grammar
+
+    def _tool_lark(self, constraint: ToolCallConstraint, ll: llguidance.LLTokenizer) -> str:
+        """Qwen2.5's (Hermes') format: `<tool_call>\\n{"name": ..., "arguments": {...}}\\n
+        </tool_call>`, calls separated by a newline; the tags as the model's own tokens
+        when its vocabulary has them."""
+        rules = []
+        for i, (name, source) in enumerate(constraint.functions):
+            params = dict(self._checked(source, ll)[0])
+            # `#/$defs/...` references point at the root: the definitions move up to it
+            defs = {k: params.pop(k) for k in ("$defs", "definitions") if k in params}
+            call = {
+                "type": "object",
+                "properties": {"name": {"const": name}, "arguments": params},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+                "x-guidance": JSON_OPTIONS,
+                **defs,
+            }
+            rules.append(f"fn_{i}: %json {json.dumps(call, ensure_ascii=False)}")
+        names = " | ".join(f"fn_{i}" for i in range(len(rules)))
+        repeat = ' ("\\n" call)*' if constraint.parallel else ""
+        head = [
+            f"start: call{repeat}",
+            f'call: {self._tag(OPEN, ll)} "\\n" ({names}) "\\n" {self._tag(CLOSE, ll)}',
+        ]
+        return "\n".join(head + rules) + "\n"
+
+    def _tag(self, text: str, ll: llguidance.LLTokenizer) -> str:
+        token = self._tokenizer.backend.token_to_id(text)
+        if token is not None and ll.is_special_token(token):
+            return text  # lark's special-token syntax: <tool_call>
+        return json.dumps(text)
+
+
+def _first_line(message: str) -> str:
+    return message.strip().splitlines()[0] if message.strip() else "invalid grammar"
+
+
+def mask_logits(logits: torch.Tensor, states: list[GrammarState | None]) -> None:
+    """Set every token a row's grammar forbids to -inf, in place (rows without: untouched).
+
+    A handful of rows: each matcher fills its bitmask row directly (llguidance's thread
+    pool costs more than it saves here), and only the smaller of the allowed and forbidden
+    sets is touched, found word by word (most words are all 0 or all 1 bits): a full-width
+    boolean pass over the vocabulary would cost more than computing the mask."""
+    rows = [i for i, s in enumerate(states) if s is not None]
+    if not rows:
+        return
+    words = states[rows[0]].mask_words  # type: ignore[union-attr]
+    bitmask = torch.full((len(rows), words), -1, dtype=torch.int32)
+    for j, i in enumerate(rows):
+        target = bitmask[j]
+        states[i].matcher.unsafe_compute_mask_ptr(target.data_ptr(), words * 4)  # type: ignore[union-attr]
+    for j, i in enumerate(rows):
+        _mask_row(logits[i], bitmask[j].numpy().view(np.uint32))
+
+
+def _mask_row(row: torch.Tensor, words: np.ndarray) -> None:
+    """-inf where the bitmask `words` has a 0 bit (and past its end)."""
+    vocab = row.shape[0]
+    some_allowed = np.flatnonzero(words)
+    some_forbidden = np.flatnonzero(~words)
+    if len(some_allowed) <= len(some_forbidden):  # e.g. between JSON values
+        ids = torch.from_numpy(_set_bits(words, some_allowed))
+        ids = ids[ids < vocab]
+        kept = row[ids]
+        row.fill_(float("-inf"))
+        row[ids] = kept
+        return
+    ids = torch.from_numpy(_set_bits(~words, some_forbidden))
+    row[ids[ids < vocab]] = float("-inf")
+    row[32 * len(words) :] = float("-inf")  # a padded vocabulary: no grammar knows these
+
+
+def _set_bits(words: np.ndarray, which: np.ndarray) -> np.ndarray:
+    """Token ids of the 1 bits in words[which] (bit j of word w is token 32w + j)."""
+    bits = (words[which, None] >> _SHIFTS) & 1
+    word, bit = np.nonzero(bits)
+    return (which[word] * 32 + bit).astype(np.int64)
