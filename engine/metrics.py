@@ -83,8 +83,8 @@ class EngineMetrics:
     def on_preemption(self) -> None:
         self._preemptions.inc()
 
-    def on_tokens(self, count: int) -> None:
-        self._generation_tokens.inc(count)
+    def on_token(self) -> None:
+        self._generation_tokens.inc()
 
     def on_first_token(self, seconds: float) -> None:
         self._ttft.observe(seconds)
