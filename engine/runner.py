@@ -44,7 +44,11 @@ class ModelRunner:
         )
         if self.num_pages < 1:
             raise ValueError("kv_cache_bytes is smaller than one KV page")
-        self.kv_caches = self._allocate_kv()
+        c = self.model_config
+        self.kv_caches = [
+            new_kv_pools(self.num_pages, self.page_size, c.num_kv_heads, c.head_dim, _DTYPE)
+            for _ in range(c.num_layers)
+        ]
         self._scratch = torch.empty(0)  # fused decode's, kept: a fresh one per step page-faults
         # decode-only steps in one C call (None: the model's forward runs every step)
         self.fused = FusedDecode.build(self.ops.kernels, self.model, self.kv_caches)
@@ -54,9 +58,8 @@ class ModelRunner:
 
     def kernel_info(self) -> dict[str, str]:
         """What runs this model: ops, weight format, int8 path, fused decode, CPU features."""
-        native_ops = isinstance(self.ops, NativeOps)
         info = {
-            "ops": "native" if native_ops else "torch",
+            "ops": "native" if isinstance(self.ops, NativeOps) else "torch",
             "weights": self.config.weights,
             "int8_path": self.ops.int8_path if self.config.weights == "int8" else "none",
             "fused_decode": str(self.fused is not None).lower(),
@@ -68,13 +71,6 @@ class ModelRunner:
         """K and V of all layers for page_size tokens."""
         per_token = 2 * model_config.num_layers * model_config.num_kv_heads * model_config.head_dim
         return per_token * page_size * _DTYPE.itemsize
-
-    def _allocate_kv(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        c = self.model_config
-        return [
-            new_kv_pools(self.num_pages, self.page_size, c.num_kv_heads, c.head_dim, _DTYPE)
-            for _ in range(c.num_layers)
-        ]
 
     @torch.inference_mode()
     def execute(self, chunks: list[SeqChunk]) -> list[int | None]:
