@@ -17,7 +17,7 @@ from engine.errors import (
     QueueFullError,
     TenantQueueFullError,
 )
-from engine.kv import KVManager
+from engine.kv.kv_manager import KVManager
 from engine.metrics import EngineMetrics
 from engine.outputs import RequestOutput
 from engine.sampler import SampledLogprobs

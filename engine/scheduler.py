@@ -10,7 +10,7 @@ from collections import deque
 from engine.batch import SeqChunk
 from engine.config import EngineConfig
 from engine.errors import QueueFullError
-from engine.kv import KVManager
+from engine.kv.kv_manager import KVManager
 from engine.logits_process import History
 from engine.metrics import EngineMetrics
 from engine.sequence import SeqStatus, Sequence
