@@ -13,7 +13,7 @@ import contextlib
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -138,13 +138,9 @@ class AsyncEngine:
             if not finished:  # aclose(), break, cancellation: free the pages now
                 self.abort(request_id)
 
-    def check_prompt_chars(self, num_chars: int) -> None:
-        """PromptTooLongError for a prompt far beyond the context: test before templating."""
-        self.engine.check_prompt_chars(num_chars)
-
     async def encode(self, text: str) -> list[int]:
         """Token ids of a prompt; PromptTooLongError without tokenizing when far too long."""
-        self.check_prompt_chars(len(text))
+        self.engine.check_prompt_chars(len(text))
         if len(text) <= _INLINE_CHARS:
             return self.tokenizer.encode(text)
         return await asyncio.to_thread(self.tokenizer.encode, text)
@@ -155,7 +151,7 @@ class AsyncEngine:
         PromptTooLongError, without rendering, when the messages are far beyond the context.
         """
         chars = sum(len(str(m.get("content") or "")) for m in messages)
-        self.check_prompt_chars(chars)
+        self.engine.check_prompt_chars(chars)
         render = self.tokenizer.apply_chat_template
         if chars <= _INLINE_CHARS and len(messages) <= _INLINE_MESSAGES and not tools:
             return render(messages, add_generation_prompt=True, tools=tools)
@@ -196,12 +192,15 @@ class AsyncEngine:
             return
         self._die("engine shut down", None)
 
-    def _drain_commands(self) -> None:
+    def _queued_commands(self) -> Iterator[_Add | _Abort]:
         while True:
             try:
-                cmd = self._commands.get_nowait()
+                yield self._commands.get_nowait()
             except queue.Empty:
                 return
+
+    def _drain_commands(self) -> None:
+        for cmd in self._queued_commands():
             if isinstance(cmd, _Abort):
                 self.engine.abort_request(cmd.request_id)  # its stream gets "abort" next step
                 continue
@@ -227,12 +226,6 @@ class AsyncEngine:
             self._dead, self._dead_cause = reason, cause
         streams = list(self._streams.values())
         self._streams.clear()
-        while True:
-            try:
-                cmd = self._commands.get_nowait()
-            except queue.Empty:
-                break
-            if isinstance(cmd, _Add):
-                streams.append(cmd.stream)
+        streams += [cmd.stream for cmd in self._queued_commands() if isinstance(cmd, _Add)]
         for stream in streams:
             stream.put(self._dead_error())

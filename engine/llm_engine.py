@@ -5,7 +5,7 @@ import itertools
 import logging
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -18,9 +18,8 @@ from engine.errors import (
     TenantQueueFullError,
 )
 from engine.grammar import GrammarCompiler, GrammarState
-from engine.kv import KVManager
+from engine.kv.kv_manager import KVManager
 from engine.metrics import EngineMetrics
-from engine.model_registry import ModelNotFoundError, resolve_model
 from engine.outputs import RequestOutput
 from engine.sampler import SampledLogprobs
 from engine.sampling_params import SamplingParams
@@ -41,16 +40,6 @@ MAX_CHARS_PER_TOKEN = 32
 _MAX_FAILED_STEPS = 3
 
 
-def _model_name(config: EngineConfig, runner: Any) -> str:
-    name = getattr(runner, "model_name", None)
-    if name:
-        return str(name)
-    try:
-        return resolve_model(config.model).name
-    except ModelNotFoundError:
-        return config.model
-
-
 class LLMEngine:
     """Single-threaded: call add_request / abort_request / step from one thread only."""
 
@@ -67,19 +56,16 @@ class LLMEngine:
         # One sequence must fit the pool on its own, or preemption could never make room.
         limits = [runner.max_model_len, self.num_pages * self.page_size, config.max_model_len]
         self.max_model_len: int = min(x for x in limits if x)
-        self.model_name = _model_name(config, runner)
+        self.model_name: str = runner.model_name
         self.metrics = EngineMetrics(self.model_name)
         if hasattr(runner, "kernel_info"):  # test runners without kernels have none
             self.metrics.set_kernel_info(runner.kernel_info())
         self.kv = KVManager(self.num_pages, self.page_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.kv, self.metrics)
         self._eos = set(self.tokenizer.eos_token_ids)
-        self._vocab_size: int | None = getattr(
-            getattr(runner, "model_config", None), "vocab_size", None
-        )
+        self._vocab_size: int = runner.model_config.vocab_size
         self._token_names = TokenNames(self.tokenizer)
-        vocab = self._vocab_size or getattr(self.tokenizer, "vocab_size", 0)
-        self.grammars = GrammarCompiler(self.tokenizer, vocab)  # compiles on first use
+        self.grammars = GrammarCompiler(self.tokenizer, self._vocab_size)  # compiles on first use
         self._seqs: dict[str, Sequence] = {}
         self._pending: list[RequestOutput] = []  # abort outputs, handed out by the next step()
         self._seq_ids = itertools.count()
@@ -112,7 +98,7 @@ class LLMEngine:
         self._check_token_params(params)
         if params.constraint is not None and grammar is None:
             grammar = self.grammars.state_for(params.constraint)
-        if self._vocab_size is not None and params.top_k >= self._vocab_size:
+        if params.top_k >= self._vocab_size:
             params = dataclasses.replace(params, top_k=0)  # no filter at all, and int64-safe
         seq = Sequence(
             seq_id=next(self._seq_ids),
@@ -160,13 +146,11 @@ class LLMEngine:
                 "and at least one must be left for the output"
             )
         vocab = self._vocab_size
-        if vocab is not None and not all(0 <= t < vocab for t in ids):
+        if not all(0 <= t < vocab for t in ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
 
     def _check_token_params(self, params: SamplingParams) -> None:
         vocab = self._vocab_size
-        if vocab is None:
-            return
         for name, ids in (
             ("logit_bias", params.logit_bias),
             ("stop_token_ids", params.stop_token_ids),
@@ -204,18 +188,17 @@ class LLMEngine:
         """
         outputs, self._pending = self._pending, []
         scheduled = self.scheduler.schedule()
-        if scheduled:
-            sampled, failed = self._execute(scheduled)
-            self.scheduler.on_executed([s for i, s in enumerate(scheduled) if i not in failed])
-            now = time.monotonic()
-            new_tokens = 0
-            for i, ((seq, chunk), token) in enumerate(zip(scheduled, sampled, strict=True)):
-                if i in failed:
-                    outputs.append(self._fail(seq, failed[i]))
-                elif chunk.sample and token is not None:
-                    outputs.append(self._on_token_or_fail(seq, token, now, chunk.logprobs))
-                    new_tokens += 1
-            self.metrics.on_tokens(new_tokens)
+        sampled, failed = self._execute(scheduled) if scheduled else ([], {})
+        self.scheduler.on_executed([s for i, s in enumerate(scheduled) if i not in failed])
+        now = time.monotonic()
+        for i, ((seq, chunk), token) in enumerate(zip(scheduled, sampled, strict=True)):
+            if i in failed:
+                outputs.append(self._fail(seq, failed[i]))
+            elif chunk.sample and token is not None:
+                try:
+                    outputs.append(self._on_token(seq, token, now, chunk.logprobs))
+                except Exception as exc:  # e.g. the detokenizer on a token it cannot handle
+                    outputs.append(self._fail(seq, exc))
         sched = self.scheduler
         self.metrics.on_step(len(sched.running), len(sched.waiting), self.kv.usage())
         return outputs
@@ -242,14 +225,6 @@ class LLMEngine:
             raise next(iter(failed.values()))
         return sampled, failed
 
-    def _on_token_or_fail(
-        self, seq: Sequence, token: int, now: float, logprobs: SampledLogprobs | None = None
-    ) -> RequestOutput:
-        try:
-            return self._on_token(seq, token, now, logprobs)
-        except Exception as exc:  # e.g. the detokenizer on a token it cannot handle
-            return self._fail(seq, exc)
-
     def _fail(self, seq: Sequence, exc: Exception) -> RequestOutput:
         log.warning("request %s failed in the engine: %r", seq.request_id, exc)
         if seq.request_id in self._seqs:
@@ -259,9 +234,10 @@ class LLMEngine:
         return dataclasses.replace(out, error=f"{type(exc).__name__}: {exc}")
 
     def _on_token(
-        self, seq: Sequence, token: int, now: float, logprobs: SampledLogprobs | None = None
+        self, seq: Sequence, token: int, now: float, logprobs: SampledLogprobs | None
     ) -> RequestOutput:
         seq.token_ids.append(token)
+        self.metrics.on_token()
         if seq.first_token_time is None:
             seq.first_token_time = now
             self.metrics.on_first_token(now - seq.arrival_time)

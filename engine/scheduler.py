@@ -1,11 +1,8 @@
 """Continuous batching under a per-step token budget, chunked prefill, preemption by recompute.
 
-Each step the running sequences go first (decodes, then the next chunk of long prompts),
-then waiting ones are admitted in arrival order while the token budget, max_num_seqs and
-free pages allow. When a running sequence needs a page and none is left,
-the newest running sequence is preempted: its pages are released (full ones stay in the
-prefix cache, so it usually gets them back) and it re-prefills prompt + generated tokens
-when readmitted at the head of the queue.
+When a running sequence needs a page and none is left, the newest running sequence is
+preempted: its pages are released (full ones stay in the prefix cache, so it usually gets
+them back) and it re-prefills prompt + generated tokens when readmitted at the queue's head.
 """
 
 from collections import deque
@@ -13,7 +10,7 @@ from collections import deque
 from engine.batch import SeqChunk
 from engine.config import EngineConfig
 from engine.errors import QueueFullError
-from engine.kv import KVManager
+from engine.kv.kv_manager import KVManager
 from engine.logits_process import History
 from engine.metrics import EngineMetrics
 from engine.sequence import SeqStatus, Sequence
@@ -47,7 +44,8 @@ class Scheduler:
         """Pick this step's chunks; the caller runs them, then calls on_executed().
 
         Decodes go first (one token each, so a long prefill never stalls streaming requests),
-        then the next prefill chunks of running requests, then newly admitted requests.
+        then the next prefill chunks of running requests, then waiting requests in arrival
+        order while the token budget, max_num_seqs and free pages allow.
         """
         self._out = {}
         self._budget = self.max_batched_tokens

@@ -54,7 +54,3 @@ class Sequence:
     @property
     def output_token_ids(self) -> list[int]:
         return self.token_ids[self.num_prompt_tokens :]
-
-    @property
-    def is_finished(self) -> bool:
-        return self.status is SeqStatus.FINISHED

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from engine import model_registry
-from engine.model_registry import Bundle, ModelNotFoundError, resolve_model
+from engine.model_registry import ModelNotFoundError, resolve_model
 
 
 def test_bundled_small_model_resolves_to_its_gguf() -> None:
@@ -44,7 +44,7 @@ def test_assembly_replaces_a_cut_file_and_leaves_no_temp(tmp_path: Path, monkeyp
 
 def test_missing_package_names_the_pip_command(monkeypatch) -> None:
     monkeypatch.setitem(
-        model_registry.BUNDLED, "ghost-1b", Bundle(("ghost-weights-part1",), ("model.gguf",))
+        model_registry.BUNDLED, "ghost-1b", (("ghost-weights-part1", "model.gguf"),)
     )
     with pytest.raises(ModelNotFoundError) as err:
         resolve_model("ghost-1b")
@@ -72,13 +72,3 @@ def test_unknown_reference_is_one_clear_line(tmp_path: Path) -> None:
     empty.mkdir()
     with pytest.raises(ModelNotFoundError, match=r"neither a \.gguf file nor"):
         resolve_model(str(empty))
-
-
-def test_installed_models_lists_only_complete_bundles() -> None:
-    installed = model_registry.installed_models()
-    assert "smollm2-135m" in installed
-    has_large = all(
-        model_registry._package_dir(p)
-        for p in model_registry.BUNDLED["qwen2.5-coder-1.5b"].packages
-    )
-    assert ("qwen2.5-coder-1.5b" in installed) == has_large

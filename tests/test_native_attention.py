@@ -1,4 +1,4 @@
-"""The C decode-attention kernel against the torch path it replaces, and its fallback."""
+"""The C decode-attention kernel against plain torch attention, and its fallback."""
 
 from collections.abc import Iterator
 from pathlib import Path
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from engine import native
-from engine.attention import KernelRows, Workspace, _decode, kernel_attention, new_kv_pools
+from engine.attention import KernelRows, kernel_attention, new_kv_pools
 from engine.config import EngineConfig
 from engine.ops import TorchOps
 from engine.runner import ModelRunner
@@ -42,11 +42,18 @@ def _torch_decode(
     table: torch.Tensor,
     lens: torch.Tensor,
 ) -> torch.Tensor:
-    page_size = v_pool.shape[2]  # [pages, KVH, page_size, D]
-    live = torch.arange(table.shape[1] * page_size)[None, :] < lens[:, None].long()
-    mask = torch.zeros(live.shape).masked_fill_(~live, float("-inf"))
-    mask = mask.repeat(k_pool.shape[1], 1)[:, None, :]
-    return _decode(q, k_pool, v_pool, table.long(), mask, Workspace())
+    """Each row's pages gathered token-major, then softmax attention over its length."""
+    kv_heads, d = v_pool.shape[1], v_pool.shape[3]  # [pages, KVH, page_size, D]
+    out = torch.empty_like(q)
+    for row, n in enumerate(lens.tolist()):
+        pages = table[row].long()
+        k = k_pool[pages].permute(1, 0, 3, 2).reshape(kv_heads, -1, d)[:, :n]
+        v = v_pool[pages].transpose(0, 1).reshape(kv_heads, -1, d)[:, :n]
+        group = q.shape[1] // kv_heads  # query heads per KV head
+        k, v = k.repeat_interleave(group, 0), v.repeat_interleave(group, 0)
+        scores = (q[row, :, None, :] @ k.transpose(1, 2)) * d**-0.5  # [H, 1, n]
+        out[row] = (torch.softmax(scores, dim=-1) @ v)[:, 0]
+    return out
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,7 @@
 
 import pytest
 
-from engine.kv import PagePool
+from engine.kv.page_pool import PagePool
 
 
 def test_allocate_release_roundtrip() -> None:

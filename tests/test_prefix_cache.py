@@ -1,7 +1,7 @@
 """The KV manager's contract: prefix lookup (in tokens), allocate-or-refuse, publish after
 compute, free; chained page keys and salts."""
 
-from engine.kv import KVManager, PrefixHit, hash_page
+from engine.kv.kv_manager import KVManager, PrefixHit, hash_page
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 

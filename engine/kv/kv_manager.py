@@ -1,14 +1,11 @@
-"""The one owner of KV bookkeeping: which pages each sequence holds, prefix lookup, and
-allocation that either succeeds whole or changes nothing (the scheduler's only KV contract:
-lookup, allocate-or-refuse, on_computed, free). The page pool beneath it keeps the free
-list, reference counts and the cached-page index, the way vLLM v1 splits its KV cache
-manager from its block pool.
+"""The one owner of KV bookkeeping, and the scheduler's whole KV contract: lookup,
+allocate-or-refuse, on_computed, free. The page pool beneath it keeps the free list,
+reference counts and cached-page index (vLLM v1's KV cache manager over its block pool).
 
-Only the last page of a sequence can be partly full. A full page enters the prefix cache
-only after its K/V have been computed, so a page another request reuses is always valid.
-Page keys chain the parent page's key, the page's token ids and the request's cache salt:
-two pages share a key only if the whole prefix up to them is equal, and tenants with
-different salts never share (which also closes the timing side channel of a shared cache).
+A full page enters the prefix cache only once its K/V are computed, so a reused page is
+always valid. Page keys chain the parent's key, the page's tokens and the cache salt: equal
+keys mean equal whole prefixes, and tenants with different salts never share (nor can they
+time each other's cache hits).
 """
 
 import hashlib
@@ -53,10 +50,6 @@ class KVManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.pool = PagePool(num_pages)
         self._held: dict[int, _Held] = {}  # seq_id -> pages; exactly the running sequences
-
-    @property
-    def num_pages(self) -> int:
-        return self.pool.num_pages
 
     def num_free(self) -> int:
         return self.pool.num_free()

@@ -45,13 +45,9 @@ class PagePool:
     def allocate(self) -> int:
         """A page with ref_count 1; prefers never-cached pages to keep the cache warm.
         The caller checks num_free() first (the KV manager refuses whole requests)."""
-        if self._free:
-            page = self._free.popleft()
-        elif self._parked:
-            page, _ = self._parked.popitem(last=False)
-            del self._page_of[self._key_of.pop(page)]
-        else:
+        if not self._free and not self._parked:
             raise RuntimeError("KV pool exhausted: the caller must check num_free() first")
+        page = self._free.popleft() if self._free else self._evict_oldest()
         self._ref_counts[page] = 1
         return page
 
@@ -83,6 +79,9 @@ class PagePool:
     def reset_cache(self) -> None:
         """Forget every parked page's contents and return it to the free list."""
         while self._parked:
-            page, _ = self._parked.popitem(last=False)
-            del self._page_of[self._key_of.pop(page)]
-            self._free.append(page)
+            self._free.append(self._evict_oldest())
+
+    def _evict_oldest(self) -> int:
+        page, _ = self._parked.popitem(last=False)
+        del self._page_of[self._key_of.pop(page)]
+        return page
