@@ -11,9 +11,9 @@ from fastapi import Depends, Request
 from pydantic import BaseModel, ValidationError
 
 from engine.entrypoints.api_key import bearer_token, same_key
+from engine.entrypoints.openai_errors import OpenAIError
 from engine.protocol import validation_error_message
 from gateway.api.audit import key_fingerprint
-from gateway.errors import ApiError
 from gateway.policy import key_digest
 from gateway.state import GatewayState, Runtime
 
@@ -36,7 +36,7 @@ def authenticate(request: Request, runtime: Runtime) -> str:
         return "default"
     token = bearer_token(request.headers.get("authorization", ""))
     if token is None:
-        raise ApiError(
+        raise OpenAIError(
             401,
             "You didn't provide an API key. Send it as 'Authorization: Bearer YOUR_KEY'.",
             code="missing_api_key",
@@ -46,7 +46,7 @@ def authenticate(request: Request, runtime: Runtime) -> str:
     tenant = runtime.tenants.get(digest)
     if tenant is None:
         shown = _mask(token.decode("latin-1"))
-        raise ApiError(401, f"Incorrect API key provided: {shown}.", code="invalid_api_key")
+        raise OpenAIError(401, f"Incorrect API key provided: {shown}.", code="invalid_api_key")
     request.state.key_digest = digest  # per-key limits
     return tenant
 
@@ -61,7 +61,7 @@ async def parse_body(request: Request, model: type[Body], empty: bytes = b"") ->
         return model.model_validate_json(await request.body() or empty)
     except ValidationError as exc:
         message, param = validation_error_message(exc)
-        raise ApiError(400, message, param=param) from None
+        raise OpenAIError(400, message, param=param) from None
 
 
 def _bearer_matches(request: Request, *keys: str | None) -> bool:
@@ -75,7 +75,7 @@ def _is_tenant_key(request: Request, state: GatewayState) -> bool:
         return False
     try:
         authenticate(request, state.runtime)  # the API's own check: one source of truth
-    except ApiError:
+    except OpenAIError:
         return False
     return True
 
@@ -83,22 +83,22 @@ def _is_tenant_key(request: Request, state: GatewayState) -> bool:
 async def require_admin(request: Request, state: State) -> None:
     admin_key = state.runtime.policy.auth.admin_key
     if admin_key is None:
-        raise ApiError(403, "The admin API is disabled: set auth.admin_key in the policy.")
+        raise OpenAIError(403, "The admin API is disabled: set auth.admin_key in the policy.")
     if not _bearer_matches(request, admin_key):
         if _is_tenant_key(request, state):  # a valid key, just not an admin's
-            raise ApiError(403, "This endpoint needs the admin key; a tenant key cannot use it.")
+            raise OpenAIError(403, "This endpoint needs the admin key; a tenant key cannot use it.")
         message = "This endpoint needs the admin key as a bearer token."
-        raise ApiError(401, message, code="invalid_api_key")
+        raise OpenAIError(401, message, code="invalid_api_key")
     request.state.admin = key_fingerprint(admin_key)
 
 
 async def require_metrics(request: Request, state: State) -> None:
     auth = state.runtime.policy.auth
     if auth.metrics_key is None and auth.admin_key is None:
-        raise ApiError(403, "/metrics is disabled: set auth.metrics_key in the policy.")
+        raise OpenAIError(403, "/metrics is disabled: set auth.metrics_key in the policy.")
     if not _bearer_matches(request, auth.metrics_key, auth.admin_key):
         message = "/metrics needs the metrics key (auth.metrics_key) or the admin key."
-        raise ApiError(401, message, code="invalid_api_key")
+        raise OpenAIError(401, message, code="invalid_api_key")
 
 
 Admin = Annotated[None, Depends(require_admin)]

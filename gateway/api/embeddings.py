@@ -14,10 +14,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from engine.entrypoints.openai_errors import OpenAIError
 from engine.protocol import ModelCard
 from gateway.api.deps import authenticate, parse_body
 from gateway.cache.embedder import MODEL_NAME, Embedder, EmbedderNotInstalled
-from gateway.errors import ApiError
 from gateway.state import GatewayState
 
 router = APIRouter()
@@ -67,7 +67,7 @@ async def get_embedder(request: Request) -> Embedder:
     try:
         return await state.embedder.get(state.runtime.policy.embedder)
     except EmbedderNotInstalled as exc:
-        raise ApiError(503, str(exc), code="embedder_unavailable") from exc
+        raise OpenAIError(503, str(exc), code="embedder_unavailable") from exc
 
 
 def _encode(vector: Any, encoding: str) -> list[float] | str:
@@ -83,7 +83,7 @@ async def create_embeddings(request: Request) -> JSONResponse:
     tenant = authenticate(request, runtime)
     body = await parse_body(request, EmbeddingRequest)
     if body.model not in MODEL_NAMES:
-        raise ApiError(
+        raise OpenAIError(
             404,
             f"The embedding model `{body.model}` does not exist; this gateway serves "
             f"`{MODEL_NAME}`.",

@@ -17,6 +17,8 @@ import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from engine.entrypoints.openai_errors import OpenAIError
+from engine.entrypoints.shapes import ChatShape, Shape, TextShape
 from engine.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -28,12 +30,10 @@ from gateway.api.cache_step import CacheControl, CacheStep, matched_text, scope_
 from gateway.api.deps import State, authenticate, parse_body
 from gateway.api.embeddings import embedding_model_cards
 from gateway.api.respond import Call, backend_error, streamed, whole
-from gateway.api.shapes import ChatShape, Shape, TextShape
 from gateway.backends.base import BackendError, GenerationRequest, OpenAIRequest
 from gateway.backends.fallback import Served
 from gateway.cache.semantic import CacheQuery
 from gateway.embedding import embed_once
-from gateway.errors import ApiError
 from gateway.limits import NOT_LIMITED, Admission
 from gateway.routing.router import Embed, PromptFeatures, RoutingInput, extract_features
 from gateway.state import GatewayState, Runtime
@@ -83,8 +83,8 @@ async def _admit(ctx: RequestContext) -> Admission:
     return await limiter.admit(ctx.runtime.policy, ctx.tenant, digest, ctx.features.approx_tokens)
 
 
-def _not_found(model: str) -> ApiError:
-    return ApiError(
+def _not_found(model: str) -> OpenAIError:
+    return OpenAIError(
         404,
         f"The model `{model}` does not exist. GET /v1/models lists the names served.",
         param="model",
@@ -205,7 +205,7 @@ async def _complete(
         ctx.admission = await _admit(ctx)
         ctx.cache = _cache_step(ctx)
         call = await _from_cache(ctx) or await _from_tier(ctx)
-    except ApiError as exc:  # refused before any answer: counted under the tier, if any
+    except OpenAIError as exc:  # refused before any answer: counted under the tier, if any
         route = ctx.route if ctx is not None else "-"
         state.stats.request_done(route, getattr(request.state, "tier", "-"), "-", exc.status)
         if ctx is not None:
