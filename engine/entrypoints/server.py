@@ -7,11 +7,12 @@ error body; nothing answers 422.
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable, Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel
 
 from engine.config import EngineConfig
 from engine.engine import AsyncEngine
@@ -47,6 +48,29 @@ from engine.protocol import (
 logger = logging.getLogger("tiergate.engine.server")
 
 
+async def respond(
+    request: Request,
+    body: ChatCompletionRequest | CompletionRequest,
+    shapes: Sequence[ChatShape] | Sequence[TextShape],
+    children: list[Child],
+    render: Callable[[int, RequestOutput], BaseModel | None],
+) -> Response:
+    """A request's answer from its started choices: streamed (`render` dresses each engine
+    output of choice i as an event), or whole once every choice has ended."""
+    if body.stream:
+        usage = lambda lasts: shapes[0].usage_chunk(usage_of(lasts))  # noqa: E731
+        events = sse_events(children, render, usage if body.include_usage else None)
+        return event_stream(events, children)
+    finals = await collect(request, children)
+    if finals is None:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    choices = [
+        shape.choice(final.text, final.finish_reason, final.logprobs)
+        for shape, final in zip(shapes, finals, strict=True)
+    ]
+    return json_response(shapes[0].answer(choices, usage_of(finals)))  # type: ignore[arg-type]
+
+
 async def chat_completion(
     engine: AsyncEngine, model: str, body: ChatCompletionRequest, request: Request
 ) -> Response:
@@ -56,16 +80,9 @@ async def chat_completion(
         raise engine_error(exc) from exc
     shapes = chat_shapes(model, body.callable_tools(), body.n or 1)
     children = await start_choices(engine, prompt, shapes[0].id, body)
-    if body.stream:
-        return event_stream(chat_events(shapes, children, body.include_usage), children)
-    finals = await collect(request, children)
-    if finals is None:
-        return Response(status_code=CLIENT_CLOSED_REQUEST)
-    choices = [
-        shape.choice(final.text, final.finish_reason or "stop", final.logprobs)
-        for shape, final in zip(shapes, finals, strict=True)
-    ]
-    return json_response(shapes[0].answer(choices, usage_of(finals)))
+    firsts = [first for first, _ in children]
+    renderers = [chat_renderer(shape, first) for shape, first in zip(shapes, firsts, strict=True)]
+    return await respond(request, body, shapes, children, lambda i, out: renderers[i](out))
 
 
 def chat_renderer(
@@ -88,51 +105,18 @@ def chat_renderer(
     return render
 
 
-def chat_events(
-    shapes: list[ChatShape], children: list[Child], include_usage: bool
-) -> AsyncIterator[bytes]:
-    firsts = [first for first, _ in children]
-    renderers = [chat_renderer(shape, first) for shape, first in zip(shapes, firsts, strict=True)]
-
-    def usage_event(lasts: list[RequestOutput]) -> ChatCompletionChunk:
-        return shapes[0].usage_chunk(usage_of(lasts))
-
-    render = lambda index, out: renderers[index](out)  # noqa: E731
-    return sse_events(children, render, usage_event if include_usage else None)
-
-
-# ------------------------------------------------------------------------ text completions
-
-
 async def text_completion(
     engine: AsyncEngine, model: str, body: CompletionRequest, request: Request
 ) -> Response:
     shapes = text_shapes(model, body.n or 1)
     children = await start_choices(engine, body.prompt, shapes[0].id, body)
-    if body.stream:
-        return event_stream(completion_events(shapes, children, body.include_usage), children)
-    finals = await collect(request, children)
-    if finals is None:
-        return Response(status_code=CLIENT_CLOSED_REQUEST)
-    choices = [
-        shape.choice(final.text, final.finish_reason, final.logprobs)
-        for shape, final in zip(shapes, finals, strict=True)
-    ]
-    return json_response(shapes[0].answer(choices, usage_of(finals)))
 
-
-def completion_events(
-    shapes: list[TextShape], children: list[Child], include_usage: bool
-) -> AsyncIterator[bytes]:
     def render(index: int, out: RequestOutput) -> Completion | None:
         if not out.text and not out.logprobs and not out.finished:
             return None
         return shapes[index].chunk(out.text, out.finish_reason, out.logprobs)
 
-    def usage_event(lasts: list[RequestOutput]) -> Completion:
-        return shapes[0].usage_chunk(usage_of(lasts))
-
-    return sse_events(children, render, usage_event if include_usage else None)
+    return await respond(request, body, shapes, children, render)
 
 
 # ---------------------------------------------------------------------------------- app

@@ -95,9 +95,9 @@ class ChatShape:
             return end.content, None, reason
         return end.content, as_deltas(end.tool_calls), "tool_calls" if reason == "stop" else reason
 
-    def choice(self, text: str, reason: str, logprobs: Logprobs = None) -> ChatChoice:
+    def choice(self, text: str, reason: str | None, logprobs: Logprobs = None) -> ChatChoice:
         shaped = None if logprobs is None else chat_logprobs(logprobs)
-        content, calls, reason = split_answer(text, reason, self._tools)
+        content, calls, reason = split_answer(text, reason or "stop", self._tools)
         message = AssistantMessage(content=content, tool_calls=calls)
         return ChatChoice(index=self.index, message=message, finish_reason=reason, logprobs=shaped)
 
