@@ -1,5 +1,6 @@
 """What the routes depend on: the gateway state, who is calling (tenant, admin, metrics
-scraper), and the request body parsed with OpenAI's error shape.
+scraper), the caller's place under its rate limits, the shutdown drain, and the request body
+parsed with OpenAI's error shape. The only module that knows where the app keeps these.
 
 One module for every router, so a key is checked one way everywhere: tenants by their
 key's SHA-256, the admin and metrics keys compared in constant time on bytes.
@@ -14,6 +15,8 @@ from engine.entrypoints.api_key import bearer_token, same_key
 from engine.entrypoints.openai_errors import OpenAIError
 from engine.protocol import validation_error_message
 from gateway.api.audit import key_fingerprint
+from gateway.drain import Drain
+from gateway.limits import Admission
 from gateway.policy import key_digest
 from gateway.state import GatewayState, Runtime
 
@@ -24,6 +27,18 @@ async def get_state(request: Request) -> GatewayState:
 
 
 State = Annotated[GatewayState, Depends(get_state)]
+
+
+def drain_of(request: Request) -> Drain:
+    """The graceful-shutdown drain every answer from a tier goes through."""
+    return request.app.state.drain
+
+
+async def admit(request: Request, runtime: Runtime, tenant: str, approx_tokens: int) -> Admission:
+    """The request's place under its tenant's and key's limits, or a 429."""
+    digest = getattr(request.state, "key_digest", None)  # set by `authenticate`
+    limiter = request.app.state.limiter
+    return await limiter.admit(runtime.policy, tenant, digest, approx_tokens)
 
 
 def _mask(key: str) -> str:

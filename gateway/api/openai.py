@@ -27,7 +27,7 @@ from engine.protocol import (
     Usage,
 )
 from gateway.api.cache_step import CacheControl, CacheStep, matched_text, scope_of
-from gateway.api.deps import State, authenticate, parse_body
+from gateway.api.deps import State, admit, authenticate, drain_of, parse_body
 from gateway.api.embeddings import embedding_model_cards
 from gateway.api.respond import Call, backend_error, streamed, whole
 from gateway.backends.base import BackendError, GenerationRequest, OpenAIRequest
@@ -74,13 +74,6 @@ class RequestContext:
         """Response headers' values (tier, model, cache), written when the answer starts."""
         for key, value in values.items():
             setattr(self.request.state, key, value)
-
-
-async def _admit(ctx: RequestContext) -> Admission:
-    """The request's place under its tenant's and key's limits, or a 429."""
-    digest = getattr(ctx.request.state, "key_digest", None)
-    limiter = ctx.request.app.state.limiter
-    return await limiter.admit(ctx.runtime.policy, ctx.tenant, digest, ctx.features.approx_tokens)
 
 
 def _not_found(model: str) -> OpenAIError:
@@ -174,7 +167,7 @@ async def _open(ctx: RequestContext) -> Served:
 
 
 async def _from_tier(ctx: RequestContext) -> Call:
-    drain = ctx.request.app.state.drain
+    drain = drain_of(ctx.request)
     served = await drain.opening(_open(ctx))
     served.pieces = drain.pieces(served.pieces)  # ends with an error if a shutdown expires
     ctx.state.stats.first_token(served.tier, time.perf_counter() - ctx.started)
@@ -202,7 +195,8 @@ async def _complete(
             raise _not_found(body.model)
         ctx = RequestContext(request, state, runtime, tenant, body, _features(body))
         ctx.embed = embed_once(state.embedder.current, ctx.features.last_user_text)
-        ctx.admission = await _admit(ctx)
+        tokens = ctx.features.approx_tokens
+        ctx.admission = await admit(request, runtime, tenant, tokens)
         ctx.cache = _cache_step(ctx)
         call = await _from_cache(ctx) or await _from_tier(ctx)
     except OpenAIError as exc:  # refused before any answer: counted under the tier, if any
