@@ -60,6 +60,20 @@ def wait_idle(engine: Any, seconds: float = 30.0) -> Any:
 
 
 @contextlib.contextmanager
+def running_engine(config: Any, runner: Any = None) -> Iterator[Any]:
+    """An AsyncEngine (engine.config.EngineConfig; a test runner such as FakeRunner if
+    given) started, and shut down when the block ends however it ends."""
+    from engine.engine import AsyncEngine
+
+    engine = AsyncEngine(config, runner)
+    engine.start()
+    try:
+        yield engine
+    finally:
+        engine.shutdown()
+
+
+@contextlib.contextmanager
 def run_uvicorn(app: object, port: int | None = None) -> Iterator[str]:
     """Serve an ASGI app in a background thread; yields its base URL (http://127.0.0.1:PORT)."""
     port = port or free_port()

@@ -13,7 +13,7 @@ from engine.config import EngineConfig
 from engine.engine import AsyncEngine
 from engine.entrypoints.server import create_engine_app
 from tests.fake_runner import FakeRunner
-from tests.servers import run_uvicorn, wait_idle
+from tests.servers import run_uvicorn, running_engine, wait_idle
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # before litellm is imported
 
@@ -28,10 +28,8 @@ CONFIG = EngineConfig(
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[AsyncEngine]:
-    engine = AsyncEngine(CONFIG)
-    engine.start()
-    yield engine
-    engine.shutdown()
+    with running_engine(CONFIG) as engine:
+        yield engine
 
 
 @pytest.fixture(scope="module")

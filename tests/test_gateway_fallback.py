@@ -19,7 +19,7 @@ from engine.engine import AsyncEngine
 from engine.entrypoints.server import create_engine_app
 from gateway.app import create_app
 from gateway.policy import parse_policy
-from tests.servers import free_port, run_uvicorn
+from tests.servers import free_port, run_uvicorn, running_engine
 
 SERVED = "smol"
 HELLO = [{"role": "user", "content": "Say hello."}]
@@ -61,10 +61,8 @@ def stub_app() -> FastAPI:
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[AsyncEngine]:
-    engine = AsyncEngine(EngineConfig(model="smollm2-135m", kv_cache_bytes=32 << 20))
-    engine.start()
-    yield engine
-    engine.shutdown()
+    with running_engine(EngineConfig(model="smollm2-135m", kv_cache_bytes=32 << 20)) as engine:
+        yield engine
 
 
 @pytest.fixture(scope="module")
