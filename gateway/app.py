@@ -11,6 +11,7 @@ import httpx
 from fastapi import FastAPI
 
 from engine.entrypoints.body_limit import BodyLimit
+from engine.entrypoints.openai_errors import install_error_handlers
 from gateway.api import admin, admin_cache, dashboard, embeddings, health, openai
 from gateway.api.headers import TiergateHeaders
 from gateway.api.openapi import install_openapi
@@ -22,7 +23,6 @@ from gateway.cache.semantic import SemanticCache
 from gateway.cache.verifier import PairVerifier
 from gateway.drain import Drain
 from gateway.embedding import SharedEmbedder
-from gateway.errors import install_error_handlers
 from gateway.limits import Limiter
 from gateway.policy import Deployment, Policy, PolicyError, PolicyIssue, PolicyWatcher
 from gateway.replicas import Fleet, ReplicaSync, replica_id

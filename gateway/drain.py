@@ -15,8 +15,8 @@ from typing import Protocol, TypeVar
 
 import anyio
 
+from engine.entrypoints.openai_errors import OpenAIError
 from gateway.backends.base import BackendError, Piece
-from gateway.errors import ApiError
 
 T = TypeVar("T")
 SHUTTING_DOWN = "The server is shutting down and could not finish this request; retry it."
@@ -66,7 +66,7 @@ class Drain:
         try:
             return await self._wait(opened)
         except _Expired:
-            raise ApiError(503, SHUTTING_DOWN, code="shutting_down") from None
+            raise OpenAIError(503, SHUTTING_DOWN, code="shutting_down") from None
 
     def pieces(self, upstream: "Pieces") -> "DrainedPieces":
         return DrainedPieces(self, upstream)

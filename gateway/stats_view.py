@@ -13,6 +13,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
+from engine.entrypoints.streaming import CLIENT_CLOSED_REQUEST
 from gateway.policy import Price
 from gateway.replicas.report import ReplicaReport, Windows, summed
 from gateway.replicas.sync import FleetStats
@@ -29,7 +30,8 @@ _OUTCOME_FIELDS = {
     "miss": "misses",
     "bypass": "bypasses",
 }
-_OK_STATUSES = {"200", "499"}  # answered, or the client left: neither is an error
+# answered, or the client left: neither is an error
+_OK_STATUSES = {"200", str(CLIENT_CLOSED_REQUEST)}
 _PER_MILLION = 1_000_000
 
 Prices = dict[tuple[str, str], Price]  # (tier, model) -> price

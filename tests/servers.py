@@ -1,4 +1,5 @@
-"""Real servers for tests: uvicorn on a free loopback port, redis-server in a temp folder."""
+"""Real servers for tests: uvicorn on a free loopback port, redis-server in a temp folder;
+and waiting on what runs (`eventually`, `wait_idle`)."""
 
 import contextlib
 import shutil
@@ -8,6 +9,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import uvicorn
 
@@ -35,6 +37,40 @@ def eventually(check: Callable[[], bool], seconds: float) -> bool:
             return False
         time.sleep(0.05)
     return True
+
+
+def wait_for(check: Callable[[], bool], seconds: float = 30.0) -> None:
+    """`eventually`, as an assertion."""
+    if not eventually(check, seconds):
+        raise AssertionError(f"condition not reached within {seconds} s")
+
+
+def wait_idle(engine: Any, seconds: float = 30.0) -> Any:
+    """Until an AsyncEngine runs nothing, queues nothing and every KV page is free (or holds
+    only reusable cached content); returns its metrics snapshot then."""
+
+    def idle() -> bool:
+        llm, snap = engine.engine, engine.metrics.snapshot()
+        at_rest = not llm.has_unfinished() and llm.free_pages() == llm.num_pages
+        return at_rest and snap.running == 0 and snap.waiting == 0
+
+    if not eventually(idle, seconds):
+        raise AssertionError(f"engine not idle: {engine.metrics.snapshot()}")
+    return engine.metrics.snapshot()
+
+
+@contextlib.contextmanager
+def running_engine(config: Any, runner: Any = None) -> Iterator[Any]:
+    """An AsyncEngine (engine.config.EngineConfig; a test runner such as FakeRunner if
+    given) started, and shut down when the block ends however it ends."""
+    from engine.engine import AsyncEngine
+
+    engine = AsyncEngine(config, runner)
+    engine.start()
+    try:
+        yield engine
+    finally:
+        engine.shutdown()
 
 
 @contextlib.contextmanager

@@ -20,7 +20,6 @@ import yaml
 from fastapi.testclient import TestClient
 
 from engine.config import EngineConfig
-from engine.engine import AsyncEngine
 from engine.entrypoints.server import create_engine_app
 from engine.metrics import EngineMetrics
 from gateway.app import create_app
@@ -31,6 +30,7 @@ from gateway.limits import Limiter
 from gateway.policy import load_policy, parse_policy
 from gateway.stats import Stats
 from tests.fake_runner import FakeRunner
+from tests.servers import running_engine
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -79,11 +79,12 @@ def gateway() -> Iterator[TestClient]:
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[TestClient]:
-    engine = AsyncEngine(EngineConfig(model="fake"), FakeRunner())
-    engine.start()  # as `tiergate engine` does before serving
-    with TestClient(create_engine_app(engine, "smollm2")) as client:
+    # started before serving, as `tiergate engine` does
+    with (
+        running_engine(EngineConfig(model="fake"), FakeRunner()) as engine,
+        TestClient(create_engine_app(engine, "smollm2")) as client,
+    ):
         yield client
-    engine.shutdown()
 
 
 def answers(client: TestClient, path: str) -> bool:

@@ -8,11 +8,11 @@ import pytest
 
 from engine.config import EngineConfig
 from engine.engine import AsyncEngine
+from engine.entrypoints.openai_errors import OpenAIError
 from engine.protocol import CompletionRequest
 from gateway.backends.base import BackendError, GenerationRequest
 from gateway.backends.local import EngineSlot, LocalBackend
 from gateway.drain import Drain
-from gateway.errors import ApiError
 from tests.fake_runner import FakeRunner
 
 
@@ -60,12 +60,12 @@ async def test_expire_refuses_a_request_still_in_line(engine: AsyncEngine) -> No
     await anext(running)  # holds the engine's only slot
     queued = backend.generate(generation("second"))
     asyncio.get_running_loop().call_later(0.05, drain.expire)
-    with pytest.raises(ApiError) as caught:
+    with pytest.raises(OpenAIError) as caught:
         await drain.opening(anext(queued))
     assert caught.value.status == 503 and caught.value.code == "shutting_down"
     await queued.aclose()
     with pytest.raises(BackendError):  # the running one ends too
         await anext(running)
     await all_free(engine)
-    with pytest.raises(ApiError):  # and anything that starts later is refused at once
+    with pytest.raises(OpenAIError):  # and anything that starts later is refused at once
         await drain.opening(asyncio.sleep(10))

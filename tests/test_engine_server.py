@@ -3,7 +3,6 @@
 import asyncio
 import json
 import os
-import time
 from collections.abc import Iterator
 
 import httpx
@@ -14,7 +13,7 @@ from engine.config import EngineConfig
 from engine.engine import AsyncEngine
 from engine.entrypoints.server import create_engine_app
 from tests.fake_runner import FakeRunner
-from tests.servers import run_uvicorn
+from tests.servers import run_uvicorn, running_engine, wait_idle
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # before litellm is imported
 
@@ -29,10 +28,8 @@ CONFIG = EngineConfig(
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[AsyncEngine]:
-    engine = AsyncEngine(CONFIG)
-    engine.start()
-    yield engine
-    engine.shutdown()
+    with running_engine(CONFIG) as engine:
+        yield engine
 
 
 @pytest.fixture(scope="module")
@@ -49,18 +46,6 @@ def client(base_url: str) -> openai.OpenAI:
 @pytest.fixture
 def async_client(base_url: str) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
-
-
-def wait_idle(engine: AsyncEngine, timeout: float = 10.0) -> None:
-    """Until no request runs or waits and every KV page is free (or reusable) again."""
-    llm = engine.engine
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        snap = engine.metrics.snapshot()
-        if not llm.has_unfinished() and llm.free_pages() == llm.num_pages and not snap.running:
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"engine not idle: {engine.metrics.snapshot()}")
 
 
 def test_models_and_health(client: openai.OpenAI, base_url: str) -> None:

@@ -2,7 +2,6 @@
 
 import asyncio
 import os
-import time
 from collections.abc import Iterator
 
 import httpx
@@ -13,7 +12,7 @@ from fastapi import FastAPI
 from gateway.app import create_app
 from gateway.policy import Policy, parse_policy
 from gateway.routing.router import RoutingInput, Scored
-from tests.servers import run_uvicorn
+from tests.servers import run_uvicorn, wait_idle
 
 KEY, OTHER_KEY, ADMIN = "sk-test-key-1", "sk-test-key-2", "sk-test-admin"
 POLICY = f"""
@@ -261,16 +260,6 @@ def test_health_ready_metrics(url: str, client: openai.OpenAI) -> None:
     assert metrics.count("# HELP tiergate_engine_num_requests_running ") == 1
 
 
-def wait_idle(engine: object, timeout: float = 10.0) -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        snap = engine.metrics.snapshot()
-        if snap.running == 0 and snap.waiting == 0 and snap.kv_cache_usage_perc == 0:
-            return snap
-        time.sleep(0.05)
-    raise AssertionError(f"engine not idle: {engine.metrics.snapshot()}")
-
-
 def test_disconnect_aborts_the_engine_request(app: FastAPI, url: str) -> None:
     engine = app.state.gateway.engines.get("smollm2-135m")
     before = wait_idle(engine).generated_tokens
@@ -375,15 +364,30 @@ def test_tenants_never_share_prefix_pages(app: FastAPI, url: str) -> None:
     assert hits_after(KEY) > 100  # tenant one can
 
 
-async def test_concurrent_requests(aclient: openai.AsyncOpenAI) -> None:
-    answers = await asyncio.gather(
-        *(
-            aclient.chat.completions.create(
-                model="small",
-                messages=[{"role": "user", "content": f"Count to {i}."}],
-                max_tokens=4,
-            )
-            for i in range(8)
+async def test_concurrent_requests_are_served_side_by_side(aclient: openai.AsyncOpenAI) -> None:
+    # Served one at a time, every answer would end before the next one began: the most
+    # answers under way at once would be 1.
+    under_way, most = 0, 0
+
+    async def one(i: int) -> str:
+        nonlocal under_way, most
+        stream = await aclient.chat.completions.create(
+            model="small",
+            messages=[{"role": "user", "content": f"Count to {i}."}],
+            max_tokens=12,
+            stream=True,
+            extra_body={"ignore_eos": True},
         )
-    )
-    assert all(a.choices[0].message.content for a in answers)
+        parts: list[str] = []
+        async for chunk in stream:
+            text = chunk.choices[0].delta.content if chunk.choices else None
+            if text and not parts:
+                under_way += 1
+                most = max(most, under_way)
+            parts += [text] if text else []
+        under_way -= 1 if parts else 0
+        return "".join(parts)
+
+    answers = await asyncio.gather(*(one(i) for i in range(8)))
+    assert all(answers)
+    assert most >= 2, "the gateway served the requests one at a time"

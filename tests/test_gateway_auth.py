@@ -23,7 +23,7 @@ from gateway.app import create_app
 from gateway.cli import build_parser
 from gateway.policy import PolicyError, load_policy, parse_policy
 from tests.fake_runner import FakeRunner
-from tests.servers import run_uvicorn
+from tests.servers import run_uvicorn, running_engine
 from tests.upstream_stub import upstream_stub
 
 KEY, HASHED_KEY, ADMIN, METRICS = "sk-plain-key-1", "sk-hashed-key-2", "sk-adm-key", "sk-prom"
@@ -192,10 +192,8 @@ def test_reload_that_empties_the_keys_is_refused(url: str, policy_file: Path) ->
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[AsyncEngine]:
-    engine = AsyncEngine(EngineConfig(model="fake"), FakeRunner())
-    engine.start()
-    yield engine
-    engine.shutdown()
+    with running_engine(EngineConfig(model="fake"), FakeRunner()) as engine:
+        yield engine
 
 
 def test_engine_server_can_require_a_key(engine: AsyncEngine) -> None:

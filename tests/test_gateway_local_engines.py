@@ -23,7 +23,7 @@ from engine.engine import AsyncEngine
 from gateway.app import create_app
 from gateway.policy import load_policy, parse_policy
 from tests.fake_runner import FakeRunner, FakeTokenizer
-from tests.servers import run_uvicorn
+from tests.servers import run_uvicorn, wait_for
 
 ADMIN = "sk-local-engines-admin"
 POLICY = f"""
@@ -106,14 +106,6 @@ def url(factory: Factory) -> Iterator[str]:
     app = create_app(parse_policy(POLICY, env={}), engine_factory=factory)
     with run_uvicorn(app) as base:
         yield base
-
-
-def wait_for(check, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached")
-        time.sleep(0.05)
 
 
 def complete(url: str, body: dict) -> httpx.Response:

@@ -1,6 +1,7 @@
 """Hot reload: a good file takes effect, a bad one leaves the running policy and is reported."""
 
 import os
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,7 +12,7 @@ from fastapi import FastAPI
 
 from gateway.app import create_app
 from gateway.policy import load_policy
-from tests.servers import run_uvicorn
+from tests.servers import run_uvicorn, wait_for
 
 KEY, NEW_KEY, ADMIN = "sk-reload-key-1", "sk-reload-key-2", "sk-reload-admin"
 POLICY = f"""
@@ -39,7 +40,8 @@ def policy_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def served(policy_file: Path) -> Iterator[tuple[FastAPI, str]]:
-    app = create_app(load_policy(policy_file), policy_path=policy_file)
+    # No grace: a retired engine stops as soon as nothing holds it, so no test waits 5 s.
+    app = create_app(load_policy(policy_file), policy_path=policy_file, retire_grace_s=0)
     with run_uvicorn(app) as base:
         yield app, base
 
@@ -55,14 +57,6 @@ def write(path: Path, text: str) -> None:
     path.write_text(text)
     stamp = time.time_ns() + 1_000_000_000  # a visibly newer mtime, whatever the fs resolution
     os.utime(path, ns=(stamp, stamp))
-
-
-def wait_for(check, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached")
-        time.sleep(0.05)
 
 
 def tier_of(url: str, key: str = KEY) -> str:
@@ -130,10 +124,21 @@ def test_reload_with_a_missing_model_is_refused(url: str, policy_file: Path) -> 
     assert tier_of(url) == "small"
 
 
-def test_reload_metrics(url: str) -> None:
-    metrics = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {ADMIN}"}).text
-    assert 'tiergate_policy_reloads_total{result="ok"}' in metrics
-    assert 'tiergate_policy_reloads_total{result="error"}' in metrics
+def reloads(url: str) -> dict[str, float]:
+    """tiergate_policy_reloads_total by result (a result not seen yet has no series)."""
+    metrics = admin(url, "GET", "/metrics").text
+    found = re.findall(r'^tiergate_policy_reloads_total\{result="(\w+)"\} (\S+)$', metrics, re.M)
+    return {"ok": 0.0, "error": 0.0} | {result: float(count) for result, count in found}
+
+
+def test_reload_metrics(url: str, policy_file: Path) -> None:
+    before = reloads(url)
+    policy_file.write_text(POLICY.replace("auto: {default: small}", "auto: {default: large}"))
+    assert admin(url, "POST", "/admin/policy/reload").status_code == 200
+    assert reloads(url)["ok"] > before["ok"]
+    write(policy_file, "tiers: [oops\n")
+    assert admin(url, "POST", "/admin/policy/reload").status_code == 400
+    assert reloads(url)["error"] > before["error"]
 
 
 def test_changed_engine_settings_start_a_new_engine_and_retire_the_old(
@@ -146,4 +151,4 @@ def test_changed_engine_settings_start_a_new_engine_and_retire_the_old(
     new = engines.get("smollm2-135m")
     assert new is not old and new.is_running
     assert tier_of(url) == "small"  # served by the new engine
-    wait_for(lambda: not old.is_running, timeout=30)  # stopped once idle after the grace
+    wait_for(lambda: not old.is_running, 30)  # stopped once idle after the grace

@@ -5,7 +5,6 @@ import pytest
 import torch
 from prometheus_client import generate_latest
 
-from engine import native
 from engine.attention import build_context
 from engine.batch import SeqChunk
 from engine.config import EngineConfig
@@ -99,15 +98,9 @@ def test_int8_logits_stay_close_to_fp32(runners: dict[str, ModelRunner]) -> None
 
 
 def test_int8_without_c_kernels_runs_the_torch_reference(
-    runners: dict[str, ModelRunner], monkeypatch: pytest.MonkeyPatch
+    runners: dict[str, ModelRunner], no_kernels: None
 ) -> None:
-    monkeypatch.setenv("TIERGATE_NATIVE", "0")
-    native.kernels.cache_clear()
-    try:
-        reference = _runner("int8")
-    finally:
-        monkeypatch.delenv("TIERGATE_NATIVE")
-        native.kernels.cache_clear()
+    reference = _runner("int8")  # `runners` were built (ops chosen) before the kernels went off
     assert reference.ops.kernels is None and reference.fused is None
     assert reference.kernel_info()["int8_path"] == "torch"
     ids = reference.tokenizer.encode(PROMPTS[0])

@@ -6,8 +6,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import openai
 import pytest
@@ -24,7 +23,7 @@ from tests.limits_helpers import (
     metrics_text,
     refused,
 )
-from tests.servers import free_port, wait_for_port
+from tests.servers import free_port, wait_for, wait_for_port
 
 
 class RedisProcess:
@@ -135,13 +134,6 @@ def fallbacks(url: str) -> float:
         if line.startswith("tiergate_limits_redis_fallbacks_total "):
             return float(line.split()[1])
     raise AssertionError("no fallback counter in /metrics")
-
-
-def wait_for(check: Callable[[], bool], deadline_s: float = 30.0) -> None:
-    end = time.monotonic() + deadline_s
-    while not check():
-        assert time.monotonic() < end, "condition not reached"
-        time.sleep(0.1)
 
 
 def test_no_redis_at_start_limits_in_process() -> None:

@@ -16,14 +16,29 @@ def test_bundled_small_model_resolves_to_its_gguf() -> None:
 
 
 def test_split_model_is_assembled_into_one_gguf(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setenv("TIERGATE_CACHE_DIR", str(tmp_path))
-    model = resolve_model("qwen2.5-coder-0.5b")
-    parts = model_registry._bundle_files("qwen2.5-coder-0.5b", model_registry.BUNDLED[model.name])
-    assert model.path.parent == tmp_path / "models"
-    assert model.path.stat().st_size == sum(p.stat().st_size for p in parts)
-    assert model.path.read_bytes()[:4] == b"GGUF"
+    # A toy bundle of three small parts: the same path as the 500 MB Qwen one, without
+    # copying 500 MB to check a header and a size.
+    monkeypatch.setenv("TIERGATE_CACHE_DIR", str(tmp_path / "cache"))
+    contents = [b"GGUF" + b"a" * 100, b"b" * 50, b"c" * 7]
+    packages = tuple(f"toy-part{i}" for i in range(len(contents)))
+    for package, content in zip(packages, contents, strict=True):
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "data.bin").write_bytes(content)
+    monkeypatch.setattr(model_registry, "_package_dir", lambda pip_name: tmp_path / pip_name)
+    monkeypatch.setitem(model_registry.BUNDLED, "toy", Bundle(packages, ("data.bin",) * 3))
+    model = resolve_model("toy")
+    assert model.path == tmp_path / "cache" / "models" / "toy.gguf"
+    assert model.path.read_bytes() == b"".join(contents)
     mtime = model.path.stat().st_mtime_ns
-    assert resolve_model("qwen2.5-coder-0.5b").path.stat().st_mtime_ns == mtime  # not redone
+    assert resolve_model("toy").path.stat().st_mtime_ns == mtime  # not redone
+
+
+def test_bundled_split_model_names_its_parts_in_order() -> None:
+    bundle = model_registry.BUNDLED["qwen2.5-coder-0.5b"]
+    parts = model_registry._bundle_files("qwen2.5-coder-0.5b", bundle)
+    with parts[0].open("rb") as first:
+        assert len(parts) == 6 and first.read(4) == b"GGUF"
+    assert [p.name for p in parts] == [f"part0{i}.bin" for i in range(1, 7)]
 
 
 def test_assembly_replaces_a_cut_file_and_leaves_no_temp(tmp_path: Path, monkeypatch) -> None:

@@ -1,6 +1,5 @@
 """The C decode-attention kernel against plain torch attention, and its fallback."""
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,12 +11,7 @@ from engine.config import EngineConfig
 from engine.ops import TorchOps
 from engine.runner import ModelRunner
 
-
-@pytest.fixture(autouse=True)
-def fresh_kernels() -> Iterator[None]:
-    native.kernels.cache_clear()
-    yield
-    native.kernels.cache_clear()
+pytestmark = pytest.mark.usefixtures("fresh_kernels")
 
 
 def _random_case(
@@ -93,8 +87,7 @@ def test_kernel_ignores_pages_past_each_length() -> None:
     assert torch.equal(out, again)
 
 
-def test_disabled_kernels_fall_back_to_torch(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TIERGATE_NATIVE", "0")
+def test_disabled_kernels_fall_back_to_torch(no_kernels: None) -> None:
     assert native.kernels() is None
     runner = ModelRunner(EngineConfig(model="smollm2-135m", kv_cache_bytes=64 * 737280))
     assert type(runner.ops) is TorchOps and runner.ops.kernels is None and runner.fused is None

@@ -25,16 +25,13 @@ def both_paths(fn: Callable[[TorchOps], Any]) -> tuple[Any, Any]:
     return fn(_native()), fn(TorchOps())
 
 
-def test_ops_chosen_by_whether_the_kernels_load(monkeypatch: pytest.MonkeyPatch) -> None:
-    native.kernels.cache_clear()
-    try:
-        assert type(select_ops()) is NativeOps
-        monkeypatch.setenv("TIERGATE_NATIVE", "0")
-        native.kernels.cache_clear()
-        chosen = select_ops()
-        assert type(chosen) is TorchOps and chosen.kernels is None
-    finally:
-        native.kernels.cache_clear()
+def test_ops_are_native_when_the_kernels_load(fresh_kernels: None) -> None:
+    assert type(select_ops()) is NativeOps
+
+
+def test_ops_are_torch_without_the_kernels(no_kernels: None) -> None:
+    chosen = select_ops()
+    assert type(chosen) is TorchOps and chosen.kernels is None
 
 
 @pytest.mark.parametrize("rows", [1, 7, 300])  # 300 x 576 takes the parallel branch

@@ -6,8 +6,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from engine.entrypoints.openai_errors import OpenAIError
 from gateway.cli import main
-from gateway.errors import ApiError
 from gateway.policy import Blend, PolicyError, key_digest, load_policy, parse_policy
 from gateway.routing.difficulty import Classifier, DifficultyScorer
 from gateway.routing.router import Router, RoutingInput, Scored, extract_features
@@ -138,11 +138,11 @@ async def test_tier_override_only_for_keys_the_policy_allows() -> None:
     decision, scored, _ = await decide(0.0, headers=header, key_digest=key_digest(ALLOWED.encode()))
     assert (decision.tier, decision.rule, scored) == ("large", "override", 0)
     for digest in (key_digest(OTHER.encode()), None):
-        with pytest.raises(ApiError) as refused:
+        with pytest.raises(OpenAIError) as refused:
             await decide(0.0, headers=header, key_digest=digest)
         assert (refused.value.status, refused.value.code) == (403, "tier_override_not_allowed")
         assert refused.value.param == "x-tiergate-tier"
-    with pytest.raises(ApiError) as unknown:
+    with pytest.raises(OpenAIError) as unknown:
         await decide(
             0.0, headers={"x-tiergate-tier": "huge"}, key_digest=key_digest(ALLOWED.encode())
         )

@@ -14,7 +14,7 @@ from engine.entrypoints.server import create_engine_app
 from engine.protocol import ChatCompletionRequest
 from gateway.backends.base import GenerationRequest, Piece
 from gateway.backends.local import EngineSlot, LocalBackend
-from tests.servers import run_uvicorn
+from tests.servers import run_uvicorn, running_engine
 
 NAME = "smollm2-135m"
 USER = [{"role": "user", "content": "Name three colours."}]
@@ -32,10 +32,8 @@ def kwargs(**fields: Any) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def engine(one_torch_thread: None) -> Iterator[AsyncEngine]:
-    engine = AsyncEngine(CONFIG)
-    engine.start()
-    yield engine
-    engine.shutdown()
+    with running_engine(CONFIG) as engine:
+        yield engine
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The gateway's response shapes with logprobs, parsed back with the openai package's types."""
+"""The response shapes (both servers) with logprobs, parsed back with the openai package's types."""
 
 import json
 
@@ -7,9 +7,9 @@ from openai.types import Completion as OaiCompletion
 from openai.types.chat import ChatCompletion as OaiChat
 from openai.types.chat import ChatCompletionChunk as OaiChunk
 
+from engine.entrypoints.shapes import ChatShape, TextShape
 from engine.outputs import Logprob, TokenLogprobs
 from engine.protocol import Usage
-from gateway.api.shapes import ChatShape, TextShape
 
 USAGE = Usage.of(5, 2)
 

@@ -1,7 +1,6 @@
 """max_waiting_per_tenant: one tenant (cache salt) cannot take an engine's whole queue."""
 
 import asyncio
-import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
 import openai
@@ -20,7 +19,7 @@ from gateway.backends.local import EngineSlot, LocalBackend
 from gateway.policy import parse_policy
 from tests.fake_runner import FakeRunner
 from tests.limits_helpers import KEY_A, KEY_A2, KEY_B, POLICY, client, complete, fake_engine
-from tests.servers import run_uvicorn
+from tests.servers import run_uvicorn, wait_for
 
 PARAMS = SamplingParams(temperature=0, max_tokens=2)
 
@@ -69,7 +68,7 @@ def test_through_the_gateway_the_tenant_is_the_share() -> None:
         try:
             next(iter(running))  # runs (the engine's only slot) for many seconds
             flood = [pool.submit(_status, url, key) for key in (KEY_A, KEY_A2, KEY_A)]
-            refused = next(as_completed(flood, timeout=30))  # two wait; the third is refused
+            refused = next(as_completed(flood, 30))  # two wait; the third is refused
             assert refused.result() == 429
             other = pool.submit(_status, url, KEY_B)
             waiting = app.state.gateway.engines.get("fake").metrics
@@ -88,13 +87,6 @@ def _status(url: str, key: str) -> int:
         assert "retry-after" in exc.response.headers
         return 429
     return 200
-
-
-def wait_for(check, deadline_s: float = 30.0) -> None:
-    end = time.monotonic() + deadline_s
-    while not check():
-        assert time.monotonic() < end, "condition not reached"
-        time.sleep(0.02)
 
 
 async def test_a_full_tenant_share_cools_nothing_down_for_other_tenants() -> None:

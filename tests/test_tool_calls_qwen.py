@@ -9,9 +9,8 @@ import openai
 import pytest
 
 from engine.config import EngineConfig
-from engine.engine import AsyncEngine
 from engine.entrypoints.server import create_engine_app
-from tests.servers import run_uvicorn
+from tests.servers import run_uvicorn, running_engine
 
 pytestmark = pytest.mark.slow  # a 0.5B model on CPU: about ten seconds per answer
 
@@ -36,13 +35,9 @@ GREEDY: dict[str, Any] = {"model": NAME, "temperature": 0, "max_tokens": 60, "to
 
 @pytest.fixture(scope="module")
 def client(one_torch_thread: None) -> Iterator[openai.OpenAI]:
-    engine = AsyncEngine(EngineConfig(model=NAME, kv_cache_bytes=64 * 1024 * 1024, num_threads=1))
-    engine.start()
-    try:
-        with run_uvicorn(create_engine_app(engine, NAME)) as url:
-            yield openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
-    finally:
-        engine.shutdown()
+    config = EngineConfig(model=NAME, kv_cache_bytes=64 * 1024 * 1024, num_threads=1)
+    with running_engine(config) as engine, run_uvicorn(create_engine_app(engine, NAME)) as url:
+        yield openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
 
 
 def test_whole_and_streamed_tool_calls_then_the_result_turn(client: openai.OpenAI) -> None:

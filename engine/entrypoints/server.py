@@ -7,187 +7,116 @@ error body; nothing answers 422.
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import Callable, Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel
 
 from engine.config import EngineConfig
 from engine.engine import AsyncEngine
 from engine.entrypoints.api_key import RequireApiKey
 from engine.entrypoints.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
-from engine.entrypoints.choices import (
-    Child,
-    usage_of,
-)
+from engine.entrypoints.chat_template import render_chat
+from engine.entrypoints.choices import Child, usage_of
 from engine.entrypoints.http import (
-    CLIENT_CLOSED_REQUEST,
-    OpenAIError,
     collect,
-    engine_error,
     event_stream,
-    install_error_handlers,
     json_response,
     sse_events,
     start_choices,
 )
+from engine.entrypoints.openai_errors import OpenAIError, engine_error, install_error_handlers
+from engine.entrypoints.shapes import ChatShape, TextShape, chat_shapes, text_shapes
 from engine.entrypoints.shutdown import serve_gracefully
-from engine.errors import (
-    PromptTooLongError,
-)
-from engine.logprob_shapes import chat_logprobs, completion_logprobs
+from engine.entrypoints.streaming import CLIENT_CLOSED_REQUEST
+from engine.errors import EngineError
 from engine.outputs import RequestOutput
 from engine.protocol import (
-    AssistantMessage,
-    ChatChoice,
-    ChatCompletion,
     ChatCompletionChunk,
     ChatCompletionRequest,
-    ChunkChoice,
     Completion,
-    CompletionChoice,
     CompletionRequest,
     DeltaMessage,
     EngineChatCompletionRequest,
     EngineCompletionRequest,
     ModelCard,
     ModelList,
-    chat_completion_id,
-    completion_id,
-    created_now,
 )
-from engine.tool_calls import ToolCallStream, as_deltas, split_answer
 
 logger = logging.getLogger("tiergate.engine.server")
 
 
-async def render_chat(engine: AsyncEngine, body: ChatCompletionRequest) -> str:
-    messages = [message.template_dict() for message in body.messages]
-    tools = [tool.model_dump(exclude_none=True) for tool in body.tools] if body.tools else None
-    try:
-        return await engine.apply_chat_template(messages, tools)
-    except PromptTooLongError as exc:
-        raise engine_error(exc) from exc
-    except Exception as exc:
-        # The template runs over client data (and may `raise_exception` on bad role
-        # orders); whatever fails there is the request's fault.
-        message = f"Could not apply the chat template: {exc}"
-        raise OpenAIError(400, message, param="messages") from exc
+async def respond(
+    request: Request,
+    body: ChatCompletionRequest | CompletionRequest,
+    shapes: Sequence[ChatShape] | Sequence[TextShape],
+    children: list[Child],
+    render: Callable[[int, RequestOutput], BaseModel | None],
+) -> Response:
+    """A request's answer from its started choices: streamed (`render` dresses each engine
+    output of choice i as an event), or whole once every choice has ended."""
+    if body.stream:
+        usage = lambda lasts: shapes[0].usage_chunk(usage_of(lasts))  # noqa: E731
+        events = sse_events(children, render, usage if body.include_usage else None)
+        return event_stream(events, children)
+    finals = await collect(request, children)
+    if finals is None:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    choices = [
+        shape.choice(final.text, final.finish_reason, final.logprobs)
+        for shape, final in zip(shapes, finals, strict=True)
+    ]
+    return json_response(shapes[0].answer(choices, usage_of(finals)))  # type: ignore[arg-type]
 
 
 async def chat_completion(
     engine: AsyncEngine, model: str, body: ChatCompletionRequest, request: Request
 ) -> Response:
-    request_id = chat_completion_id()
-    prompt = await render_chat(engine, body)
-    children = await start_choices(engine, prompt, request_id, body)
-    head: dict[str, Any] = {"id": request_id, "created": created_now(), "model": model}
-    tools = body.callable_tools()
-    if body.stream:
-        return event_stream(chat_events(head, children, body.include_usage, tools))
-    finals = await collect(request, children)
-    if finals is None:
-        return Response(status_code=CLIENT_CLOSED_REQUEST)
-    choices = []
-    for index, final in enumerate(finals):
-        content, calls, reason = split_answer(final.text, final.finish_reason or "stop", tools)
-        message = AssistantMessage(content=content, tool_calls=calls)
-        logprobs = None if final.logprobs is None else chat_logprobs(final.logprobs)
-        choices.append(
-            ChatChoice(index=index, message=message, finish_reason=reason, logprobs=logprobs)
-        )
-    return json_response(ChatCompletion(**head, choices=choices, usage=usage_of(finals)))
+    try:
+        prompt = await render_chat(engine, body)
+    except (EngineError, ValueError) as exc:
+        raise engine_error(exc) from exc
+    shapes = chat_shapes(model, body.callable_tools(), body.n or 1)
+    children = await start_choices(engine, prompt, shapes[0].id, body)
+    firsts = [first for first, _ in children]
+    renderers = [chat_renderer(shape, first) for shape, first in zip(shapes, firsts, strict=True)]
+    return await respond(request, body, shapes, children, lambda i, out: renderers[i](out))
 
 
 def chat_renderer(
-    head: dict[str, Any], first: RequestOutput, index: int, tools: set[str]
+    shape: ChatShape, first: RequestOutput
 ) -> Callable[[RequestOutput], ChatCompletionChunk | None]:
     """One choice's chunks: the role on its first, tool calls parsed at its end."""
-    calls = ToolCallStream(tools) if tools else None
 
     def render(out: RequestOutput) -> ChatCompletionChunk | None:
-        text, tool_calls, reason = out.text, None, out.finish_reason
-        if calls is not None:
-            text = calls.feed(text)
-            if out.finished:
-                end = calls.finish()
-                text += end.content or ""
-                if end.tool_calls:
-                    tool_calls = as_deltas(end.tool_calls)
-                    reason = "tool_calls" if reason == "stop" else reason
+        text, tool_calls, reason = shape.feed(out.text), None, out.finish_reason
+        if out.finished:
+            held, tool_calls, reason = shape.end(reason)
+            text += held or ""
         if not text and not out.logprobs and not out.finished and out is not first:
             return None
         role = "assistant" if out is first else None
         content = text or (None if out.finished else "")
         delta = DeltaMessage(role=role, content=content, tool_calls=tool_calls)
-        logprobs = chat_logprobs(out.logprobs) if out.logprobs else None
-        choice = ChunkChoice(index=index, delta=delta, finish_reason=reason, logprobs=logprobs)
-        return ChatCompletionChunk(**head, choices=[choice])
+        return shape.chunk(delta, reason, out.logprobs)
 
     return render
-
-
-def chat_events(
-    head: dict[str, Any], children: list[Child], include_usage: bool, tools: set[str]
-) -> AsyncIterator[str]:
-    renderers = [chat_renderer(head, first, i, tools) for i, (first, _) in enumerate(children)]
-
-    def usage_event(lasts: list[RequestOutput]) -> ChatCompletionChunk:
-        return ChatCompletionChunk(**head, choices=[], usage=usage_of(lasts))
-
-    render = lambda index, out: renderers[index](out)  # noqa: E731
-    return sse_events(children, render, usage_event if include_usage else None)
-
-
-# ------------------------------------------------------------------------ text completions
 
 
 async def text_completion(
     engine: AsyncEngine, model: str, body: CompletionRequest, request: Request
 ) -> Response:
-    request_id = completion_id()
-    children = await start_choices(engine, body.prompt, request_id, body)
-    head: dict[str, Any] = {"id": request_id, "created": created_now(), "model": model}
-    if body.stream:
-        return event_stream(completion_events(head, children, body.include_usage))
-    finals = await collect(request, children)
-    if finals is None:
-        return Response(status_code=CLIENT_CLOSED_REQUEST)
-    choices = [
-        CompletionChoice(
-            index=index,
-            text=final.text,
-            finish_reason=final.finish_reason,
-            logprobs=None if final.logprobs is None else completion_logprobs(final.logprobs),
-        )
-        for index, final in enumerate(finals)
-    ]
-    return json_response(Completion(**head, choices=choices, usage=usage_of(finals)))
-
-
-def completion_events(
-    head: dict[str, Any], children: list[Child], include_usage: bool
-) -> AsyncIterator[str]:
-    sent = [0] * len(children)  # token text sent per choice: where its next text_offset starts
+    shapes = text_shapes(model, body.n or 1)
+    children = await start_choices(engine, body.prompt, shapes[0].id, body)
 
     def render(index: int, out: RequestOutput) -> Completion | None:
         if not out.text and not out.logprobs and not out.finished:
             return None
-        logprobs = None
-        if out.logprobs:
-            logprobs = completion_logprobs(out.logprobs, sent[index])
-            sent[index] += sum(len(e.chosen.token) for e in out.logprobs)
-        choice = CompletionChoice(
-            index=index, text=out.text, finish_reason=out.finish_reason, logprobs=logprobs
-        )
-        return Completion(**head, choices=[choice])
+        return shapes[index].chunk(out.text, out.finish_reason, out.logprobs)
 
-    def usage_event(lasts: list[RequestOutput]) -> Completion:
-        return Completion(**head, choices=[], usage=usage_of(lasts))
-
-    return sse_events(children, render, usage_event if include_usage else None)
+    return await respond(request, body, shapes, children, render)
 
 
 # ---------------------------------------------------------------------------------- app

@@ -5,9 +5,9 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from fastapi import APIRouter, Request
 
+from engine.entrypoints.openai_errors import OpenAIError
 from gateway.api.audit import audit
 from gateway.api.deps import Admin, State
-from gateway.errors import ApiError
 from gateway.policy import PolicyError
 from gateway.pricing import most_expensive, policy_prices
 from gateway.stats_view import stats_view
@@ -74,11 +74,11 @@ async def show_policy(state: State, _: Admin) -> dict[str, Any]:
 async def reload_policy(request: Request, state: State, _: Admin) -> dict[str, Any]:
     audit(request, "policy reload", source=str(state.policy_path))
     if state.watcher is None:
-        raise ApiError(400, "The policy was not loaded from a file; there is nothing to reload.")
+        raise OpenAIError(400, "The policy was not loaded from a file; there is nothing to reload.")
     if await state.watcher.reload() is None:
         error = state.watcher.last_error
         issues = [str(i) for i in error.issues] if error else []
-        raise ApiError(
+        raise OpenAIError(
             400,
             "Invalid policy, the running one stays in force: " + "; ".join(issues),
             code="invalid_policy",

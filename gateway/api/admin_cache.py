@@ -10,11 +10,11 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
+from engine.entrypoints.openai_errors import OpenAIError
 from gateway.api.audit import audit
 from gateway.api.deps import Admin, State, parse_body
 from gateway.cache.semantic import SemanticCache
 from gateway.cache.store import StoreUnavailable
-from gateway.errors import ApiError
 from gateway.state import GatewayState
 
 router = APIRouter()
@@ -36,7 +36,7 @@ class WrongHitReport(BaseModel):
 
 def _cache(state: GatewayState) -> SemanticCache:
     if state.cache is None:
-        raise ApiError(404, "The semantic cache is off in the running policy.", code="cache_off")
+        raise OpenAIError(404, "The semantic cache is off in the running policy.", code="cache_off")
     return state.cache
 
 
@@ -46,11 +46,11 @@ async def _remove(state: GatewayState, entry_id: str) -> None:
     except StoreUnavailable:
         raise _store_down() from None
     if not found:
-        raise ApiError(404, f"No cache entry {entry_id!r}.", code="entry_not_found")
+        raise OpenAIError(404, f"No cache entry {entry_id!r}.", code="entry_not_found")
 
 
-def _store_down() -> ApiError:
-    return ApiError(503, "The cache store is unreachable; nothing was removed. Try again.")
+def _store_down() -> OpenAIError:
+    return OpenAIError(503, "The cache store is unreachable; nothing was removed. Try again.")
 
 
 @router.post("/admin/cache/purge")

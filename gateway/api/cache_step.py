@@ -15,12 +15,12 @@ from dataclasses import dataclass
 
 from starlette.datastructures import Headers
 
+from engine.entrypoints.openai_errors import OpenAIError
 from engine.protocol import ChatCompletionRequest, Usage
 from gateway.api.respond import Answer
 from gateway.backends.base import OpenAIRequest, Piece
 from gateway.backends.fallback import Served
 from gateway.cache.semantic import CachedAnswer, CacheQuery, Embed, Lookup, SemanticCache
-from gateway.errors import ApiError
 from gateway.policy import Policy, Price, RouteCacheSettings
 
 logger = logging.getLogger("tiergate.cache")
@@ -75,7 +75,7 @@ def _ttl(value: str | None) -> float | None:
         ttl = -1.0
     if not 0 < ttl <= _MAX_TTL_S:  # also refuses nan and inf
         message = f"{TTL_HEADER} must be a number of seconds in (0, {_MAX_TTL_S:g}]"
-        raise ApiError(400, message, param=TTL_HEADER)
+        raise OpenAIError(400, message, param=TTL_HEADER)
     return ttl
 
 

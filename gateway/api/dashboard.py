@@ -10,7 +10,7 @@ from pathlib import Path
 from fastapi import APIRouter
 from fastapi.responses import Response
 
-from gateway.errors import ApiError
+from engine.entrypoints.openai_errors import OpenAIError
 
 router = APIRouter()
 
@@ -42,5 +42,5 @@ async def dashboard() -> Response:
 async def static_file(name: str) -> Response:
     media_type = _TYPES.get(name)  # a fixed list: no path ever reaches the file system
     if media_type is None:
-        raise ApiError(404, f"No static file {name!r}.", code="not_found")
+        raise OpenAIError(404, f"No static file {name!r}.", code="not_found")
     return _file(name, media_type)

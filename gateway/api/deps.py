@@ -1,5 +1,6 @@
 """What the routes depend on: the gateway state, who is calling (tenant, admin, metrics
-scraper), and the request body parsed with OpenAI's error shape.
+scraper), the caller's place under its rate limits, the shutdown drain, and the request body
+parsed with OpenAI's error shape. The only module that knows where the app keeps these.
 
 One module for every router, so a key is checked one way everywhere: tenants by their
 key's SHA-256, the admin and metrics keys compared in constant time on bytes.
@@ -11,9 +12,11 @@ from fastapi import Depends, Request
 from pydantic import BaseModel, ValidationError
 
 from engine.entrypoints.api_key import bearer_token, same_key
+from engine.entrypoints.openai_errors import OpenAIError
 from engine.protocol import validation_error_message
 from gateway.api.audit import key_fingerprint
-from gateway.errors import ApiError
+from gateway.drain import Drain
+from gateway.limits import Admission
 from gateway.policy import key_digest
 from gateway.state import GatewayState, Runtime
 
@@ -26,6 +29,18 @@ async def get_state(request: Request) -> GatewayState:
 State = Annotated[GatewayState, Depends(get_state)]
 
 
+def drain_of(request: Request) -> Drain:
+    """The graceful-shutdown drain every answer from a tier goes through."""
+    return request.app.state.drain
+
+
+async def admit(request: Request, runtime: Runtime, tenant: str, approx_tokens: int) -> Admission:
+    """The request's place under its tenant's and key's limits, or a 429."""
+    digest = getattr(request.state, "key_digest", None)  # set by `authenticate`
+    limiter = request.app.state.limiter
+    return await limiter.admit(runtime.policy, tenant, digest, approx_tokens)
+
+
 def _mask(key: str) -> str:
     return f"{key[:6]}...{key[-4:]}" if len(key) > 12 else "***"
 
@@ -36,7 +51,7 @@ def authenticate(request: Request, runtime: Runtime) -> str:
         return "default"
     token = bearer_token(request.headers.get("authorization", ""))
     if token is None:
-        raise ApiError(
+        raise OpenAIError(
             401,
             "You didn't provide an API key. Send it as 'Authorization: Bearer YOUR_KEY'.",
             code="missing_api_key",
@@ -46,7 +61,7 @@ def authenticate(request: Request, runtime: Runtime) -> str:
     tenant = runtime.tenants.get(digest)
     if tenant is None:
         shown = _mask(token.decode("latin-1"))
-        raise ApiError(401, f"Incorrect API key provided: {shown}.", code="invalid_api_key")
+        raise OpenAIError(401, f"Incorrect API key provided: {shown}.", code="invalid_api_key")
     request.state.key_digest = digest  # per-key limits
     return tenant
 
@@ -61,7 +76,7 @@ async def parse_body(request: Request, model: type[Body], empty: bytes = b"") ->
         return model.model_validate_json(await request.body() or empty)
     except ValidationError as exc:
         message, param = validation_error_message(exc)
-        raise ApiError(400, message, param=param) from None
+        raise OpenAIError(400, message, param=param) from None
 
 
 def _bearer_matches(request: Request, *keys: str | None) -> bool:
@@ -75,7 +90,7 @@ def _is_tenant_key(request: Request, state: GatewayState) -> bool:
         return False
     try:
         authenticate(request, state.runtime)  # the API's own check: one source of truth
-    except ApiError:
+    except OpenAIError:
         return False
     return True
 
@@ -83,22 +98,22 @@ def _is_tenant_key(request: Request, state: GatewayState) -> bool:
 async def require_admin(request: Request, state: State) -> None:
     admin_key = state.runtime.policy.auth.admin_key
     if admin_key is None:
-        raise ApiError(403, "The admin API is disabled: set auth.admin_key in the policy.")
+        raise OpenAIError(403, "The admin API is disabled: set auth.admin_key in the policy.")
     if not _bearer_matches(request, admin_key):
         if _is_tenant_key(request, state):  # a valid key, just not an admin's
-            raise ApiError(403, "This endpoint needs the admin key; a tenant key cannot use it.")
+            raise OpenAIError(403, "This endpoint needs the admin key; a tenant key cannot use it.")
         message = "This endpoint needs the admin key as a bearer token."
-        raise ApiError(401, message, code="invalid_api_key")
+        raise OpenAIError(401, message, code="invalid_api_key")
     request.state.admin = key_fingerprint(admin_key)
 
 
 async def require_metrics(request: Request, state: State) -> None:
     auth = state.runtime.policy.auth
     if auth.metrics_key is None and auth.admin_key is None:
-        raise ApiError(403, "/metrics is disabled: set auth.metrics_key in the policy.")
+        raise OpenAIError(403, "/metrics is disabled: set auth.metrics_key in the policy.")
     if not _bearer_matches(request, auth.metrics_key, auth.admin_key):
         message = "/metrics needs the metrics key (auth.metrics_key) or the admin key."
-        raise ApiError(401, message, code="invalid_api_key")
+        raise OpenAIError(401, message, code="invalid_api_key")
 
 
 Admin = Annotated[None, Depends(require_admin)]

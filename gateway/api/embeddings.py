@@ -14,10 +14,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from engine.entrypoints.openai_errors import OpenAIError
 from engine.protocol import ModelCard
-from gateway.api.deps import authenticate, parse_body
+from gateway.api.deps import State, admit, authenticate, parse_body
 from gateway.cache.embedder import MODEL_NAME, Embedder, EmbedderNotInstalled
-from gateway.errors import ApiError
 from gateway.state import GatewayState
 
 router = APIRouter()
@@ -61,13 +61,12 @@ def embedding_model_cards() -> list[ModelCard]:
     return [ModelCard(id=MODEL_NAME, owned_by="tiergate-embedder")]
 
 
-async def get_embedder(request: Request) -> Embedder:
+async def get_embedder(state: GatewayState) -> Embedder:
     """The gateway's one embedder (the cache's and the router's), loaded on first use."""
-    state: GatewayState = request.app.state.gateway
     try:
         return await state.embedder.get(state.runtime.policy.embedder)
     except EmbedderNotInstalled as exc:
-        raise ApiError(503, str(exc), code="embedder_unavailable") from exc
+        raise OpenAIError(503, str(exc), code="embedder_unavailable") from exc
 
 
 def _encode(vector: Any, encoding: str) -> list[float] | str:
@@ -77,13 +76,12 @@ def _encode(vector: Any, encoding: str) -> list[float] | str:
 
 
 @router.post("/v1/embeddings")
-async def create_embeddings(request: Request) -> JSONResponse:
-    state: GatewayState = request.app.state.gateway
+async def create_embeddings(request: Request, state: State) -> JSONResponse:
     runtime = state.runtime
     tenant = authenticate(request, runtime)
     body = await parse_body(request, EmbeddingRequest)
     if body.model not in MODEL_NAMES:
-        raise ApiError(
+        raise OpenAIError(
             404,
             f"The embedding model `{body.model}` does not exist; this gateway serves "
             f"`{MODEL_NAME}`.",
@@ -92,12 +90,11 @@ async def create_embeddings(request: Request) -> JSONResponse:
         )
     request.state.model = MODEL_NAME
     texts = body.texts()
-    digest = getattr(request.state, "key_digest", None)
     estimate = sum(len(t) for t in texts) // 4 + len(texts)
-    admission = await request.app.state.limiter.admit(runtime.policy, tenant, digest, estimate)
+    admission = await admit(request, runtime, tenant, estimate)
     tokens = None
     try:
-        embedder = await get_embedder(request)
+        embedder = await get_embedder(state)
         vectors = await asyncio.to_thread(embedder.embed_many, texts)
         tokens = await asyncio.to_thread(embedder.count_tokens, texts)
     finally:

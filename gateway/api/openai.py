@@ -17,6 +17,8 @@ import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from engine.entrypoints.openai_errors import OpenAIError
+from engine.entrypoints.shapes import ChatShape, Shape, TextShape
 from engine.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -25,15 +27,13 @@ from engine.protocol import (
     Usage,
 )
 from gateway.api.cache_step import CacheControl, CacheStep, matched_text, scope_of
-from gateway.api.deps import State, authenticate, parse_body
+from gateway.api.deps import State, admit, authenticate, drain_of, parse_body
 from gateway.api.embeddings import embedding_model_cards
 from gateway.api.respond import Call, backend_error, streamed, whole
-from gateway.api.shapes import ChatShape, Shape, TextShape
 from gateway.backends.base import BackendError, GenerationRequest, OpenAIRequest
 from gateway.backends.fallback import Served
 from gateway.cache.semantic import CacheQuery
 from gateway.embedding import embed_once
-from gateway.errors import ApiError
 from gateway.limits import NOT_LIMITED, Admission
 from gateway.routing.router import Embed, PromptFeatures, RoutingInput, extract_features
 from gateway.state import GatewayState, Runtime
@@ -76,15 +76,8 @@ class RequestContext:
             setattr(self.request.state, key, value)
 
 
-async def _admit(ctx: RequestContext) -> Admission:
-    """The request's place under its tenant's and key's limits, or a 429."""
-    digest = getattr(ctx.request.state, "key_digest", None)
-    limiter = ctx.request.app.state.limiter
-    return await limiter.admit(ctx.runtime.policy, ctx.tenant, digest, ctx.features.approx_tokens)
-
-
-def _not_found(model: str) -> ApiError:
-    return ApiError(
+def _not_found(model: str) -> OpenAIError:
+    return OpenAIError(
         404,
         f"The model `{model}` does not exist. GET /v1/models lists the names served.",
         param="model",
@@ -174,7 +167,7 @@ async def _open(ctx: RequestContext) -> Served:
 
 
 async def _from_tier(ctx: RequestContext) -> Call:
-    drain = ctx.request.app.state.drain
+    drain = drain_of(ctx.request)
     served = await drain.opening(_open(ctx))
     served.pieces = drain.pieces(served.pieces)  # ends with an error if a shutdown expires
     ctx.state.stats.first_token(served.tier, time.perf_counter() - ctx.started)
@@ -202,10 +195,11 @@ async def _complete(
             raise _not_found(body.model)
         ctx = RequestContext(request, state, runtime, tenant, body, _features(body))
         ctx.embed = embed_once(state.embedder.current, ctx.features.last_user_text)
-        ctx.admission = await _admit(ctx)
+        tokens = ctx.features.approx_tokens
+        ctx.admission = await admit(request, runtime, tenant, tokens)
         ctx.cache = _cache_step(ctx)
         call = await _from_cache(ctx) or await _from_tier(ctx)
-    except ApiError as exc:  # refused before any answer: counted under the tier, if any
+    except OpenAIError as exc:  # refused before any answer: counted under the tier, if any
         route = ctx.route if ctx is not None else "-"
         state.stats.request_done(route, getattr(request.state, "tier", "-"), "-", exc.status)
         if ctx is not None:

@@ -6,28 +6,29 @@ when an answer completes it hands the whole text to the after-response hooks (th
 stores it there), and whatever the outcome it counts the request in the stats.
 """
 
-import json
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 import anyio
 from fastapi import Request
-from fastapi.responses import Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
+from fastapi.responses import Response
 
+from engine.entrypoints.openai_errors import OpenAIError
+from engine.entrypoints.shapes import Shape
+from engine.entrypoints.streaming import (
+    CLIENT_CLOSED_REQUEST,
+    ClosingStreamingResponse,
+    sse,
+    unless_disconnected,
+)
 from engine.protocol import Usage, error_response_body
-from gateway.api.shapes import Shape, sse
 from gateway.backends.base import BackendError, Piece
 from gateway.backends.fallback import Served
-from gateway.errors import ApiError
 from gateway.limits import NOT_LIMITED, Admission
 from gateway.stats import Stats
 
-CLIENT_CLOSED = 499  # nginx's status for "client closed the request", used in stats only
 _CHARS_PER_TOKEN = 4
-# Proxies (nginx) buffer responses unless told otherwise; a buffered stream is no stream.
-_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 @dataclass(frozen=True)
@@ -82,11 +83,11 @@ class Call:
         return usage
 
 
-def backend_error(exc: BackendError) -> ApiError:
+def backend_error(exc: BackendError) -> OpenAIError:
     headers = {}
     if exc.retry_after is not None:
         headers["retry-after"] = str(max(1, round(exc.retry_after)))
-    return ApiError(exc.status, exc.message, code=exc.code, param=exc.param, headers=headers)
+    return OpenAIError(exc.status, exc.message, code=exc.code, param=exc.param, headers=headers)
 
 
 def _merge(last: Piece, piece: Piece) -> Piece:
@@ -101,24 +102,19 @@ def _merge(last: Piece, piece: Piece) -> Piece:
 async def _collect(call: Call, request: Request) -> tuple[list[str], Piece] | None:
     """All pieces of a non-streamed answer; None (upstream aborted) if the client leaves."""
     texts: list[str] = []
-    last, finished, error = Piece(), False, None
+    last, error = Piece(), None
 
-    async def watch_disconnect() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-        group.cancel_scope.cancel()
+    async def read() -> None:
+        nonlocal last, error
+        try:
+            async for piece in call.served.pieces:
+                texts.append(piece.text)
+                last = _merge(last, piece)
+        except BackendError as exc:  # raised out here, not as a task group's ExceptionGroup
+            error = exc
 
     try:
-        async with anyio.create_task_group() as group:
-            group.start_soon(watch_disconnect)
-            try:
-                async for piece in call.served.pieces:
-                    texts.append(piece.text)
-                    last = _merge(last, piece)
-                finished = True
-            except BackendError as exc:  # raised out here, not as a task group's ExceptionGroup
-                error = exc
-            group.cancel_scope.cancel()
+        finished = await unless_disconnected(request, read)
     finally:
         with anyio.CancelScope(shield=True):
             await call.served.pieces.aclose()
@@ -147,8 +143,8 @@ async def whole(call: Call, shape: Shape, request: Request) -> Response:
         await call.done(exc.status)
         raise backend_error(exc) from None
     if collected is None:
-        await call.done(CLIENT_CLOSED)
-        return Response(status_code=CLIENT_CLOSED)  # nobody is left to read it
+        await call.done(CLIENT_CLOSED_REQUEST)
+        return Response(status_code=CLIENT_CLOSED_REQUEST)  # nobody is left to read it
     texts, last = collected
     text = "".join(texts)
     usage = await call.completed(text, last)
@@ -158,7 +154,7 @@ async def whole(call: Call, shape: Shape, request: Request) -> Response:
 
 async def _stream(call: Call, shape: Shape, include_usage: bool) -> AsyncIterator[bytes]:
     """SSE pieces as they come; a disconnect cancels this generator, which aborts upstream."""
-    status, texts, last = CLIENT_CLOSED, [], Piece()
+    status, texts, last = CLIENT_CLOSED_REQUEST, [], Piece()
     try:
         if (opening := shape.opening()) is not None:
             yield opening
@@ -174,7 +170,7 @@ async def _stream(call: Call, shape: Shape, include_usage: bool) -> AsyncIterato
         yield sse("[DONE]")
     except BackendError as exc:  # headers are gone already: the error travels in the stream
         status = exc.status
-        yield sse(json.dumps(error_response_body(exc.status, exc.message)))
+        yield sse(error_response_body(exc.status, exc.message))
         yield sse("[DONE]")
     finally:
         # Starlette cancels this task on disconnect; shield so the abort itself can run.
@@ -188,25 +184,3 @@ async def _stream(call: Call, shape: Shape, include_usage: bool) -> AsyncIterato
 
 def streamed(call: Call, shape: Shape, include_usage: bool) -> Response:
     return ClosingStreamingResponse(_stream(call, shape, include_usage), call.served.pieces)
-
-
-class ClosingStreamingResponse(StreamingResponse):
-    """Closes its body iterator and the upstream answer however the response ends.
-
-    On a disconnect Starlette cancels the sending task; if that happens while the body
-    waits at a `yield`, the generator would be left to the garbage collector and the
-    engine would keep generating. A body that never started cannot run its own cleanup,
-    so the upstream answer (`upstream`) is closed here too.
-    """
-
-    def __init__(self, content: AsyncIterator[bytes], upstream: AsyncIterator[Piece]) -> None:
-        super().__init__(content, media_type="text/event-stream", headers=_SSE_HEADERS)
-        self._upstream = upstream
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            with anyio.CancelScope(shield=True):
-                await self.body_iterator.aclose()
-                await self._upstream.aclose()  # a no-op when the body already closed it

@@ -16,14 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.config import EngineConfig
-from engine.errors import (
-    EngineDeadError,
-    EngineError,
-    PromptTooLongError,
-    QueueFullError,
-    RequestFailedError,
-    TenantQueueFullError,
-)
+from engine.entrypoints.chat_template import render_chat
+from engine.entrypoints.openai_errors import RETRY_AFTER_SECONDS, engine_error_status
+from engine.errors import EngineError, TenantQueueFullError
 from engine.protocol import Usage, to_sampling_params
 from gateway.backends.base import BackendError, GenerationRequest, Piece
 from gateway.policy import EngineSettings
@@ -210,22 +205,28 @@ async def _stop(engine: Any) -> None:
 
 
 def _engine_error(exc: Exception, name: str) -> BackendError:
-    if isinstance(exc, PromptTooLongError):  # the request's fault: no fallback
-        code = "context_length_exceeded"
-        return BackendError(400, str(exc), retry=False, fallback=False, code=code)
-    if isinstance(exc, ValueError):  # InvalidParamError names the field, e.g. a bad schema
-        param = getattr(exc, "param", None)
-        return BackendError(400, str(exc), retry=False, fallback=False, param=param)
+    """The engine server's status and code for the error, with what the chain may do next."""
+    known = engine_error_status(exc) if isinstance(exc, EngineError) else None
+    if known is None:
+        if isinstance(exc, ValueError):  # the request's fault: InvalidParamError names the field
+            param = getattr(exc, "param", None)
+            return BackendError(400, str(exc), retry=False, fallback=False, param=param)
+        logger.error("%s failed: %s: %s", name, type(exc).__name__, exc)  # the caller sees less
+        return BackendError(502, f"{name}: the engine failed", retry=False, fallback=True)
+    status, code = known
+    if status == 400:  # the prompt does not fit: the request's fault, no fallback
+        return BackendError(status, str(exc), retry=False, fallback=False, code=code)
     if isinstance(exc, TenantQueueFullError):  # this tenant's doing: no cooldown for others
-        return BackendError(429, f"{name}: {exc}", retry=False, fallback=False, retry_after=1)
-    if isinstance(exc, QueueFullError):
-        return BackendError(429, f"{name}: queue full", True, True, 1, deployment_fault=True)
-    if isinstance(exc, EngineDeadError):
-        return BackendError(503, f"{name}: engine stopped", False, True, deployment_fault=True)
-    if isinstance(exc, RequestFailedError):  # the engine lives on: nothing to fall back from
-        return BackendError(500, f"{name}: the engine failed this request", False, False)
-    logger.error("%s failed: %s: %s", name, type(exc).__name__, exc)  # the caller sees less
-    return BackendError(502, f"{name}: the engine failed", retry=False, fallback=True)
+        message, wait = f"{name}: {exc}", RETRY_AFTER_SECONDS
+        return BackendError(status, message, False, False, wait, code=code)
+    if status == 429:
+        message, wait = f"{name}: queue full", RETRY_AFTER_SECONDS
+        return BackendError(status, message, True, True, wait, deployment_fault=True, code=code)
+    if status == 503:
+        message = f"{name}: engine stopped"
+        return BackendError(status, message, False, True, deployment_fault=True, code=code)
+    # the engine lives on: nothing to fall back from
+    return BackendError(status, f"{name}: the engine failed this request", False, False, code=code)
 
 
 class LocalBackend:
@@ -236,17 +237,9 @@ class LocalBackend:
         self._attempts = itertools.count()
 
     async def _prompt(self, engine: Any, request: GenerationRequest) -> str | list[int]:
-        body = request.body
         if not request.is_chat:
-            return body.prompt
-        messages = [m.template_dict() for m in body.messages]
-        tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
-        try:
-            return await engine.apply_chat_template(messages, tools)
-        except PromptTooLongError as exc:
-            raise _engine_error(exc, self.name) from exc
-        except Exception as exc:  # the template itself refuses, e.g. roles out of order
-            raise BackendError(400, f"chat template: {exc}", retry=False, fallback=False) from exc
+            return request.body.prompt
+        return await render_chat(engine, request.body)
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Piece]:
         slot = self._slot

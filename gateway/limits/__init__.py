@@ -1,7 +1,7 @@
 """Per-key and per-tenant limits: requests and tokens per minute, requests in flight.
 
 The request path calls `Limiter.admit` once a request is authenticated and parsed (it
-raises a 429 `ApiError` or returns an `Admission`) and `Admission.finish` once the answer
+raises a 429 `OpenAIError` or returns an `Admission`) and `Admission.finish` once the answer
 has ended, however it ended. Tokens are counted twice: the prompt estimate at admission,
 then corrected to the real prompt + completion usage at the end.
 
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry, Counter
 from redis.exceptions import RedisError
 
-from gateway.errors import ApiError
+from engine.entrypoints.openai_errors import OpenAIError
 from gateway.limits.redis_store import RedisStore
 from gateway.limits.window import Denial, MemoryStore, Scope, retry_after_header
 from gateway.policy import Policy
@@ -168,7 +168,7 @@ def _scopes(policy: Policy, tenant: str, digest: str | None) -> list[Scope]:
     return scopes
 
 
-def _too_many(denial: Denial) -> ApiError:
+def _too_many(denial: Denial) -> OpenAIError:
     scope, what = denial.scope, _WHAT[denial.limit]
     limit = getattr(scope.limits, denial.limit)
     who = f"tenant {scope.name!r}" if scope.kind == "tenant" else "this API key"
@@ -179,7 +179,7 @@ def _too_many(denial: Denial) -> ApiError:
         )
     else:
         message = f"Rate limit reached for {who}: {limit} {what}. Retry after Retry-After seconds."
-    return ApiError(
+    return OpenAIError(
         429,
         message,
         type="rate_limit_error",

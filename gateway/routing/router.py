@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from gateway.errors import ApiError
+from engine.entrypoints.openai_errors import OpenAIError
 from gateway.policy import Policy, Route, Rule
 from gateway.routing.signals import Signals, compute_signals
 
@@ -214,7 +214,7 @@ class Router:
 
     async def decide(self, inp: RoutingInput) -> Decision | None:
         """None when the model names no route, tier or deployment (a 404 for the caller).
-        Raises ApiError when the tier override header is refused or names no tier."""
+        Raises OpenAIError when the tier override header is refused or names no tier."""
         route_name = self._route_of.get(inp.model)
         if route_name is None:
             if inp.model in self.policy.tiers:
@@ -262,7 +262,7 @@ class Router:
         if not tier:
             return None
         if inp.key_digest not in self._override_keys:
-            raise ApiError(
+            raise OpenAIError(
                 403,
                 f"This API key may not choose the tier with {OVERRIDE_HEADER}; "
                 "the policy allows it per key (auth.keys[].tier_override).",
@@ -272,7 +272,7 @@ class Router:
             )
         if tier not in self.policy.tiers:
             known = ", ".join(self.policy.tiers)
-            raise ApiError(
+            raise OpenAIError(
                 400,
                 f"{OVERRIDE_HEADER}: unknown tier {tier!r} (tiers: {known})",
                 param=OVERRIDE_HEADER,
