@@ -25,7 +25,7 @@ def test_split_model_is_assembled_into_one_gguf(tmp_path: Path, monkeypatch) -> 
         (tmp_path / package).mkdir()
         (tmp_path / package / "data.bin").write_bytes(content)
     monkeypatch.setattr(model_registry, "_package_dir", lambda pip_name: tmp_path / pip_name)
-    monkeypatch.setitem(model_registry.BUNDLED, "toy", Bundle(packages, ("data.bin",) * 3))
+    monkeypatch.setitem(model_registry.BUNDLED, "toy", tuple((p, "data.bin") for p in packages))
     model = resolve_model("toy")
     assert model.path == tmp_path / "cache" / "models" / "toy.gguf"
     assert model.path.read_bytes() == b"".join(contents)
