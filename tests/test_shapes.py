@@ -9,7 +9,7 @@ from openai.types.chat import ChatCompletionChunk as OaiChunk
 
 from engine.outputs import Logprob, TokenLogprobs
 from engine.protocol import Usage
-from gateway.api.shapes import ChatShape, TextShape
+from gateway.api.shapes import ChatShape, Ended, TextShape
 
 USAGE = Usage.of(5, 2)
 
@@ -30,7 +30,7 @@ def sse_json(event: bytes) -> dict:
 
 def test_chat_whole_and_delta_carry_logprobs() -> None:
     shape = ChatShape("m")
-    whole = OaiChat.model_validate_json(shape.whole("Hello", "stop", USAGE, ENTRIES))
+    whole = OaiChat.model_validate_json(shape.whole([Ended("Hello", "stop", ENTRIES)], USAGE))
     content = whole.choices[0].logprobs.content
     assert [(c.token, c.logprob, bytes(c.bytes)) for c in content] == [
         ("Hel", -0.5, b"Hel"),
@@ -39,7 +39,7 @@ def test_chat_whole_and_delta_carry_logprobs() -> None:
     assert [t.token for t in content[0].top_logprobs] == ["Hel", "Hi"]
     chunk = OaiChunk.model_validate(sse_json(shape.delta("lo", ENTRIES[1:])))
     assert chunk.choices[0].logprobs.content[0].top_logprobs[1].logprob == -1.25
-    assert OaiChat.model_validate_json(shape.whole("x", "stop", USAGE)).choices[0].logprobs is None
+    assert OaiChat.model_validate_json(shape.whole([Ended("x", "stop")], USAGE)).choices[0].logprobs is None
     assert "logprobs" not in json.dumps(sse_json(shape.delta("x"))["choices"][0]["delta"])
 
 
@@ -50,7 +50,7 @@ def test_text_offsets_continue_across_stream_chunks() -> None:
     second = sse_json(shape.delta("lo", ENTRIES[1:]))["choices"][0]["logprobs"]
     assert (first["tokens"], first["text_offset"]) == (["Hel"], [0])
     assert (second["tokens"], second["text_offset"]) == (["lo"], [3])
-    whole = OaiCompletion.model_validate_json(shape.whole("Hello", "stop", USAGE, ENTRIES))
+    whole = OaiCompletion.model_validate_json(shape.whole([Ended("Hello", "stop", ENTRIES)], USAGE))
     lp = whole.choices[0].logprobs
     assert (lp.tokens, lp.token_logprobs, lp.text_offset) == (["Hel", "lo"], [-0.5, -0.25], [0, 3])
     assert lp.top_logprobs == [{"Hel": -0.5, "Hi": -1.5}, {"lo": -0.25, "p": -1.25}]
@@ -59,7 +59,7 @@ def test_text_offsets_continue_across_stream_chunks() -> None:
 @pytest.mark.parametrize("shape", [ChatShape("m"), TextShape("m")])
 def test_logprobs_asked_but_none_produced_is_an_empty_list(shape: ChatShape | TextShape) -> None:
     # e.g. an answer that is only a stop token: logprobs were asked, so the key is present
-    body = json.loads(shape.whole("", "stop", USAGE, []))
+    body = json.loads(shape.whole([Ended("", "stop", [])], USAGE))
     assert body["choices"][0]["logprobs"] is not None
 
 
@@ -68,7 +68,7 @@ CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</
 
 def test_chat_shape_with_tools_answers_tool_calls_whole() -> None:
     shape = ChatShape("m", {"get_weather"})
-    reply = OaiChat.model_validate_json(shape.whole(f"On it.\n{CALL}", "stop", USAGE))
+    reply = OaiChat.model_validate_json(shape.whole([Ended(f"On it.\n{CALL}", "stop")], USAGE))
     choice = reply.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content == "On it."
     (call,) = choice.message.tool_calls
@@ -76,7 +76,7 @@ def test_chat_shape_with_tools_answers_tool_calls_whole() -> None:
         "get_weather",
         {"city": "Paris"},
     )
-    plain = OaiChat.model_validate_json(ChatShape("m").whole(CALL, "stop", USAGE))
+    plain = OaiChat.model_validate_json(ChatShape("m").whole([Ended(CALL, "stop")], USAGE))
     assert plain.choices[0].message.content == CALL and plain.choices[0].finish_reason == "stop"
 
 

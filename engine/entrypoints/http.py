@@ -3,7 +3,6 @@ their choices, disconnect watching, and server-sent events that close the engine
 streams however the response ends."""
 
 import asyncio
-import dataclasses
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -20,6 +19,7 @@ from starlette.types import Receive, Scope, Send
 from engine.engine import AsyncEngine
 from engine.entrypoints.choices import (
     Child,
+    choice_params,
     close_all,
     drain,
     interleave,
@@ -140,9 +140,7 @@ async def start_outputs(
     # OpenAI (the engine caps it at the room the prompt leaves).
     params = to_sampling_params(body, default_max_tokens=engine.max_model_len)
     if index:
-        request_id = f"{request_id}-{index}"
-        if params.seed is not None:  # the choices differ, yet the whole answer repeats
-            params = dataclasses.replace(params, seed=params.seed + index)
+        request_id, params = f"{request_id}-{index}", choice_params(params, index)
     prompt_param = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
     outputs = engine.generate(prompt, params, request_id, cache_salt=body.cache_salt)
     try:

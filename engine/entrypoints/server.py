@@ -50,8 +50,6 @@ from engine.protocol import (
     CompletionChoice,
     CompletionRequest,
     DeltaMessage,
-    EngineChatCompletionRequest,
-    EngineCompletionRequest,
     ModelCard,
     ModelList,
     chat_completion_id,
@@ -217,13 +215,13 @@ def create_engine_app(
 
     @app.post("/v1/chat/completions")
     async def create_chat_completion(
-        body: EngineChatCompletionRequest, request: Request
+        body: ChatCompletionRequest, request: Request
     ) -> Response:
         check_model(body.model, served_name)
         return await chat_completion(engine, served_name, body, request)
 
     @app.post("/v1/completions")
-    async def create_completion(body: EngineCompletionRequest, request: Request) -> Response:
+    async def create_completion(body: CompletionRequest, request: Request) -> Response:
         check_model(body.model, served_name)
         return await text_completion(engine, served_name, body, request)
 

@@ -5,7 +5,8 @@ request flow in openai.py is written once. Logprobs (local engines, when the req
 go in as the engine's per-token entries: `delta` takes a piece's, `whole` all of them.
 """
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from engine.logprob_shapes import chat_logprobs, completion_logprobs
@@ -34,12 +35,23 @@ def sse(data: str) -> bytes:
 Logprobs = list[TokenLogprobs] | None
 
 
+@dataclass
+class Ended:
+    """One choice of a whole answer."""
+
+    text: str
+    reason: str  # the finish reason
+    logprobs: Logprobs = None
+
+
 class Shape(Protocol):
-    def opening(self) -> bytes | None: ...
-    def delta(self, text: str, logprobs: Logprobs = None) -> bytes: ...
-    def finish(self, reason: str) -> bytes: ...
+    """`index` is the choice (0..n-1) a chunk belongs to; every choice streams its own."""
+
+    def opening(self, n: int = 1) -> bytes | None: ...
+    def delta(self, text: str, logprobs: Logprobs = None, index: int = 0) -> bytes: ...
+    def finish(self, reason: str, index: int = 0) -> bytes: ...
     def usage(self, usage: Usage) -> bytes: ...
-    def whole(self, text: str, reason: str, usage: Usage, logprobs: Logprobs = None) -> bytes: ...
+    def whole(self, choices: Sequence[Ended], usage: Usage) -> bytes: ...
 
 
 class ChatShape:
@@ -49,7 +61,7 @@ class ChatShape:
     def __init__(self, model: str, tools: Collection[str] = ()) -> None:
         self.id, self.created, self.model = chat_completion_id(), created_now(), model
         self._tools = tools
-        self._calls = ToolCallStream(tools) if tools else None
+        self._calls: dict[int, ToolCallStream] = {}  # per choice, when tools may be called
 
     def _chunk(self, choices: list[ChunkChoice], usage: Usage | None = None) -> bytes:
         chunk = ChatCompletionChunk(
@@ -57,36 +69,50 @@ class ChatShape:
         )
         return sse(chunk.model_dump_json())
 
-    def opening(self) -> bytes | None:
-        # OpenAI's first chunk names the role; clients that build the message rely on it.
-        return self._chunk([ChunkChoice(delta=DeltaMessage(role="assistant", content=""))])
+    def _tool_calls(self, index: int) -> ToolCallStream | None:
+        if not self._tools:
+            return None
+        return self._calls.setdefault(index, ToolCallStream(self._tools))
 
-    def delta(self, text: str, logprobs: Logprobs = None) -> bytes:
+    def opening(self, n: int = 1) -> bytes | None:
+        # OpenAI's first chunk of each choice names the role; clients that build the
+        # message rely on it.
+        role = DeltaMessage(role="assistant", content="")
+        return b"".join(self._chunk([ChunkChoice(index=i, delta=role)]) for i in range(n))
+
+    def delta(self, text: str, logprobs: Logprobs = None, index: int = 0) -> bytes:
         shaped = chat_logprobs(logprobs) if logprobs else None
-        if self._calls is not None:
-            text = self._calls.feed(text)  # what may be a tool call is held for finish()
-        return self._chunk([ChunkChoice(delta=DeltaMessage(content=text), logprobs=shaped)])
+        if (calls := self._tool_calls(index)) is not None:
+            text = calls.feed(text)  # what may be a tool call is held for finish()
+        delta = DeltaMessage(content=text)
+        return self._chunk([ChunkChoice(index=index, delta=delta, logprobs=shaped)])
 
-    def finish(self, reason: str) -> bytes:
+    def finish(self, reason: str, index: int = 0) -> bytes:
         delta = DeltaMessage()
-        if self._calls is not None:
-            end = self._calls.finish()
+        if (calls := self._tool_calls(index)) is not None:
+            end = calls.finish()
             delta = DeltaMessage(content=end.content)
             if end.tool_calls:
                 delta.tool_calls = as_deltas(end.tool_calls)
                 reason = "tool_calls" if reason == "stop" else reason
-        return self._chunk([ChunkChoice(delta=delta, finish_reason=reason)])
+        return self._chunk([ChunkChoice(index=index, delta=delta, finish_reason=reason)])
 
     def usage(self, usage: Usage) -> bytes:
         return self._chunk([], usage)
 
-    def whole(self, text: str, reason: str, usage: Usage, logprobs: Logprobs = None) -> bytes:
-        shaped = None if logprobs is None else chat_logprobs(logprobs)
-        content, calls, reason = split_answer(text, reason, self._tools)
+    def _choice(self, index: int, ended: Ended) -> ChatChoice:
+        shaped = None if ended.logprobs is None else chat_logprobs(ended.logprobs)
+        content, calls, reason = split_answer(ended.text, ended.reason, self._tools)
         message = AssistantMessage(content=content, tool_calls=calls)
-        choice = ChatChoice(message=message, finish_reason=reason, logprobs=shaped)
+        return ChatChoice(index=index, message=message, finish_reason=reason, logprobs=shaped)
+
+    def whole(self, choices: Sequence[Ended], usage: Usage) -> bytes:
         answer = ChatCompletion(
-            id=self.id, created=self.created, model=self.model, choices=[choice], usage=usage
+            id=self.id,
+            created=self.created,
+            model=self.model,
+            choices=[self._choice(i, c) for i, c in enumerate(choices)],
+            usage=usage,
         )
         return answer.model_dump_json().encode()
 
@@ -94,7 +120,8 @@ class ChatShape:
 class TextShape:
     def __init__(self, model: str) -> None:
         self.id, self.created, self.model = completion_id(), created_now(), model
-        self._sent = 0  # characters of token text streamed: where the next text_offset starts
+        # per choice: characters of token text streamed, where its next text_offset starts
+        self._sent: dict[int, int] = {}
 
     def _chunk(self, choices: list[CompletionChoice], usage: Usage | None = None) -> bytes:
         chunk = Completion(
@@ -102,26 +129,34 @@ class TextShape:
         )
         return sse(chunk.model_dump_json())
 
-    def opening(self) -> bytes | None:
+    def opening(self, n: int = 1) -> bytes | None:
         return None
 
-    def delta(self, text: str, logprobs: Logprobs = None) -> bytes:
+    def delta(self, text: str, logprobs: Logprobs = None, index: int = 0) -> bytes:
         shaped = None
         if logprobs:
-            shaped = completion_logprobs(logprobs, self._sent)
-            self._sent += sum(len(e.chosen.token) for e in logprobs)
-        return self._chunk([CompletionChoice(text=text, logprobs=shaped)])
+            sent = self._sent.get(index, 0)
+            shaped = completion_logprobs(logprobs, sent)
+            self._sent[index] = sent + sum(len(e.chosen.token) for e in logprobs)
+        return self._chunk([CompletionChoice(index=index, text=text, logprobs=shaped)])
 
-    def finish(self, reason: str) -> bytes:
-        return self._chunk([CompletionChoice(text="", finish_reason=reason)])
+    def finish(self, reason: str, index: int = 0) -> bytes:
+        return self._chunk([CompletionChoice(index=index, text="", finish_reason=reason)])
 
     def usage(self, usage: Usage) -> bytes:
         return self._chunk([], usage)
 
-    def whole(self, text: str, reason: str, usage: Usage, logprobs: Logprobs = None) -> bytes:
-        shaped = None if logprobs is None else completion_logprobs(logprobs)
-        choice = CompletionChoice(text=text, finish_reason=reason, logprobs=shaped)
+    def whole(self, choices: Sequence[Ended], usage: Usage) -> bytes:
+        shaped = [
+            CompletionChoice(
+                index=i,
+                text=c.text,
+                finish_reason=c.reason,
+                logprobs=None if c.logprobs is None else completion_logprobs(c.logprobs),
+            )
+            for i, c in enumerate(choices)
+        ]
         answer = Completion(
-            id=self.id, created=self.created, model=self.model, choices=[choice], usage=usage
+            id=self.id, created=self.created, model=self.model, choices=shaped, usage=usage
         )
         return answer.model_dump_json().encode()

@@ -16,6 +16,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.config import EngineConfig
+from engine.entrypoints.choices import (
+    Child,
+    choice_params,
+    close_all,
+    interleave,
+    start_children,
+    usage_of,
+)
 from engine.errors import (
     EngineDeadError,
     EngineError,
@@ -24,7 +32,7 @@ from engine.errors import (
     RequestFailedError,
     TenantQueueFullError,
 )
-from engine.protocol import Usage, to_sampling_params
+from engine.protocol import to_sampling_params
 from gateway.backends.base import BackendError, GenerationRequest, Piece
 from gateway.policy import EngineSettings
 
@@ -248,25 +256,40 @@ class LocalBackend:
             raise BackendError(400, f"chat template: {exc}", retry=False, fallback=False) from exc
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Piece]:
+        """The request's `n` choices as sibling engine requests (same prompt and salt, so
+        they share the prompt's KV pages), their outputs interleaved as they come."""
         slot = self._slot
         slot.in_flight += 1  # before any await: a retiring engine must see this request
-        outputs = None
+        children: list[Child] = []
         try:
             engine = slot.engine
             prompt = await self._prompt(engine, request)
             params = to_sampling_params(request.body)
             # One engine id per attempt: a retry must not collide with the last one's abort.
             engine_id = f"{request.request_id}-{next(self._attempts)}"
-            outputs = engine.generate(prompt, params, engine_id, cache_salt=request.tenant)
-            async for out in outputs:
+
+            async def start(index: int) -> Child:
+                outputs = engine.generate(
+                    prompt,
+                    choice_params(params, index),
+                    f"{engine_id}-{index}" if index else engine_id,
+                    cache_salt=request.tenant,
+                )
+                return await anext(outputs), outputs
+
+            children = await start_children(start, request.body.n or 1)
+            lasts = [first for first, _ in children]
+            running = len(children)
+            async for index, out in interleave(children):
+                lasts[index] = out
                 if not out.finished:
-                    yield Piece(out.text, logprobs=out.logprobs)
+                    yield Piece(out.text, logprobs=out.logprobs, index=index)
                     continue
-                usage = Usage.of(out.prompt_tokens, out.completion_tokens, out.cached_tokens)
-                yield Piece(out.text, out.finish_reason, usage, out.logprobs)
+                running -= 1
+                usage = None if running else usage_of(lasts)  # on the answer's last piece
+                yield Piece(out.text, out.finish_reason, usage, out.logprobs, index)
         except (EngineError, ValueError) as exc:
             raise _engine_error(exc, self.name) from exc
         finally:
-            if outputs is not None:
-                await outputs.aclose()  # closing the engine's generator aborts the request
+            await close_all(children)  # closing the engine's generators aborts the requests
             slot.in_flight -= 1
