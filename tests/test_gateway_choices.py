@@ -8,19 +8,23 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 from fastapi import FastAPI
 
+from engine.config import EngineConfig
 from gateway.app import create_app
 from gateway.policy import parse_policy
 from tests.servers import run_uvicorn
+from tests.test_gateway_api import wait_idle
 from tests.upstream_stub import upstream_stub
 
 KEY = "sk-choices-key"
 MODEL = "smollm2-135m"
 USER = [{"role": "user", "content": "Name three colours."}]
 GREEDY: dict[str, Any] = {"model": "auto", "temperature": 0, "max_tokens": 8}
+PAGE_SIZE = EngineConfig(model=MODEL).page_size  # the policy leaves the default
 
 
 def _policy(stub: str, cache_path: Path) -> str:
@@ -52,13 +56,20 @@ def stub() -> Iterator[FastAPI]:
 
 
 @pytest.fixture(scope="module")
-def client(
-    stub: FastAPI, one_torch_thread: None, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[openai.OpenAI]:
+def app(stub: FastAPI, one_torch_thread: None, tmp_path_factory: pytest.TempPathFactory) -> FastAPI:
     cache = tmp_path_factory.mktemp("cache") / "cache.sqlite3"
-    policy = parse_policy(_policy(stub.state.base, cache), env={})
-    with run_uvicorn(create_app(policy)) as url:
-        yield openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
+    return create_app(parse_policy(_policy(stub.state.base, cache), env={}))
+
+
+@pytest.fixture(scope="module")
+def url(app: FastAPI) -> Iterator[str]:
+    with run_uvicorn(app) as base:
+        yield base
+
+
+@pytest.fixture(scope="module")
+def client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
 
 
 def _streamed(chunks: Any) -> tuple[dict[int, str], dict[int, str], list[Any]]:
@@ -95,6 +106,38 @@ def test_local_seeded_choice_i_uses_seed_plus_i(client: openai.OpenAI) -> None:
     got = [c.message.content for c in two.choices]
     assert got == [a.choices[0].message.content for a in alone]
     assert got[0] != got[1]  # sampled choices differ
+
+
+def test_local_choices_share_the_prompt_pages(app: FastAPI, client: openai.OpenAI) -> None:
+    engine = app.state.gateway.engines.get(MODEL)
+    system = "You answer in one careful sentence. " * 20  # several full KV pages
+    messages = [{"role": "system", "content": system}, *USER]
+    before = wait_idle(engine)
+    reply = client.chat.completions.create(messages=messages, n=3, **GREEDY)
+    after = wait_idle(engine)
+    full_pages = reply.usage.prompt_tokens // PAGE_SIZE * PAGE_SIZE
+    # the two siblings reused every full page of the prompt the first one computed
+    assert after.prefix_cache_hits - before.prefix_cache_hits >= 2 * full_pages > 0
+    assert after.prompt_tokens - before.prompt_tokens == 3 * reply.usage.prompt_tokens
+
+
+def test_a_disconnect_aborts_every_choice(app: FastAPI, url: str) -> None:
+    engine = app.state.gateway.engines.get(MODEL)
+    before = wait_idle(engine).generated_tokens
+    body = {**GREEDY, "messages": USER, "n": 3, "max_tokens": 800, "ignore_eos": True}
+    headers = {"Authorization": f"Bearer {KEY}"}
+    with httpx.stream(
+        "POST", f"{url}/v1/chat/completions", json={**body, "stream": True}, headers=headers
+    ) as response:
+        lines = response.iter_lines()
+        for _ in range(12):  # a few pieces arrive, then the client hangs up
+            next(lines)
+        assert engine.metrics.snapshot().running == 3
+    after = wait_idle(engine)  # every choice's request aborted, its pages freed
+    assert after.generated_tokens - before < 3 * 400  # long before 3 x 800 tokens
+    with pytest.raises(httpx.ReadTimeout):  # a whole answer: the client gives up
+        httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=1.0)
+    assert wait_idle(engine).generated_tokens - after.generated_tokens < 3 * 400
 
 
 def test_local_streamed_choices_carry_their_index(client: openai.OpenAI) -> None:

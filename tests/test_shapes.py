@@ -39,7 +39,8 @@ def test_chat_whole_and_delta_carry_logprobs() -> None:
     assert [t.token for t in content[0].top_logprobs] == ["Hel", "Hi"]
     chunk = OaiChunk.model_validate(sse_json(shape.delta("lo", ENTRIES[1:])))
     assert chunk.choices[0].logprobs.content[0].top_logprobs[1].logprob == -1.25
-    assert OaiChat.model_validate_json(shape.whole([Ended("x", "stop")], USAGE)).choices[0].logprobs is None
+    plain = OaiChat.model_validate_json(shape.whole([Ended("x", "stop")], USAGE))
+    assert plain.choices[0].logprobs is None
     assert "logprobs" not in json.dumps(sse_json(shape.delta("x"))["choices"][0]["delta"])
 
 
@@ -93,3 +94,29 @@ def test_chat_shape_with_tools_streams_tool_call_deltas() -> None:
     (delta,) = last.delta.tool_calls
     assert (delta.index, delta.type, delta.function.name) == (0, "function", "get_weather")
     assert json.loads(delta.function.arguments) == {"city": "Paris"}
+
+
+def test_choices_stream_apart_with_their_own_tool_calls_and_offsets() -> None:
+    shape = ChatShape("m", {"get_weather"})
+    opening = [json.loads(e) for e in shape.opening(2).decode().split("data: ")[1:]]
+    assert [c["choices"][0]["index"] for c in opening] == [0, 1]
+    first_half, second_half = CALL[:20], CALL[20:]
+    held = [shape.delta(first_half, index=1), shape.delta("Plain ", index=0)]
+    assert sse_json(held[0])["choices"][0]["delta"]["content"] == ""  # choice 1's call waits
+    assert sse_json(held[1])["choices"][0]["delta"]["content"] == "Plain "
+    shape.delta(second_half, index=1)
+    call = OaiChunk.model_validate(sse_json(shape.finish("stop", 1))).choices[0]
+    assert (call.index, call.finish_reason) == (1, "tool_calls")
+    assert call.delta.tool_calls[0].function.name == "get_weather"
+    plain = OaiChunk.model_validate(sse_json(shape.finish("stop", 0))).choices[0]
+    assert (plain.index, plain.finish_reason, plain.delta.tool_calls) == (0, "stop", None)
+    whole = OaiChat.model_validate_json(
+        shape.whole([Ended("Plain text", "stop"), Ended(CALL, "stop")], USAGE)
+    )
+    assert [(c.index, c.finish_reason) for c in whole.choices] == [(0, "stop"), (1, "tool_calls")]
+    text = TextShape("m")
+    text.delta("Hel", ENTRIES[:1], index=1)
+    zero = sse_json(text.delta("Hel", ENTRIES[:1], index=0))["choices"][0]
+    one = sse_json(text.delta("lo", ENTRIES[1:], index=1))["choices"][0]
+    assert (zero["index"], zero["logprobs"]["text_offset"]) == (0, [0])  # its own offsets
+    assert (one["index"], one["logprobs"]["text_offset"]) == (1, [3])
