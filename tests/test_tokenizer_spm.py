@@ -14,6 +14,7 @@ import gguf
 import pytest
 import sentencepiece as spm
 
+from engine.detokenizer import IncrementalDetokenizer
 from engine.model_registry import ResolvedModel
 from engine.tokenizer import Tokenizer, load_tokenizer
 
@@ -147,3 +148,18 @@ def test_many_unseen_texts_equal_sentencepiece(
     texts += [t for t in code if not any(s in t for s in ("<s>", "</s>", "<|user|>"))]
     mismatched = [t for t in texts if tok.encode(t)[1:] != sp.encode(t)]
     assert mismatched == [] and len(texts) > 100
+
+
+@pytest.mark.parametrize("text", [t for t in TEXTS if t.strip()])
+def test_streamed_decoding_equals_sentencepiece(
+    pair: tuple[Tokenizer, spm.SentencePieceProcessor], text: str
+) -> None:
+    """Token by token through the engine's incremental detokenizer: byte-fallback
+    characters arrive whole, spaces land where sentencepiece puts them."""
+    tok, sp = pair
+    prompt = tok.encode("Answer:")
+    ids = sp.encode(text)
+    detok = IncrementalDetokenizer(tok, prompt, stop=[])
+    streamed = "".join(detok.add(i) for i in ids) + detok.flush()
+    assert "\ufffd" not in streamed
+    assert streamed == sp.decode(sp.encode("Answer:") + ids)[len("Answer:") :]
