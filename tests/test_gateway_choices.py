@@ -42,6 +42,7 @@ tiers:
   small: {{deployments: [{{model: {MODEL}}}]}}
   direct: {remote("auto")}
   via_litellm: {remote("litellm")}
+  cut: {remote("auto").replace("echo", "cutchoice")}
 routes:
   auto: {{default: small}}
 """
@@ -192,6 +193,12 @@ def test_remote_tiers_get_n_and_answer_every_choice(
         client.chat.completions.create(model=tier, messages=USER, n=3, stream=True)
     )
     assert texts == dict(got) and reasons == {0: "stop", 1: "stop", 2: "stop"}
+
+
+def test_a_streamed_choice_left_unfinished_is_an_error_not_a_stop(client: openai.OpenAI) -> None:
+    stream = client.chat.completions.create(model="cut", messages=USER, n=2, stream=True)
+    with pytest.raises(openai.APIError, match="a choice of the answer was cut"):
+        list(stream)
 
 
 @pytest.mark.parametrize("n", [0, 17])

@@ -9,6 +9,7 @@ picks the behaviour:
   ratelimit-V   429 with `Retry-After: V`
   badpiece      a good piece, then a piece that is not JSON
   nofinish      pieces, then [DONE] without any finish_reason
+  cutchoice     like echo, but streamed choice 1 never gets its finish_reason
   seedbomb      500 when the request's seed is 666, else like echo
   slowbomb      stalls 5 s when the request asks for more than 1000 tokens, else like echo
   leaky500      500 whose body names internal hosts
@@ -54,7 +55,8 @@ async def _events(model: str, kind: str, n: int = 1) -> AsyncIterator[str]:
         yield _chunk(model, "answer" + _suffix(i), None, i)
     if kind != "nofinish":
         for i in range(n):
-            yield _chunk(model, None, "stop", i)
+            if not (kind == "cutchoice" and i == 1):
+                yield _chunk(model, None, "stop", i)
         usage = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": model}
         yield "data: " + json.dumps({**usage, "choices": [], "usage": _usage()}) + "\n\n"
     yield "data: [DONE]\n\n"

@@ -108,6 +108,12 @@ class Gathered:
             self.reasons[piece.index] = piece.finish_reason
         self.usage = piece.usage or self.usage
 
+    def check_ended(self, model: str) -> None:
+        """A choice that started and never got its finish reason was cut (an upstream that
+        answers fewer choices than asked is not: it is passed on as it is)."""
+        if self.texts.keys() - self.reasons.keys():
+            raise BackendError(502, f"{model}: a choice of the answer was cut", False, False)
+
     def all_text(self) -> str:
         return "".join("".join(t) for t in self.texts.values())
 
@@ -166,6 +172,8 @@ async def whole(call: Call, shape: Shape, request: Request) -> Response:
         # An answer that came whole (a non-streamed remote, a cache hit) needs no watcher.
         collect = _drain if call.served.complete else _collect
         answer = await collect(call, request)
+        if answer is not None:
+            answer.check_ended(call.served.model)
     except BackendError as exc:
         await call.done(exc.status)
         raise backend_error(exc) from None
@@ -188,8 +196,7 @@ async def _stream(call: Call, shape: Shape, include_usage: bool, n: int) -> Asyn
                 yield shape.delta(piece.text, piece.logprobs, piece.index)
             if piece.finish_reason is not None:
                 yield shape.finish(piece.finish_reason, piece.index)
-        for index in sorted(set(range(n)) - answer.reasons.keys()):
-            yield shape.finish("stop", index)  # an upstream that named no finish reason
+        answer.check_ended(call.served.model)
         if include_usage:
             yield shape.usage(call.usage_or_estimate(answer.usage, answer.all_text()))
         status = 200

@@ -156,10 +156,19 @@ class RemoteBackend:
             for piece in pieces:
                 yield piece
             return
+        started, finished = set(), set()
         try:
             async for chunk in response:
                 for piece in _stream_pieces(chunk, request.is_chat, self._salted):
+                    started.add(piece.index)
+                    if piece.finish_reason is not None:
+                        finished.add(piece.index)
                     yield piece
+            # litellm's stream passes on only the first finish reason of an n > 1 answer;
+            # the stream itself ended well (litellm checks that), so the others stopped too.
+            if finished:
+                for index in sorted(started - finished):
+                    yield Piece("", "stop", index=index)
         except Exception as exc:  # litellm's own check of a cut stream lands here too
             raise to_backend_error(exc, self.name) from exc
         finally:
