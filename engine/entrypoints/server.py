@@ -214,9 +214,7 @@ def create_engine_app(
         app.add_middleware(RequireApiKey, key=api_key, open_paths=frozenset({"/health"}))
 
     @app.post("/v1/chat/completions")
-    async def create_chat_completion(
-        body: ChatCompletionRequest, request: Request
-    ) -> Response:
+    async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
         check_model(body.model, served_name)
         return await chat_completion(engine, served_name, body, request)
 
