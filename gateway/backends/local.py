@@ -5,6 +5,7 @@
 """
 
 import asyncio
+import contextlib
 import gc
 import inspect
 import itertools
@@ -280,14 +281,16 @@ class LocalBackend:
             children = await start_children(start, request.body.n or 1)
             lasts = [first for first, _ in children]
             running = len(children)
-            async for index, out in interleave(children):
-                lasts[index] = out
-                if not out.finished:
-                    yield Piece(out.text, logprobs=out.logprobs, index=index)
-                    continue
-                running -= 1
-                usage = None if running else usage_of(lasts)  # on the answer's last piece
-                yield Piece(out.text, out.finish_reason, usage, out.logprobs, index)
+            # aclosing: its tasks that read the engine's streams end before those close
+            async with contextlib.aclosing(interleave(children)) as outputs:
+                async for index, out in outputs:
+                    lasts[index] = out
+                    if not out.finished:
+                        yield Piece(out.text, logprobs=out.logprobs, index=index)
+                        continue
+                    running -= 1
+                    usage = None if running else usage_of(lasts)  # on the answer's last piece
+                    yield Piece(out.text, out.finish_reason, usage, out.logprobs, index)
         except (EngineError, ValueError) as exc:
             raise _engine_error(exc, self.name) from exc
         finally:
