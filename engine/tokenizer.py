@@ -1,7 +1,9 @@
 """Tokenizer and chat template from the model files (GGUF metadata or an HF folder).
 
-GGUF files carry a byte-level BPE vocabulary, merges and the name of the pre-tokenizer
-(tokenizer.ggml.pre); we rebuild the `tokenizers` pipeline llama.cpp uses for that name.
+GGUF files carry either a byte-level BPE vocabulary, merges and the name of the
+pre-tokenizer (`tokenizer.ggml.model` "gpt2", with tokenizer.ggml.pre), or a sentencepiece
+BPE vocabulary with scores and token types ("llama": Llama 2, Mistral, TinyLlama...); we
+rebuild the `tokenizers` pipeline llama.cpp runs for each.
 The built tokenizer is cached as JSON next to the converted weights, because parsing
 the GGUF metadata arrays takes seconds.
 """
@@ -41,6 +43,7 @@ _PRE: dict[str, tuple[str, bool]] = {
     "qwen2": (_QWEN2_SPLIT, False),
     "deepseek-r1-qwen": (_QWEN2_SPLIT, False),
 }
+_SPM_SPACE = "\u2581"  # sentencepiece's visible space, "▁"
 # Tokens that end a turn in common chat formats; llama.cpp also stops on these.
 _END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "<|end_of_text|>")
 _CHATML = (
@@ -146,6 +149,44 @@ def _bpe_from_gguf(fields: dict) -> HFTokenizer:
     return tok
 
 
+def _spm_merges(tokens: list[str], scores: list[float]) -> list[tuple[str, str]]:
+    """Sentencepiece BPE merges by score: joining two pieces into a higher-scored piece
+    goes first, as in sentencepiece's (and llama.cpp's) encoder. Every split of a piece
+    into two pieces of the vocabulary is a merge (transformers' SentencePieceExtractor)."""
+    vocab = {t: i for i, t in enumerate(tokens)}
+    merges = []
+    for piece_id, (piece, score) in enumerate(zip(tokens, scores, strict=True)):
+        for cut in range(1, len(piece)):
+            left, right = piece[:cut], piece[cut:]
+            if left in vocab and right in vocab:
+                merges.append((-score, piece_id, vocab[left], vocab[right], left, right))
+    return [(left, right) for *_, left, right in sorted(merges)]
+
+
+def _spm_from_gguf(fields: dict) -> HFTokenizer:
+    tokens: list[str] = fields["tokenizer.ggml.tokens"]
+    scores: list[float] = fields["tokenizer.ggml.scores"]
+    unk_id = fields.get("tokenizer.ggml.unknown_token_id")
+    unk = tokens[unk_id] if unk_id is not None else None
+    vocab = {t: i for i, t in enumerate(tokens)}
+    bpe = models.BPE(
+        vocab, _spm_merges(tokens, scores), unk_token=unk, fuse_unk=True, byte_fallback=True
+    )
+    tok = HFTokenizer(bpe)
+    # Spaces are "▁"; llama.cpp adds one before the text and after every special token,
+    # as the normalizer here does for each piece of text between added tokens.
+    replace = normalizers.Replace(" ", _SPM_SPACE)
+    decode = [decoders.Replace(_SPM_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+    if fields.get("tokenizer.ggml.add_space_prefix", True):
+        tok.normalizer = normalizers.Sequence([normalizers.Prepend(_SPM_SPACE), replace])
+        decode.append(decoders.Strip(" ", 1, 0))  # the space the encoder added
+    else:
+        tok.normalizer = replace
+    tok.decoder = decoders.Sequence(decode)
+    _add_special(tok, tokens, fields.get("tokenizer.ggml.token_type") or [])
+    return tok
+
+
 def _add_special(tok: HFTokenizer, tokens: list[str], types: list[int]) -> None:
     """Control tokens (type 3) are special; user-defined ones (type 4, e.g. <tool_call>)
     are plain added tokens. Both must match whole, never be split by BPE."""
@@ -184,6 +225,10 @@ def _meta_from_gguf(fields: dict) -> TokenizerMeta:
     )
 
 
+# tokenizer.ggml.model -> builder: byte-level BPE, sentencepiece BPE
+_GGUF_TOKENIZERS = {"gpt2": _bpe_from_gguf, "llama": _spm_from_gguf}
+
+
 def _from_gguf(path: Path) -> Tokenizer:
     cached = cache_path(path, "tokenizer", ".json")
     if cached.is_file():
@@ -194,9 +239,11 @@ def _from_gguf(path: Path) -> Tokenizer:
 
     reader = GGUFReader(path)
     fields = {k: f.contents() for k, f in reader.fields.items() if k.startswith("tokenizer.")}
-    if fields.get("tokenizer.ggml.model") != "gpt2":
-        raise ValueError(f"only byte-level BPE (gpt2) GGUF tokenizers are supported: {path}")
-    backend, meta = _bpe_from_gguf(fields), _meta_from_gguf(fields)
+    build = _GGUF_TOKENIZERS.get(fields.get("tokenizer.ggml.model"))
+    if build is None:
+        kinds = " and ".join(f"{k!r}" for k in _GGUF_TOKENIZERS)
+        raise ValueError(f"only {kinds} GGUF tokenizers are supported: {path}")
+    backend, meta = build(fields), _meta_from_gguf(fields)
     payload = json.dumps({"tokenizer": backend.to_str(), "meta": meta.__dict__})
     with contextlib.suppress(OSError), atomic_path(cached) as tmp:
         Path(tmp).write_text(payload)

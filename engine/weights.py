@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 from engine.cache_files import atomic_path, cache_path
 from engine.model_registry import ResolvedModel
 from engine.models import build_model
-from engine.models.config import ModelConfig, gguf_config, hf_config
+from engine.models.config import ROPE_FREQS, ModelConfig, gguf_config, hf_config
 from engine.ops import TorchOps
 
 
@@ -105,6 +105,8 @@ def _dequantize_gguf(reader, config: ModelConfig) -> dict[str, torch.Tensor]:
 
     state = {}
     for t in reader.tensors:
+        if t.name == ROPE_FREQS:  # read into the config (rope scaling), not a weight
+            continue
         w = dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
         w = w.reshape([int(d) for d in reversed(t.shape)])  # ggml lists dims inner-first
         # Only llama's converter permutes Q/K; qwen2 is stored un-permuted (NEOX rope).

@@ -64,6 +64,4 @@ def test_penalties_and_bias_reach_the_local_engine(client: openai.OpenAI) -> Non
         .text
     )
     assert plain != penalised
-    with pytest.raises(openai.BadRequestError) as info:
-        client.chat.completions.create(messages=USER, n=2, **GREEDY)
-    assert info.value.body["param"] == "n"  # the gateway serves one choice only
+    assert len(client.chat.completions.create(messages=USER, n=2, **GREEDY).choices) == 2

@@ -7,7 +7,7 @@ from openai.types import Completion as OaiCompletion
 from openai.types.chat import ChatCompletion as OaiChat
 from openai.types.chat import ChatCompletionChunk as OaiChunk
 
-from engine.entrypoints.shapes import ChatShape, TextShape
+from engine.entrypoints.shapes import ChatShape, Ended, TextShape
 from engine.outputs import Logprob, TokenLogprobs
 from engine.protocol import Usage
 
@@ -30,7 +30,7 @@ def sse_json(event: bytes) -> dict:
 
 def test_chat_whole_and_delta_carry_logprobs() -> None:
     shape = ChatShape("m")
-    whole = OaiChat.model_validate_json(shape.whole("Hello", "stop", USAGE, ENTRIES))
+    whole = OaiChat.model_validate_json(shape.whole([Ended("Hello", "stop", ENTRIES)], USAGE))
     content = whole.choices[0].logprobs.content
     assert [(c.token, c.logprob, bytes(c.bytes)) for c in content] == [
         ("Hel", -0.5, b"Hel"),
@@ -39,7 +39,8 @@ def test_chat_whole_and_delta_carry_logprobs() -> None:
     assert [t.token for t in content[0].top_logprobs] == ["Hel", "Hi"]
     chunk = OaiChunk.model_validate(sse_json(shape.delta("lo", ENTRIES[1:])))
     assert chunk.choices[0].logprobs.content[0].top_logprobs[1].logprob == -1.25
-    assert OaiChat.model_validate_json(shape.whole("x", "stop", USAGE)).choices[0].logprobs is None
+    plain = OaiChat.model_validate_json(shape.whole([Ended("x", "stop")], USAGE))
+    assert plain.choices[0].logprobs is None
     assert "logprobs" not in json.dumps(sse_json(shape.delta("x"))["choices"][0]["delta"])
 
 
@@ -50,7 +51,7 @@ def test_text_offsets_continue_across_stream_chunks() -> None:
     second = sse_json(shape.delta("lo", ENTRIES[1:]))["choices"][0]["logprobs"]
     assert (first["tokens"], first["text_offset"]) == (["Hel"], [0])
     assert (second["tokens"], second["text_offset"]) == (["lo"], [3])
-    whole = OaiCompletion.model_validate_json(shape.whole("Hello", "stop", USAGE, ENTRIES))
+    whole = OaiCompletion.model_validate_json(shape.whole([Ended("Hello", "stop", ENTRIES)], USAGE))
     lp = whole.choices[0].logprobs
     assert (lp.tokens, lp.token_logprobs, lp.text_offset) == (["Hel", "lo"], [-0.5, -0.25], [0, 3])
     assert lp.top_logprobs == [{"Hel": -0.5, "Hi": -1.5}, {"lo": -0.25, "p": -1.25}]
@@ -59,7 +60,7 @@ def test_text_offsets_continue_across_stream_chunks() -> None:
 @pytest.mark.parametrize("shape", [ChatShape("m"), TextShape("m")])
 def test_logprobs_asked_but_none_produced_is_an_empty_list(shape: ChatShape | TextShape) -> None:
     # e.g. an answer that is only a stop token: logprobs were asked, so the key is present
-    body = json.loads(shape.whole("", "stop", USAGE, []))
+    body = json.loads(shape.whole([Ended("", "stop", [])], USAGE))
     assert body["choices"][0]["logprobs"] is not None
 
 
@@ -68,7 +69,7 @@ CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</
 
 def test_chat_shape_with_tools_answers_tool_calls_whole() -> None:
     shape = ChatShape("m", {"get_weather"})
-    reply = OaiChat.model_validate_json(shape.whole(f"On it.\n{CALL}", "stop", USAGE))
+    reply = OaiChat.model_validate_json(shape.whole([Ended(f"On it.\n{CALL}", "stop")], USAGE))
     choice = reply.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content == "On it."
     (call,) = choice.message.tool_calls
@@ -76,7 +77,7 @@ def test_chat_shape_with_tools_answers_tool_calls_whole() -> None:
         "get_weather",
         {"city": "Paris"},
     )
-    plain = OaiChat.model_validate_json(ChatShape("m").whole(CALL, "stop", USAGE))
+    plain = OaiChat.model_validate_json(ChatShape("m").whole([Ended(CALL, "stop")], USAGE))
     assert plain.choices[0].message.content == CALL and plain.choices[0].finish_reason == "stop"
 
 
@@ -93,3 +94,29 @@ def test_chat_shape_with_tools_streams_tool_call_deltas() -> None:
     (delta,) = last.delta.tool_calls
     assert (delta.index, delta.type, delta.function.name) == (0, "function", "get_weather")
     assert json.loads(delta.function.arguments) == {"city": "Paris"}
+
+
+def test_choices_stream_apart_with_their_own_tool_calls_and_offsets() -> None:
+    shape = ChatShape("m", {"get_weather"})
+    opening = [json.loads(e) for e in shape.opening(2).decode().split("data: ")[1:]]
+    assert [c["choices"][0]["index"] for c in opening] == [0, 1]
+    first_half, second_half = CALL[:20], CALL[20:]
+    held = [shape.delta(first_half, index=1), shape.delta("Plain ", index=0)]
+    assert sse_json(held[0])["choices"][0]["delta"]["content"] == ""  # choice 1's call waits
+    assert sse_json(held[1])["choices"][0]["delta"]["content"] == "Plain "
+    shape.delta(second_half, index=1)
+    call = OaiChunk.model_validate(sse_json(shape.finish("stop", 1))).choices[0]
+    assert (call.index, call.finish_reason) == (1, "tool_calls")
+    assert call.delta.tool_calls[0].function.name == "get_weather"
+    plain = OaiChunk.model_validate(sse_json(shape.finish("stop", 0))).choices[0]
+    assert (plain.index, plain.finish_reason, plain.delta.tool_calls) == (0, "stop", None)
+    whole = OaiChat.model_validate_json(
+        shape.whole([Ended("Plain text", "stop"), Ended(CALL, "stop")], USAGE)
+    )
+    assert [(c.index, c.finish_reason) for c in whole.choices] == [(0, "stop"), (1, "tool_calls")]
+    text = TextShape("m")
+    text.delta("Hel", ENTRIES[:1], index=1)
+    zero = sse_json(text.delta("Hel", ENTRIES[:1], index=0))["choices"][0]
+    one = sse_json(text.delta("lo", ENTRIES[1:], index=1))["choices"][0]
+    assert (zero["index"], zero["logprobs"]["text_offset"]) == (0, [0])  # its own offsets
+    assert (one["index"], one["logprobs"]["text_offset"]) == (1, [3])

@@ -4,10 +4,12 @@ It stands in for a remote engine where a real one cannot be told to misbehave (a
 malformed stream piece, a cut stream, a Retry-After of `inf`). The served model name
 picks the behaviour:
 
-  echo          answers "stub answer" (streamed or not), usage with 5 cached tokens
+  echo          answers "stub answer" (streamed or not), usage with 5 cached tokens; with
+                `n`, choice i > 0 answers "stub answer i"
   ratelimit-V   429 with `Retry-After: V`
   badpiece      a good piece, then a piece that is not JSON
   nofinish      pieces, then [DONE] without any finish_reason
+  cutchoice     like echo, but streamed choice 1 never gets its finish_reason
   seedbomb      500 when the request's seed is 666, else like echo
   slowbomb      stalls 5 s when the request asks for more than 1000 tokens, else like echo
   leaky500      500 whose body names internal hosts
@@ -24,9 +26,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 LEAK = "Traceback: connect to internal-db-7.corp:5432 failed (TIERGATE_SECRET_TOKEN)"
 
 
-def _chunk(model: str, content: str | None, finish: str | None) -> str:
+def _chunk(model: str, content: str | None, finish: str | None, index: int = 0) -> str:
     delta = {"content": content} if content is not None else {}
-    choice = {"index": 0, "delta": delta, "finish_reason": finish}
+    choice = {"index": index, "delta": delta, "finish_reason": finish}
     body = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": model}
     return "data: " + json.dumps({**body, "choices": [choice]}) + "\n\n"
 
@@ -40,23 +42,37 @@ def _usage() -> dict[str, Any]:
     }
 
 
-async def _events(model: str, kind: str) -> AsyncIterator[str]:
-    yield _chunk(model, "stub ", None)
+def _suffix(index: int) -> str:
+    return f" {index}" if index else ""
+
+
+async def _events(model: str, kind: str, n: int = 1) -> AsyncIterator[str]:
+    for i in range(n):
+        yield _chunk(model, "stub ", None, i)
     if kind == "badpiece":
         yield "data: {this is not json\n\n"
-    yield _chunk(model, "answer", None)
+    for i in range(n):
+        yield _chunk(model, "answer" + _suffix(i), None, i)
     if kind != "nofinish":
-        yield _chunk(model, None, "stop")
+        for i in range(n):
+            if not (kind == "cutchoice" and i == 1):
+                yield _chunk(model, None, "stop", i)
         usage = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": model}
         yield "data: " + json.dumps({**usage, "choices": [], "usage": _usage()}) + "\n\n"
     yield "data: [DONE]\n\n"
 
 
-def _whole(model: str) -> JSONResponse:
-    message = {"role": "assistant", "content": "stub answer"}
-    choice = {"index": 0, "message": message, "finish_reason": "stop"}
+def _whole(model: str, n: int = 1) -> JSONResponse:
+    choices = [
+        {
+            "index": i,
+            "message": {"role": "assistant", "content": "stub answer" + _suffix(i)},
+            "finish_reason": "stop",
+        }
+        for i in range(n)
+    ]
     body = {"id": "c", "object": "chat.completion", "created": 1, "model": model}
-    return JSONResponse({**body, "choices": [choice], "usage": _usage()})
+    return JSONResponse({**body, "choices": choices, "usage": _usage()})
 
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -79,8 +95,9 @@ def upstream_stub() -> FastAPI:
             return _error(500, LEAK)
         if model == "slowbomb" and (body.get("max_tokens") or 0) > 1000:
             await asyncio.sleep(5)
+        n = body.get("n") or 1
         if body.get("stream"):
-            return StreamingResponse(_events(model, model), media_type="text/event-stream")
-        return _whole(model)
+            return StreamingResponse(_events(model, model, n), media_type="text/event-stream")
+        return _whole(model, n)
 
     return app

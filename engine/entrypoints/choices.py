@@ -16,9 +16,18 @@ import anyio
 from engine.errors import EngineError
 from engine.outputs import RequestOutput
 from engine.protocol import Usage
+from engine.sampling_params import SamplingParams
 
 Outputs = AsyncGenerator[RequestOutput, None]
 Child = tuple[RequestOutput, Outputs]  # a choice's first output and the rest of its stream
+
+
+def choice_params(params: SamplingParams, index: int) -> SamplingParams:
+    """Choice `index`'s settings: a seeded request's choices differ, yet the whole answer
+    repeats."""
+    if index and params.seed is not None:
+        return dataclasses.replace(params, seed=params.seed + index)
+    return params
 
 
 async def close_outputs(outputs: Outputs) -> None:

@@ -3,7 +3,6 @@ become HTTP statuses before any byte is sent), running them to their end unless 
 leaves, and streaming them as server-sent events."""
 
 import asyncio
-import dataclasses
 from collections.abc import AsyncIterator, Callable
 
 import anyio
@@ -14,6 +13,7 @@ from pydantic import BaseModel
 from engine.engine import AsyncEngine
 from engine.entrypoints.choices import (
     Child,
+    choice_params,
     close_all,
     drain,
     interleave,
@@ -42,9 +42,7 @@ async def start_outputs(
     # OpenAI (the engine caps it at the room the prompt leaves).
     params = to_sampling_params(body, default_max_tokens=engine.max_model_len)
     if index:
-        request_id = f"{request_id}-{index}"
-        if params.seed is not None:  # the choices differ, yet the whole answer repeats
-            params = dataclasses.replace(params, seed=params.seed + index)
+        request_id, params = f"{request_id}-{index}", choice_params(params, index)
     prompt_param = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
     outputs = engine.generate(prompt, params, request_id, cache_salt=body.cache_salt)
     try:

@@ -39,8 +39,6 @@ from engine.protocol import (
     Completion,
     CompletionRequest,
     DeltaMessage,
-    EngineChatCompletionRequest,
-    EngineCompletionRequest,
     ModelCard,
     ModelList,
 )
@@ -145,14 +143,12 @@ def create_engine_app(
         app.add_middleware(RequireApiKey, key=api_key, open_paths=frozenset({"/health"}))
 
     @app.post("/v1/chat/completions")
-    async def create_chat_completion(
-        body: EngineChatCompletionRequest, request: Request
-    ) -> Response:
+    async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
         check_model(body.model, served_name)
         return await chat_completion(engine, served_name, body, request)
 
     @app.post("/v1/completions")
-    async def create_completion(body: EngineCompletionRequest, request: Request) -> Response:
+    async def create_completion(body: CompletionRequest, request: Request) -> Response:
         check_model(body.model, served_name)
         return await text_completion(engine, served_name, body, request)
 

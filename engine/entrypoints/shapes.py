@@ -8,11 +8,13 @@ the engine's per-token entries. Tool calls are parsed out of the text when `tool
 what an answer may call (`ChatCompletionRequest.callable_tools()`).
 
 Two stream styles use the same pieces: the gateway's (`opening`, a `delta` per piece,
-`finish`, `usage`: SSE bytes) and the engine server's (a `chunk` per engine output, the
-role on the first and the finish reason on the last).
+`finish`, `usage`: SSE bytes; `whole` for every choice) and the engine server's (a `chunk`
+per engine output, the role on the first and the finish reason on the last). The gateway
+holds one shape for all of a request's choices: its methods take the choice's `index` and
+hand it to that choice's sibling shape (same head; its own tool calls and text offsets).
 """
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -50,12 +52,24 @@ class Head:
         return {"id": self.id, "created": self.created, "model": self.model}
 
 
+@dataclass
+class Ended:
+    """One choice of a whole answer."""
+
+    text: str
+    reason: str  # the finish reason
+    logprobs: Logprobs = None
+
+
 class Shape(Protocol):
-    def opening(self) -> bytes | None: ...
-    def delta(self, text: str, logprobs: Logprobs = None) -> bytes: ...
-    def finish(self, reason: str) -> bytes: ...
+    """The gateway's stream: `index` is the choice (0..n-1) a chunk belongs to; every
+    choice streams its own."""
+
+    def opening(self, n: int = 1) -> bytes | None: ...
+    def delta(self, text: str, logprobs: Logprobs = None, index: int = 0) -> bytes: ...
+    def finish(self, reason: str, index: int = 0) -> bytes: ...
     def usage(self, usage: Usage) -> bytes: ...
-    def whole(self, text: str, reason: str, usage: Usage, logprobs: Logprobs = None) -> bytes: ...
+    def whole(self, choices: Sequence[Ended], usage: Usage) -> bytes: ...
 
 
 class ChatShape:
@@ -66,6 +80,15 @@ class ChatShape:
         self.index = index
         self._tools = tools
         self._calls = ToolCallStream(tools) if tools else None
+        self._siblings: dict[int, ChatShape] = {index: self}  # the choices, shared
+
+    def at(self, index: int) -> "ChatShape":
+        """Choice `index`'s shape: a sibling under the same head, made when first asked."""
+        if (shape := self._siblings.get(index)) is None:
+            shape = ChatShape(self.head.model, self._tools, index, self.head)
+            shape._siblings = self._siblings
+            self._siblings[index] = shape
+        return shape
 
     @property
     def id(self) -> str:
@@ -105,23 +128,27 @@ class ChatShape:
         return ChatCompletion(**self.head.fields(), choices=choices, usage=usage)
 
     # ---- the gateway's stream
-    def opening(self) -> bytes | None:
-        # OpenAI's first chunk names the role; clients that build the message rely on it.
-        return sse(self.chunk(DeltaMessage(role="assistant", content="")))
+    def opening(self, n: int = 1) -> bytes | None:
+        # OpenAI's first chunk of each choice names the role; clients that build the
+        # message rely on it.
+        role = DeltaMessage(role="assistant", content="")
+        return b"".join(sse(self.at(i).chunk(role)) for i in range(n))
 
-    def delta(self, text: str, logprobs: Logprobs = None) -> bytes:
-        return sse(self.chunk(DeltaMessage(content=self.feed(text)), logprobs=logprobs))
+    def delta(self, text: str, logprobs: Logprobs = None, index: int = 0) -> bytes:
+        shape = self.at(index)
+        return sse(shape.chunk(DeltaMessage(content=shape.feed(text)), logprobs=logprobs))
 
-    def finish(self, reason: str) -> bytes:
-        held, tool_calls, reason = self.end(reason)
-        return sse(self.chunk(DeltaMessage(content=held, tool_calls=tool_calls), reason))
+    def finish(self, reason: str, index: int = 0) -> bytes:
+        shape = self.at(index)
+        held, tool_calls, reason = shape.end(reason)
+        return sse(shape.chunk(DeltaMessage(content=held, tool_calls=tool_calls), reason))
 
     def usage(self, usage: Usage) -> bytes:
         return sse(self.usage_chunk(usage))
 
-    def whole(self, text: str, reason: str, usage: Usage, logprobs: Logprobs = None) -> bytes:
-        answer = self.answer([self.choice(text, reason, logprobs)], usage)
-        return answer.model_dump_json().encode()
+    def whole(self, choices: Sequence[Ended], usage: Usage) -> bytes:
+        shaped = [self.at(i).choice(c.text, c.reason, c.logprobs) for i, c in enumerate(choices)]
+        return self.answer(shaped, usage).model_dump_json().encode()
 
 
 class TextShape:
@@ -129,6 +156,15 @@ class TextShape:
         self.head = head or Head(completion_id(), created_now(), model)
         self.index = index
         self._sent = 0  # characters of token text streamed: where the next text_offset starts
+        self._siblings: dict[int, TextShape] = {index: self}  # the choices, shared
+
+    def at(self, index: int) -> "TextShape":
+        """Choice `index`'s shape: a sibling under the same head, made when first asked."""
+        if (shape := self._siblings.get(index)) is None:
+            shape = TextShape(self.head.model, index, self.head)
+            shape._siblings = self._siblings
+            self._siblings[index] = shape
+        return shape
 
     @property
     def id(self) -> str:
@@ -156,29 +192,29 @@ class TextShape:
         return Completion(**self.head.fields(), choices=choices, usage=usage)
 
     # ---- the gateway's stream
-    def opening(self) -> bytes | None:
+    def opening(self, n: int = 1) -> bytes | None:
         return None
 
-    def delta(self, text: str, logprobs: Logprobs = None) -> bytes:
-        return sse(self.chunk(text, logprobs=logprobs))
+    def delta(self, text: str, logprobs: Logprobs = None, index: int = 0) -> bytes:
+        return sse(self.at(index).chunk(text, logprobs=logprobs))
 
-    def finish(self, reason: str) -> bytes:
-        return sse(self.chunk("", reason))
+    def finish(self, reason: str, index: int = 0) -> bytes:
+        return sse(self.at(index).chunk("", reason))
 
     def usage(self, usage: Usage) -> bytes:
         return sse(self.usage_chunk(usage))
 
-    def whole(self, text: str, reason: str, usage: Usage, logprobs: Logprobs = None) -> bytes:
-        answer = self.answer([self.choice(text, reason, logprobs)], usage)
-        return answer.model_dump_json().encode()
+    def whole(self, choices: Sequence[Ended], usage: Usage) -> bytes:
+        shaped = [self.at(i).choice(c.text, c.reason, c.logprobs) for i, c in enumerate(choices)]
+        return self.answer(shaped, usage).model_dump_json().encode()
 
 
 def chat_shapes(model: str, tools: Collection[str], n: int) -> list[ChatShape]:
     """One shape per choice of a request, all under one id."""
-    head = Head(chat_completion_id(), created_now(), model)
-    return [ChatShape(model, tools, index, head) for index in range(n)]
+    first = ChatShape(model, tools)
+    return [first.at(index) for index in range(n)]
 
 
 def text_shapes(model: str, n: int) -> list[TextShape]:
-    head = Head(completion_id(), created_now(), model)
-    return [TextShape(model, index, head) for index in range(n)]
+    first = TextShape(model)
+    return [first.at(index) for index in range(n)]

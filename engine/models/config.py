@@ -3,6 +3,9 @@
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from engine.models.rope import gguf_rope_scaling, hf_rope_scaling
 
 
 @dataclass
@@ -20,9 +23,12 @@ class ModelConfig:
     max_position: int  # the model's context length
     tie_embeddings: bool
     attention_bias: bool
+    rope_scaling: dict[str, Any] | None = None  # see models/rope.py; None: plain rope
 
 
 SUPPORTED_ARCHS = ("llama", "qwen2")  # all built by models/llama.py
+# llama.cpp's converter stores llama3 rope scaling as this tensor of per-frequency factors.
+ROPE_FREQS = "rope_freqs.weight"
 
 
 def _gguf_fields(reader) -> dict:
@@ -44,6 +50,7 @@ def gguf_config(reader) -> ModelConfig:
     hidden = int(meta[f"{arch}.embedding_length"])
     heads = int(meta[f"{arch}.attention.head_count"])
     vocab = meta.get(f"{arch}.vocab_size") or len(reader.fields["tokenizer.ggml.tokens"].data)
+    freqs = next((t.data.tolist() for t in reader.tensors if t.name == ROPE_FREQS), None)
     return ModelConfig(
         arch=arch,
         vocab_size=int(vocab),
@@ -58,6 +65,7 @@ def gguf_config(reader) -> ModelConfig:
         max_position=int(meta[f"{arch}.context_length"]),
         tie_embeddings="output.weight" not in names,
         attention_bias="blk.0.attn_q.bias" in names,
+        rope_scaling=gguf_rope_scaling(meta, arch, freqs),
     )
 
 
@@ -82,4 +90,5 @@ def hf_config(folder: Path) -> ModelConfig:
         max_position=cfg.get("max_position_embeddings", 4096),
         tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         attention_bias=bool(cfg.get("attention_bias", arch == "qwen2")),
+        rope_scaling=hf_rope_scaling(cfg),
     )

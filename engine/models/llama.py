@@ -13,6 +13,7 @@ from torch import nn
 
 from engine.attention import AttentionContext, paged_attention
 from engine.models.config import ModelConfig
+from engine.models.rope import inv_frequencies
 from engine.ops import Rope, TorchOps, Weight, is_panels, unpack_panels
 from engine.quant import Int8Weight
 
@@ -76,12 +77,12 @@ class RMSNorm(Direct):
 class Rotary(Direct):
     """Half-split (NEOX / Hugging Face) rotary embedding with a precomputed table."""
 
-    def __init__(self, head_dim: int, theta: float, max_position: int) -> None:
+    def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        # device="cpu": the model is built on the meta device, but this table is not loaded
-        f64 = {"dtype": torch.float64, "device": "cpu"}
-        inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, **f64) / head_dim)
-        angles = torch.outer(torch.arange(max_position, **f64), inv_freq)
+        # on the CPU: the model is built on the meta device, but this table is not loaded
+        inv_freq = inv_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        positions = torch.arange(cfg.max_position, dtype=torch.float64, device="cpu")
+        angles = torch.outer(positions, inv_freq)
         self.register_buffer("cos", angles.cos().float(), persistent=False)
         self.register_buffer("sin", angles.sin().float(), persistent=False)
 
@@ -150,7 +151,7 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig, ops: TorchOps) -> None:
         super().__init__()
         self.config, self.ops = cfg, ops
-        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.max_position)
+        self.rotary = Rotary(cfg)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, ops) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(ops, cfg.hidden_size, cfg.rms_eps)

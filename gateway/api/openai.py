@@ -99,6 +99,8 @@ def _cache_step(ctx: RequestContext) -> CacheStep | None:
     control = CacheControl.from_headers(ctx.request.headers)
     if text is None or temperature > policy.cache.max_temperature:
         return None
+    if (ctx.body.n or 1) > 1:  # one cached answer cannot be n different choices
+        return None
     if control.no_cache and control.no_store:
         return None
     max_tokens = getattr(ctx.body, "max_completion_tokens", None) or ctx.body.max_tokens
@@ -212,7 +214,7 @@ async def _complete(
         raise
     shape = shape_of(call.served.model, ctx.body)
     if ctx.body.stream:
-        return streamed(call, shape, ctx.body.include_usage)
+        return streamed(call, shape, ctx.body.include_usage, ctx.body.n or 1)
     return await whole(call, shape, request)
 
 

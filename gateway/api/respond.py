@@ -15,13 +15,14 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from engine.entrypoints.openai_errors import OpenAIError
-from engine.entrypoints.shapes import Shape
+from engine.entrypoints.shapes import Ended, Shape
 from engine.entrypoints.streaming import (
     CLIENT_CLOSED_REQUEST,
     ClosingStreamingResponse,
     sse,
     unless_disconnected,
 )
+from engine.outputs import TokenLogprobs
 from engine.protocol import Usage, error_response_body
 from gateway.backends.base import BackendError, Piece
 from gateway.backends.fallback import Served
@@ -73,13 +74,14 @@ class Call:
         tokens = 0 if self.cached else usage.total_tokens if usage is not None else None
         await self.admission.finish(tokens)
 
-    async def completed(self, text: str, last: Piece) -> Usage:
-        """The answer ended well: count it and hand it to the hooks."""
-        usage = self.usage_or_estimate(last.usage, text)
+    async def completed(self, answer: "Gathered") -> Usage:
+        """The answer ended well: count it and hand it to the hooks (choice 0's text: the
+        cache, the only hook, never takes requests for more than one choice)."""
+        first = answer.ended()[0]
+        usage = self.usage_or_estimate(answer.usage, answer.all_text())
         await self.done(200, usage)
-        answer = Answer(text, last.finish_reason or "stop", usage)
         for hook in self.after:
-            hook(answer)
+            hook(Answer(first.text, first.reason, usage))
         return usage
 
 
@@ -90,26 +92,54 @@ def backend_error(exc: BackendError) -> OpenAIError:
     return OpenAIError(exc.status, exc.message, code=exc.code, param=exc.param, headers=headers)
 
 
-def _merge(last: Piece, piece: Piece) -> Piece:
-    """What is known so far about an answer's end (finish reason, usage) and its logprobs."""
-    logprobs = last.logprobs
-    if piece.logprobs:
-        logprobs = [*(logprobs or []), *piece.logprobs]
-    reason = piece.finish_reason or last.finish_reason
-    return Piece("", reason, piece.usage or last.usage, logprobs)
+@dataclass
+class Gathered:
+    """An answer's pieces so far, per choice: text, finish reason, logprobs; the usage."""
+
+    texts: dict[int, list[str]] = field(default_factory=dict)
+    reasons: dict[int, str] = field(default_factory=dict)
+    logprobs: dict[int, list[TokenLogprobs]] = field(default_factory=dict)
+    usage: Usage | None = None
+
+    def add(self, piece: Piece) -> None:
+        self.texts.setdefault(piece.index, []).append(piece.text)
+        if piece.logprobs is not None:  # asked for: kept even when empty
+            self.logprobs.setdefault(piece.index, []).extend(piece.logprobs)
+        if piece.finish_reason is not None:
+            self.reasons[piece.index] = piece.finish_reason
+        self.usage = piece.usage or self.usage
+
+    def check_ended(self, model: str) -> None:
+        """A choice that started and never got its finish reason was cut (an upstream that
+        answers fewer choices than asked is not: it is passed on as it is)."""
+        if self.texts.keys() - self.reasons.keys():
+            raise BackendError(502, f"{model}: a choice of the answer was cut", False, False)
+
+    def all_text(self) -> str:
+        return "".join("".join(t) for t in self.texts.values())
+
+    def ended(self) -> list[Ended]:
+        """Every choice in index order (at least choice 0, for an answer with no text)."""
+        indexes = sorted(self.texts.keys() | self.reasons.keys() | {0})
+        return [
+            Ended(
+                "".join(self.texts.get(i, [])),
+                self.reasons.get(i, "stop"),
+                self.logprobs.get(i),
+            )
+            for i in indexes
+        ]
 
 
-async def _collect(call: Call, request: Request) -> tuple[list[str], Piece] | None:
+async def _collect(call: Call, request: Request) -> Gathered | None:
     """All pieces of a non-streamed answer; None (upstream aborted) if the client leaves."""
-    texts: list[str] = []
-    last, error = Piece(), None
+    answer, error = Gathered(), None
 
     async def read() -> None:
-        nonlocal last, error
+        nonlocal error
         try:
             async for piece in call.served.pieces:
-                texts.append(piece.text)
-                last = _merge(last, piece)
+                answer.add(piece)
         except BackendError as exc:  # raised out here, not as a task group's ExceptionGroup
             error = exc
 
@@ -120,52 +150,51 @@ async def _collect(call: Call, request: Request) -> tuple[list[str], Piece] | No
             await call.served.pieces.aclose()
     if error is not None:
         raise error
-    return (texts, last) if finished else None
+    return answer if finished else None
 
 
-async def _drain(call: Call, request: Request) -> tuple[list[str], Piece]:
-    texts, last = [], Piece()
+async def _drain(call: Call, request: Request) -> Gathered:
+    answer = Gathered()
     try:
         async for piece in call.served.pieces:  # already received: this does not wait
-            texts.append(piece.text)
-            last = _merge(last, piece)
+            answer.add(piece)
     finally:
         await call.served.pieces.aclose()  # lets the upstream connection go back to its pool
-    return texts, last
+    return answer
 
 
 async def whole(call: Call, shape: Shape, request: Request) -> Response:
     try:
         # An answer that came whole (a non-streamed remote, a cache hit) needs no watcher.
         collect = _drain if call.served.complete else _collect
-        collected = await collect(call, request)
+        answer = await collect(call, request)
+        if answer is not None:
+            answer.check_ended(call.served.model)
     except BackendError as exc:
         await call.done(exc.status)
         raise backend_error(exc) from None
-    if collected is None:
+    if answer is None:
         await call.done(CLIENT_CLOSED_REQUEST)
         return Response(status_code=CLIENT_CLOSED_REQUEST)  # nobody is left to read it
-    texts, last = collected
-    text = "".join(texts)
-    usage = await call.completed(text, last)
-    body = shape.whole(text, last.finish_reason or "stop", usage, last.logprobs)
-    return Response(body, media_type="application/json")
+    usage = await call.completed(answer)
+    return Response(shape.whole(answer.ended(), usage), media_type="application/json")
 
 
-async def _stream(call: Call, shape: Shape, include_usage: bool) -> AsyncIterator[bytes]:
+async def _stream(call: Call, shape: Shape, include_usage: bool, n: int) -> AsyncIterator[bytes]:
     """SSE pieces as they come; a disconnect cancels this generator, which aborts upstream."""
-    status, texts, last = CLIENT_CLOSED_REQUEST, [], Piece()
+    status, answer = CLIENT_CLOSED_REQUEST, Gathered()
     try:
-        if (opening := shape.opening()) is not None:
+        if (opening := shape.opening(n)) is not None:
             yield opening
         async for piece in call.served.pieces:
+            answer.add(piece)
             if piece.text or piece.logprobs:
-                texts.append(piece.text)
-                yield shape.delta(piece.text, piece.logprobs)
-            last = _merge(last, piece)
-        yield shape.finish(last.finish_reason or "stop")
+                yield shape.delta(piece.text, piece.logprobs, piece.index)
+            if piece.finish_reason is not None:
+                yield shape.finish(piece.finish_reason, piece.index)
+        answer.check_ended(call.served.model)
         if include_usage:
-            yield shape.usage(call.usage_or_estimate(last.usage, "".join(texts)))
+            yield shape.usage(call.usage_or_estimate(answer.usage, answer.all_text()))
         status = 200
         yield sse("[DONE]")
     except BackendError as exc:  # headers are gone already: the error travels in the stream
@@ -177,10 +206,11 @@ async def _stream(call: Call, shape: Shape, include_usage: bool) -> AsyncIterato
         with anyio.CancelScope(shield=True):
             await call.served.pieces.aclose()
             if status == 200:  # only an answer the client received whole is complete
-                await call.completed("".join(texts), last)
+                await call.completed(answer)
             else:
-                await call.done(status, call.usage_or_estimate(last.usage, "".join(texts)))
+                await call.done(status, call.usage_or_estimate(answer.usage, answer.all_text()))
 
 
-def streamed(call: Call, shape: Shape, include_usage: bool) -> Response:
-    return ClosingStreamingResponse(_stream(call, shape, include_usage), call.served.pieces)
+def streamed(call: Call, shape: Shape, include_usage: bool, n: int = 1) -> Response:
+    body = _stream(call, shape, include_usage, n)
+    return ClosingStreamingResponse(body, call.served.pieces)

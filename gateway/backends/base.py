@@ -1,8 +1,9 @@
 """What every backend takes and gives: one validated OpenAI request in, text pieces out.
 
-A backend's `generate` is an async generator of `Piece`s; the last piece carries the
-finish reason and the usage. Closing the generator early aborts the request upstream
-(the engine frees its pages, an HTTP stream is closed).
+A backend's `generate` is an async generator of `Piece`s, each of one choice (`index`,
+0..n-1 for a request's `n`); a choice's last piece carries its finish reason, and the
+answer's last piece the usage of all choices. Closing the generator early aborts the
+request upstream (the engine frees its pages, an HTTP stream is closed).
 """
 
 import math
@@ -33,6 +34,7 @@ class Piece:
     finish_reason: str | None = None  # set on the last piece
     usage: Usage | None = None  # set on the last piece when the backend reports it
     logprobs: list[TokenLogprobs] | None = None  # the new tokens', when the request asked
+    index: int = 0  # the choice this piece belongs to
 
 
 class BackendError(Exception):

@@ -5,6 +5,7 @@
 """
 
 import asyncio
+import contextlib
 import gc
 import inspect
 import itertools
@@ -17,9 +18,17 @@ from typing import Any
 
 from engine.config import EngineConfig
 from engine.entrypoints.chat_template import render_chat
+from engine.entrypoints.choices import (
+    Child,
+    choice_params,
+    close_all,
+    interleave,
+    start_children,
+    usage_of,
+)
 from engine.entrypoints.openai_errors import RETRY_AFTER_SECONDS, engine_error_status
 from engine.errors import EngineError, TenantQueueFullError
-from engine.protocol import Usage, to_sampling_params
+from engine.protocol import to_sampling_params
 from gateway.backends.base import BackendError, GenerationRequest, Piece
 from gateway.policy import EngineSettings
 
@@ -242,25 +251,42 @@ class LocalBackend:
         return await render_chat(engine, request.body)
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Piece]:
+        """The request's `n` choices as sibling engine requests (same prompt and salt, so
+        they share the prompt's KV pages), their outputs interleaved as they come."""
         slot = self._slot
         slot.in_flight += 1  # before any await: a retiring engine must see this request
-        outputs = None
+        children: list[Child] = []
         try:
             engine = slot.engine
             prompt = await self._prompt(engine, request)
             params = to_sampling_params(request.body)
             # One engine id per attempt: a retry must not collide with the last one's abort.
             engine_id = f"{request.request_id}-{next(self._attempts)}"
-            outputs = engine.generate(prompt, params, engine_id, cache_salt=request.tenant)
-            async for out in outputs:
-                if not out.finished:
-                    yield Piece(out.text, logprobs=out.logprobs)
-                    continue
-                usage = Usage.of(out.prompt_tokens, out.completion_tokens, out.cached_tokens)
-                yield Piece(out.text, out.finish_reason, usage, out.logprobs)
+
+            async def start(index: int) -> Child:
+                outputs = engine.generate(
+                    prompt,
+                    choice_params(params, index),
+                    f"{engine_id}-{index}" if index else engine_id,
+                    cache_salt=request.tenant,
+                )
+                return await anext(outputs), outputs
+
+            children = await start_children(start, request.body.n or 1)
+            lasts = [first for first, _ in children]
+            running = len(children)
+            # aclosing: its tasks that read the engine's streams end before those close
+            async with contextlib.aclosing(interleave(children)) as outputs:
+                async for index, out in outputs:
+                    lasts[index] = out
+                    if not out.finished:
+                        yield Piece(out.text, logprobs=out.logprobs, index=index)
+                        continue
+                    running -= 1
+                    usage = None if running else usage_of(lasts)  # on the answer's last piece
+                    yield Piece(out.text, out.finish_reason, usage, out.logprobs, index)
         except (EngineError, ValueError) as exc:
             raise _engine_error(exc, self.name) from exc
         finally:
-            if outputs is not None:
-                await outputs.aclose()  # closing the engine's generator aborts the request
+            await close_all(children)  # closing the engine's generators aborts the requests
             slot.in_flight -= 1

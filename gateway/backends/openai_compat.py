@@ -142,7 +142,8 @@ class OpenAICompatBackend:
                 async for piece in self._stream(response, request.is_chat):
                     yield piece
             else:
-                yield self._whole(await response.aread(), request.is_chat)
+                for piece in self._whole(await response.aread(), request.is_chat):
+                    yield piece
         except httpx.HTTPError as exc:
             logger.warning("%s: %s: %s", self.name, type(exc).__name__, exc)
             message = f"{self.name}: the connection failed"
@@ -150,13 +151,20 @@ class OpenAICompatBackend:
         finally:
             await response.aclose()  # done or abandoned: closing the connection aborts upstream
 
-    def _whole(self, raw: bytes, is_chat: bool) -> Piece:
+    def _whole(self, raw: bytes, is_chat: bool) -> list[Piece]:
+        """One piece per choice; the last carries the usage."""
         try:
             answer = json.loads(raw)
-            choice = answer["choices"][0]
-            text = _choice_text(choice, is_chat)
-            finish = choice.get("finish_reason") or "stop"
-            return Piece(text, finish, usage_of(answer.get("usage"), self._salted))
+            pieces = [
+                Piece(
+                    _choice_text(choice, is_chat),
+                    choice.get("finish_reason") or "stop",
+                    index=int(choice.get("index") or 0),
+                )
+                for choice in answer["choices"]
+            ]
+            pieces[-1].usage = usage_of(answer.get("usage"), self._salted)
+            return pieces
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
             raise self._malformed(exc, raw) from None
 
@@ -172,22 +180,26 @@ class OpenAICompatBackend:
             if data == "[DONE]":
                 continue  # read on to the body's end, so the connection returns to the pool
             try:
-                piece = self._stream_piece(json.loads(data), is_chat)
+                pieces = self._stream_pieces(json.loads(data), is_chat)
             except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
                 # Before the first piece the chain may still try elsewhere; after it, the
                 # error ends the caller's stream with an SSE error event.
                 raise self._malformed(exc, data) from None
-            if piece is not None:
+            for piece in pieces:
                 yield piece
 
-    def _stream_piece(self, chunk: dict[str, Any], is_chat: bool) -> Piece | None:
+    def _stream_pieces(self, chunk: dict[str, Any], is_chat: bool) -> list[Piece]:
+        """A chunk's pieces, one per choice in it (the usage on the last)."""
         if "error" in chunk:
             logger.warning("%s: error in stream: %s", self.name, chunk["error"])
             raise BackendError(502, f"{self.name}: failed mid-stream", False, False)
         usage = usage_of(chunk.get("usage"), self._salted)
-        choices = chunk.get("choices") or []
-        if not choices:
-            return Piece(usage=usage) if usage is not None else None
-        text = _choice_text(choices[0], is_chat)
-        finish = choices[0].get("finish_reason")
-        return Piece(text, finish, usage) if text or finish or usage else None
+        pieces = [
+            Piece(_choice_text(c, is_chat), c.get("finish_reason"), index=int(c.get("index") or 0))
+            for c in chunk.get("choices") or []
+        ]
+        pieces = [p for p in pieces if p.text or p.finish_reason]
+        if usage is not None:
+            pieces = pieces or [Piece()]
+            pieces[-1].usage = usage
+        return pieces

@@ -149,17 +149,26 @@ class RemoteBackend:
             raise to_backend_error(exc, self.name) from exc
         if not request.body.stream:
             try:
-                piece = _whole_answer(response, request.is_chat, self._salted)
+                pieces = _whole_answer(response, request.is_chat, self._salted)
             except (AttributeError, IndexError, TypeError) as exc:
                 logger.warning("%s sent a malformed answer: %r", self.name, exc)
                 raise BackendError(502, f"{self.name}: malformed answer", False, True) from exc
-            yield piece
+            for piece in pieces:
+                yield piece
             return
+        started, finished = set(), set()
         try:
             async for chunk in response:
-                piece = _stream_piece(chunk, request.is_chat, self._salted)
-                if piece is not None:
+                for piece in _stream_pieces(chunk, request.is_chat, self._salted):
+                    started.add(piece.index)
+                    if piece.finish_reason is not None:
+                        finished.add(piece.index)
                     yield piece
+            # litellm's stream passes on only the first finish reason of an n > 1 answer;
+            # the stream itself ended well (litellm checks that), so the others stopped too.
+            if finished:
+                for index in sorted(started - finished):
+                    yield Piece("", "stop", index=index)
         except Exception as exc:  # litellm's own check of a cut stream lands here too
             raise to_backend_error(exc, self.name) from exc
         finally:
@@ -183,19 +192,29 @@ def _usage(raw: Any, salted: bool) -> Usage | None:
     return Usage.of(raw.prompt_tokens, raw.completion_tokens or 0, cached)
 
 
-def _whole_answer(response: Any, is_chat: bool, salted: bool) -> Piece:
-    choice = response.choices[0]
-    text = choice.message.content if is_chat else choice.text
-    usage = _usage(response.usage, salted)
-    return Piece(text or "", choice.finish_reason or "stop", usage)
+def _whole_answer(response: Any, is_chat: bool, salted: bool) -> list[Piece]:
+    """One piece per choice; the last carries the usage."""
+    pieces = [
+        Piece(
+            (c.message.content if is_chat else c.text) or "",
+            c.finish_reason or "stop",
+            index=c.index or 0,
+        )
+        for c in response.choices
+    ]
+    pieces[-1].usage = _usage(response.usage, salted)  # no choices: IndexError, malformed
+    return pieces
 
 
-def _stream_piece(chunk: Any, is_chat: bool, salted: bool) -> Piece | None:
+def _stream_pieces(chunk: Any, is_chat: bool, salted: bool) -> list[Piece]:
+    """A chunk's pieces, one per choice in it (the usage on the last)."""
     usage = _usage(getattr(chunk, "usage", None), salted)
-    if not chunk.choices:
-        return Piece(usage=usage) if usage else None
-    choice = chunk.choices[0]
-    text = (choice.delta.content if is_chat else choice.text) or ""
-    if not text and choice.finish_reason is None and usage is None:
-        return None
-    return Piece(text, choice.finish_reason, usage)
+    pieces = [
+        Piece((c.delta.content if is_chat else c.text) or "", c.finish_reason, index=c.index or 0)
+        for c in chunk.choices or []
+    ]
+    pieces = [p for p in pieces if p.text or p.finish_reason]
+    if usage is not None:
+        pieces = pieces or [Piece()]
+        pieces[-1].usage = usage
+    return pieces

@@ -1,0 +1,98 @@
+"""Write small GGUF files the way llama.cpp's converter does, for tests that need a GGUF
+with a feature no bundled model has (rope scaling, a sentencepiece vocabulary)."""
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import gguf
+import numpy as np
+import torch
+
+GGUFWriterStep = Callable[[gguf.GGUFWriter], None]
+
+_LAYER_NAMES = {
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+
+
+def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """What llama.cpp's convert_hf_to_gguf.py does to llama Q/K weights."""
+    return (
+        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
+
+
+def llama3_rope_factors(head_dim: int, theta: float, rope: dict) -> np.ndarray:
+    """The `rope_freqs` tensor llama.cpp's converter writes for llama3 rope scaling
+    (its own code, transcribed: a second implementation to check ours against)."""
+    freqs = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
+    factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+    old = rope["original_max_position_embeddings"]
+    out = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < old / high:
+            out.append(1.0)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
+def write_llama_gguf(path: Path, model: torch.nn.Module, extra: GGUFWriterStep) -> Path:
+    """A transformers LlamaForCausalLM as an f32 GGUF; `extra` adds metadata and tensors."""
+    c = model.config
+    head_dim = c.hidden_size // c.num_attention_heads
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_context_length(c.max_position_embeddings)
+    writer.add_embedding_length(c.hidden_size)
+    writer.add_block_count(c.num_hidden_layers)
+    writer.add_feed_forward_length(c.intermediate_size)
+    writer.add_head_count(c.num_attention_heads)
+    writer.add_head_count_kv(c.num_key_value_heads)
+    writer.add_rope_freq_base(c.rope_parameters["rope_theta"])
+    writer.add_layer_norm_rms_eps(c.rms_norm_eps)
+    writer.add_vocab_size(c.vocab_size)
+    writer.add_key_length(head_dim)
+    extra(writer)
+    for name, t in model.state_dict().items():
+        w = t.detach().float().numpy()
+        if name == "lm_head.weight" and c.tie_word_embeddings:
+            continue
+        writer.add_tensor(_gguf_name(name), _permuted(name, w, c))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _permuted(name: str, w: np.ndarray, c: object) -> np.ndarray:
+    if name.endswith("q_proj.weight"):
+        return llama_cpp_permute(w, c.num_attention_heads)
+    if name.endswith("k_proj.weight"):
+        return llama_cpp_permute(w, c.num_key_value_heads)
+    return w
+
+
+def _gguf_name(hf_name: str) -> str:
+    name = hf_name.removeprefix("model.")
+    top = {"embed_tokens.weight": "token_embd.weight", "norm.weight": "output_norm.weight"}
+    if name in top or name == "lm_head.weight":
+        return top.get(name, "output.weight")
+    _, layer, rest = name.split(".", 2)
+    module, kind = rest.rsplit(".", 1)
+    return f"blk.{layer}.{_LAYER_NAMES[module]}.{kind}"
