@@ -14,7 +14,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from engine.model_registry import installed_models, resolve_model
+from engine.model_registry import BUNDLED, ModelNotFoundError, _bundle_files, resolve_model
 from engine.tokenizer import Tokenizer, load_tokenizer
 from engine.weights import load_model
 from gateway.app import create_app
@@ -28,10 +28,17 @@ EXAMPLE = ROOT / "router_policies" / "examples" / "three-tiers.yaml"
 KEY = "sk-tiergate-local"  # the example's key with tier_override
 TOKENS = 5
 
+
+def _installed(name: str) -> bool:
+    try:
+        _bundle_files(name, BUNDLED[name])
+    except ModelNotFoundError:
+        return False
+    return True
+
+
 pytestmark = [
-    pytest.mark.skipif(
-        NAME not in installed_models(), reason=f"{NAME} not installed (make models-large)"
-    ),
+    pytest.mark.skipif(not _installed(NAME), reason=f"{NAME} not installed (make models-large)"),
     pytest.mark.usefixtures("one_torch_thread"),
 ]
 
