@@ -56,6 +56,7 @@ def test_greedy_best_of_is_the_plain_answer(client: openai.OpenAI) -> None:
 
 def test_seeded_best_of_returns_the_most_likely_candidates(client: openai.OpenAI) -> None:
     candidates = ranked_candidates(client, 3, **SAMPLED)
+    assert candidates[0].index != 0  # this seed's best is not the first: the pick shows
     one = client.completions.create(best_of=3, n=1, **SAMPLED)
     assert [c.text for c in one.choices] == [candidates[0].text]
     two = client.completions.create(best_of=3, n=2, logprobs=0, **SAMPLED)

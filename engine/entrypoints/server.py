@@ -17,8 +17,8 @@ from pydantic import BaseModel
 from engine.config import EngineConfig
 from engine.engine import AsyncEngine
 from engine.entrypoints.api_key import RequireApiKey
-from engine.entrypoints.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
 from engine.entrypoints.best_of import pick_best
+from engine.entrypoints.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
 from engine.entrypoints.chat_template import render_chat
 from engine.entrypoints.choices import Child, usage_of
 from engine.entrypoints.http import (
