@@ -254,7 +254,8 @@ class LocalBackend:
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Piece]:
         """The request's `n` choices as sibling engine requests (same prompt and salt, so
-        they share the prompt's KV pages), their outputs interleaved as they come."""
+        they share the prompt's KV pages), their outputs interleaved as they come; with
+        `best_of`, that many candidates and the best `n` once all have ended."""
         slot = self._slot
         slot.in_flight += 1  # before any await: a retiring engine must see this request
         children: list[Child] = []
