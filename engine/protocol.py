@@ -160,6 +160,10 @@ class _SamplingRequest(BaseModel):
         """How many alternatives each token's logprobs list; None when none are asked."""
         raise NotImplementedError
 
+    def candidates(self) -> int:
+        """How many answers are generated: `n`, or completions' `best_of` (>= n)."""
+        return self.n or 1
+
 
 class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
@@ -205,19 +209,34 @@ class ChatCompletionRequest(_SamplingRequest):
 class CompletionRequest(_SamplingRequest):
     prompt: str | list[int] | list[str]
     logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
-    # OpenAI fields nothing here serves: their defaults pass, anything else is a 400
-    best_of: int | None = None
+    best_of: int | None = None  # candidates generated; the n most likely are returned
+    # An OpenAI field nothing here serves: its default passes, anything else is a 400
     suffix: str | None = None
 
-    @field_validator("best_of", "suffix")
+    @field_validator("best_of")
+    @classmethod
+    def _enough_candidates(cls, best_of: int | None, info: ValidationInfo) -> int | None:
+        if best_of is None:
+            return None
+        n = info.data.get("n") or 1
+        if not n <= best_of <= MAX_N:
+            raise ValueError(f"best_of must be n ({n})..{MAX_N}")
+        if best_of > n and info.data.get("stream"):
+            raise ValueError("best_of above n cannot be streamed")
+        return best_of
+
+    @field_validator("suffix")
     @classmethod
     def _only_defaults(cls, value: Any, info: ValidationInfo) -> Any:
-        if value not in (None, 1, ""):
+        if value not in (None, ""):
             raise ValueError(f"{info.field_name} is not supported")
         return value
 
     def logprobs_count(self) -> int | None:
         return self.logprobs
+
+    def candidates(self) -> int:
+        return self.best_of or self.n or 1
 
     @field_validator("prompt")
     @classmethod

@@ -14,7 +14,10 @@ import pytest
 from fastapi import FastAPI
 
 from engine.config import EngineConfig
+from engine.protocol import ChatCompletionRequest, CompletionRequest
 from gateway.app import create_app
+from gateway.backends.base import GenerationRequest
+from gateway.backends.forward import sampling_fields
 from gateway.policy import parse_policy
 from tests.servers import run_uvicorn
 from tests.test_gateway_api import wait_idle
@@ -206,3 +209,66 @@ def test_n_out_of_range_is_a_400_naming_n(client: openai.OpenAI, n: int) -> None
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(messages=USER, n=n, **GREEDY)
     assert info.value.body["param"] == "n" and "1..16" in info.value.body["message"]
+
+
+# ---------------------------------------------------------------------------- best_of
+
+SAMPLED_TEXT: dict[str, Any] = {
+    "model": "auto",
+    "prompt": "The best thing about summer is",
+    "temperature": 1.0,
+    "max_tokens": 10,
+    "seed": 11,
+}
+
+
+def test_local_best_of_returns_the_most_likely_candidate(client: openai.OpenAI) -> None:
+    plain = client.completions.create(prompt="The sky is", **GREEDY)
+    greedy = client.completions.create(prompt="The sky is", best_of=3, **GREEDY)
+    assert [c.text for c in greedy.choices] == [plain.choices[0].text]
+    assert greedy.usage.completion_tokens == 3 * plain.usage.completion_tokens
+    # the candidates, as choices: candidate i uses seed + i like choice i
+    as_choices = client.completions.create(n=3, logprobs=0, **SAMPLED_TEXT)
+    candidates = as_choices.choices
+    best = max(candidates, key=lambda c: sum(c.logprobs.token_logprobs))
+    assert best.index != 0 and len({c.text for c in candidates}) == 3  # the pick shows
+    reply = client.completions.create(best_of=3, n=1, **SAMPLED_TEXT)
+    assert [c.text for c in reply.choices] == [best.text]
+    assert reply.choices[0].logprobs is None  # ranked with logprobs the client did not ask
+    assert reply.usage.completion_tokens == as_choices.usage.completion_tokens  # all of them
+
+
+def test_local_best_of_shares_the_prompt_pages(app: FastAPI, client: openai.OpenAI) -> None:
+    engine = app.state.gateway.engines.get(MODEL)
+    prompt = "A long and careful introduction to the subject at hand. " * 12
+    before = wait_idle(engine)
+    reply = client.completions.create(prompt=prompt, best_of=3, **GREEDY)
+    after = wait_idle(engine)
+    full_pages = reply.usage.prompt_tokens // PAGE_SIZE * PAGE_SIZE
+    assert after.prefix_cache_hits - before.prefix_cache_hits >= 2 * full_pages > 0
+    assert after.prompt_tokens - before.prompt_tokens == 3 * reply.usage.prompt_tokens
+
+
+def test_best_of_bypasses_the_cache(client: openai.OpenAI) -> None:
+    ask = client.completions.with_raw_response.create
+    prompt = "The capital city of Kenya is"
+    assert ask(prompt=prompt, best_of=2, **GREEDY).headers["x-tiergate-cache"] == "bypass"
+    time.sleep(0.3)  # a store would run after the answer went out
+    assert ask(prompt=prompt, **GREEDY).headers["x-tiergate-cache"] == "miss"  # not stored
+    time.sleep(0.3)
+    assert ask(prompt=prompt, **GREEDY).headers["x-tiergate-cache"] == "hit"
+    assert ask(prompt=prompt, best_of=2, **GREEDY).headers["x-tiergate-cache"] == "bypass"
+
+
+@pytest.mark.parametrize("fields", [{"best_of": 2, "n": 3}, {"best_of": 3, "stream": True}])
+def test_bad_best_of_is_a_400_naming_it(client: openai.OpenAI, fields: dict[str, Any]) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(prompt="The sky is", **GREEDY, **fields)
+    assert info.value.body["param"] == "best_of"
+
+
+def test_best_of_is_forwarded_on_completions_only() -> None:
+    text = CompletionRequest(model="m", prompt="a", best_of=3, n=2)
+    assert sampling_fields(GenerationRequest("r", text, "t"), vllm=False)["best_of"] == 3
+    chat = ChatCompletionRequest.model_validate({"model": "m", "messages": USER, "best_of": 3})
+    assert "best_of" not in sampling_fields(GenerationRequest("r", chat, "t"), vllm=True)

@@ -154,16 +154,32 @@ def test_completion_prompt_forms() -> None:
     assert refusal(CompletionRequest, {"model": "m", "prompt": ["a", "b"]})[1] == "prompt"
     assert refusal(CompletionRequest, {"model": "m", "prompt": []})[1] == "prompt"
     assert refusal(CompletionRequest, {"model": "m", "prompt": "a", "echo": True})[1] == "echo"
-    for field, value in (("best_of", 2), ("suffix", "end")):
-        body = {"model": "m", "prompt": "a", field: value}
-        assert refusal(CompletionRequest, body) == (
-            f"Invalid value for '{field}': {field} is not supported (got {value!r}).",
-            field,
-        )
+    assert refusal(CompletionRequest, {"model": "m", "prompt": "a", "suffix": "end"}) == (
+        "Invalid value for 'suffix': suffix is not supported (got 'end').",
+        "suffix",
+    )
     CompletionRequest.model_validate({"model": "m", "prompt": "a", "best_of": 1, "suffix": None})
     for bad in (21, True, -1):
         body = {"model": "m", "prompt": "a", "logprobs": bad}
         assert refusal(CompletionRequest, body)[1] == "logprobs"
+
+
+def test_best_of_bounds_and_streaming() -> None:
+    def body(**fields: object) -> dict:
+        return {"model": "m", "prompt": "a", **fields}
+
+    assert refusal(CompletionRequest, body(best_of=2, n=3)) == (
+        "Invalid value for 'best_of': best_of must be n (3)..16 (got 2).",
+        "best_of",
+    )
+    for bad in (0, 17):
+        assert refusal(CompletionRequest, body(best_of=bad))[1] == "best_of"
+    message, param = refusal(CompletionRequest, body(best_of=3, n=2, stream=True))
+    assert param == "best_of" and "cannot be streamed" in message
+    streamed = CompletionRequest.model_validate(body(best_of=2, n=2, stream=True))
+    assert streamed.candidates() == 2  # best_of == n streams: nothing to pick
+    assert CompletionRequest.model_validate(body(best_of=5, n=2)).candidates() == 5
+    assert CompletionRequest.model_validate(body(n=4)).candidates() == 4
 
 
 def test_min_tokens_above_max_tokens_is_refused() -> None:

@@ -11,6 +11,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel
 
 from engine.engine import AsyncEngine
+from engine.entrypoints.best_of import candidate_params
 from engine.entrypoints.choices import (
     Child,
     choice_params,
@@ -33,7 +34,8 @@ async def start_outputs(
     body: ChatCompletionRequest | CompletionRequest,
     index: int = 0,
 ) -> Child:
-    """Submit a request (choice `index` of it) and wait for its first output.
+    """Submit a request (choice or `best_of` candidate `index` of it) and wait for its
+    first output.
 
     The engine raises admission errors (too long, queue full, dead) before its first
     yield; pulling that output here turns them into HTTP statuses before any byte is sent.
@@ -41,6 +43,7 @@ async def start_outputs(
     # Without max_tokens the answer may run to the end of the context, as in vLLM and
     # OpenAI (the engine caps it at the room the prompt leaves).
     params = to_sampling_params(body, default_max_tokens=engine.max_model_len)
+    params = candidate_params(params, body)
     if index:
         request_id, params = f"{request_id}-{index}", choice_params(params, index)
     prompt_param = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
@@ -60,7 +63,7 @@ async def start_choices(
     body: ChatCompletionRequest | CompletionRequest,
 ) -> list[Child]:
     return await start_children(
-        lambda index: start_outputs(engine, prompt, request_id, body, index), body.n or 1
+        lambda index: start_outputs(engine, prompt, request_id, body, index), body.candidates()
     )
 
 

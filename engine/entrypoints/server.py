@@ -17,6 +17,7 @@ from pydantic import BaseModel
 from engine.config import EngineConfig
 from engine.engine import AsyncEngine
 from engine.entrypoints.api_key import RequireApiKey
+from engine.entrypoints.best_of import pick_best
 from engine.entrypoints.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
 from engine.entrypoints.chat_template import render_chat
 from engine.entrypoints.choices import Child, usage_of
@@ -54,7 +55,8 @@ async def respond(
     render: Callable[[int, RequestOutput], BaseModel | None],
 ) -> Response:
     """A request's answer from its started choices: streamed (`render` dresses each engine
-    output of choice i as an event), or whole once every choice has ended."""
+    output of choice i as an event), or whole once every choice has ended (the best of
+    them with `best_of`; usage counts them all)."""
     if body.stream:
         usage = lambda lasts: shapes[0].usage_chunk(usage_of(lasts))  # noqa: E731
         events = sse_events(children, render, usage if body.include_usage else None)
@@ -64,7 +66,7 @@ async def respond(
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     choices = [
         shape.choice(final.text, final.finish_reason, final.logprobs)
-        for shape, final in zip(shapes, finals, strict=True)
+        for shape, final in zip(shapes, pick_best(finals, body), strict=True)
     ]
     return json_response(shapes[0].answer(choices, usage_of(finals)))  # type: ignore[arg-type]
 

@@ -99,7 +99,7 @@ def _cache_step(ctx: RequestContext) -> CacheStep | None:
     control = CacheControl.from_headers(ctx.request.headers)
     if text is None or temperature > policy.cache.max_temperature:
         return None
-    if (ctx.body.n or 1) > 1:  # one cached answer cannot be n different choices
+    if ctx.body.candidates() > 1:  # one cached answer is neither n choices nor best_of
         return None
     if control.no_cache and control.no_store:
         return None

@@ -2,7 +2,7 @@
 
 The request models keep unknown fields (clients send vendor extras); forwarding them as
 is would let a caller reach upstream features the gateway never checked (`priority`,
-`best_of`, `prompt_logprobs`, `chat_template`...). Only the fields below leave the gateway;
+`prompt_logprobs`, `chat_template`...). Only the fields below leave the gateway;
 the rest are dropped (documented in the README).
 
 Prefix caches: a vLLM-style server shares KV pages between requests with the same
@@ -40,6 +40,8 @@ OPENAI_FIELDS = frozenset(
         "n",  # the choices come back with their index (the cache never takes n > 1)
     }
 )
+# Completions only: a chat request's `best_of` is an unknown extra, dropped like the rest.
+COMPLETION_FIELDS = frozenset({"best_of"})
 # vLLM's extensions: only servers that speak vLLM's API (`hosted_vllm/`) get them.
 VLLM_FIELDS = frozenset({"top_k", "ignore_eos"})
 MESSAGE_FIELDS = frozenset({"role", "content", "name", "tool_calls", "tool_call_id"})
@@ -61,6 +63,8 @@ def sampling_fields(request: GenerationRequest, vllm: bool) -> dict[str, Any]:
     body = request.body
     fields = body.model_dump(exclude_unset=True, exclude_none=True)
     allowed = OPENAI_FIELDS | VLLM_FIELDS if vllm else OPENAI_FIELDS
+    if not request.is_chat:
+        allowed |= COMPLETION_FIELDS
     dropped = sorted(fields.keys() - allowed - _OWN_FIELDS - _DEFAULT_ONLY)
     if dropped:
         logger.debug("request %s: not forwarded: %s", request.request_id, ", ".join(dropped))

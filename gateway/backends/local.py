@@ -17,11 +17,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.config import EngineConfig
+from engine.entrypoints.best_of import candidate_params, pick_best, ranks
 from engine.entrypoints.chat_template import render_chat
 from engine.entrypoints.choices import (
     Child,
     choice_params,
     close_all,
+    drain,
     interleave,
     start_children,
     usage_of,
@@ -252,14 +254,15 @@ class LocalBackend:
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Piece]:
         """The request's `n` choices as sibling engine requests (same prompt and salt, so
-        they share the prompt's KV pages), their outputs interleaved as they come."""
+        they share the prompt's KV pages), their outputs interleaved as they come; with
+        `best_of`, that many candidates and the best `n` once all have ended."""
         slot = self._slot
         slot.in_flight += 1  # before any await: a retiring engine must see this request
         children: list[Child] = []
         try:
             engine = slot.engine
             prompt = await self._prompt(engine, request)
-            params = to_sampling_params(request.body)
+            params = candidate_params(to_sampling_params(request.body), request.body)
             # One engine id per attempt: a retry must not collide with the last one's abort.
             engine_id = f"{request.request_id}-{next(self._attempts)}"
 
@@ -272,7 +275,11 @@ class LocalBackend:
                 )
                 return await anext(outputs), outputs
 
-            children = await start_children(start, request.body.n or 1)
+            children = await start_children(start, request.body.candidates())
+            if ranks(request.body):
+                async for piece in _best_of(children, request):
+                    yield piece
+                return
             lasts = [first for first, _ in children]
             running = len(children)
             # aclosing: its tasks that read the engine's streams end before those close
@@ -290,3 +297,13 @@ class LocalBackend:
         finally:
             await close_all(children)  # closing the engine's generators aborts the requests
             slot.in_flight -= 1
+
+
+async def _best_of(children: list[Child], request: GenerationRequest) -> AsyncIterator[Piece]:
+    """The `n` best candidates, each whole as one piece, once all have ended (never
+    streamed: validation refuses `stream` with more candidates than choices)."""
+    finals = list(await asyncio.gather(*(drain(first, outputs) for first, outputs in children)))
+    best = pick_best(finals, request.body)
+    for index, out in enumerate(best):
+        usage = usage_of(finals) if index == len(best) - 1 else None  # every candidate's
+        yield Piece(out.text, out.finish_reason, usage, out.logprobs, index)
