@@ -16,7 +16,7 @@ hand it to that choice's sibling shape (same head; its own tool calls and text o
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, Self
 
 from engine.entrypoints.streaming import sse
 from engine.logprob_shapes import chat_logprobs, completion_logprobs
@@ -72,7 +72,30 @@ class Shape(Protocol):
     def whole(self, choices: Sequence[Ended], usage: Usage) -> bytes: ...
 
 
-class ChatShape:
+class _ChoiceShape:
+    """One choice's shape; the answer's other choices are siblings under the same head."""
+
+    head: Head
+    index: int
+    _siblings: dict[int, Self]
+
+    def _sibling(self, index: int) -> Self:
+        raise NotImplementedError
+
+    def at(self, index: int) -> Self:
+        """Choice `index`'s shape, made when first asked."""
+        if (shape := self._siblings.get(index)) is None:
+            shape = self._sibling(index)
+            shape._siblings = self._siblings
+            self._siblings[index] = shape
+        return shape
+
+    @property
+    def id(self) -> str:
+        return self.head.id
+
+
+class ChatShape(_ChoiceShape):
     def __init__(
         self, model: str, tools: Collection[str] = (), index: int = 0, head: Head | None = None
     ) -> None:
@@ -82,17 +105,8 @@ class ChatShape:
         self._calls = ToolCallStream(tools) if tools else None
         self._siblings: dict[int, ChatShape] = {index: self}  # the choices, shared
 
-    def at(self, index: int) -> "ChatShape":
-        """Choice `index`'s shape: a sibling under the same head, made when first asked."""
-        if (shape := self._siblings.get(index)) is None:
-            shape = ChatShape(self.head.model, self._tools, index, self.head)
-            shape._siblings = self._siblings
-            self._siblings[index] = shape
-        return shape
-
-    @property
-    def id(self) -> str:
-        return self.head.id
+    def _sibling(self, index: int) -> "ChatShape":
+        return ChatShape(self.head.model, self._tools, index, self.head)
 
     # ---- pieces
     def chunk(
@@ -151,24 +165,15 @@ class ChatShape:
         return self.answer(shaped, usage).model_dump_json().encode()
 
 
-class TextShape:
+class TextShape(_ChoiceShape):
     def __init__(self, model: str, index: int = 0, head: Head | None = None) -> None:
         self.head = head or Head(completion_id(), created_now(), model)
         self.index = index
         self._sent = 0  # characters of token text streamed: where the next text_offset starts
         self._siblings: dict[int, TextShape] = {index: self}  # the choices, shared
 
-    def at(self, index: int) -> "TextShape":
-        """Choice `index`'s shape: a sibling under the same head, made when first asked."""
-        if (shape := self._siblings.get(index)) is None:
-            shape = TextShape(self.head.model, index, self.head)
-            shape._siblings = self._siblings
-            self._siblings[index] = shape
-        return shape
-
-    @property
-    def id(self) -> str:
-        return self.head.id
+    def _sibling(self, index: int) -> "TextShape":
+        return TextShape(self.head.model, index, self.head)
 
     # ---- pieces
     def chunk(self, text: str, reason: str | None = None, logprobs: Logprobs = None) -> Completion:
