@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass
 
-WEIGHT_FORMATS = ("fp32", "int8")  # EngineConfig.weights
+WEIGHT_FORMATS = ("fp32", "int8", "auto")  # EngineConfig.weights
 
 
 @dataclass

@@ -75,7 +75,7 @@ def _build(compiler: str) -> Path:
     key = hashlib.sha256()
     for src in sorted(CSRC.iterdir()):  # sources and headers
         key.update(src.name.encode() + src.read_bytes())
-    key.update(" ".join((compiler, *FLAGS, _cpu_signature())).encode())
+    key.update(" ".join((compiler, *FLAGS, cpu_signature())).encode())
     target = cache_dir() / "kernels" / f"tiergate_{key.hexdigest()[:16]}.so"
     if target.exists():
         return target
@@ -85,7 +85,7 @@ def _build(compiler: str) -> Path:
     return target
 
 
-def _cpu_signature() -> str:
+def cpu_signature() -> str:
     """-march=native code runs only on CPUs with the same vector units."""
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()

@@ -18,11 +18,13 @@ engine/cpu_features.py picked), or plain int8 with its scales for the torch refe
 """
 
 import ctypes
+import functools
+from collections import Counter
 
 import torch
 import torch.nn.functional as F
 
-from engine import native
+from engine import kernel_choice, native
 from engine.attention import AttentionContext, write_kv
 from engine.config import WEIGHT_FORMATS
 from engine.cpu_features import cpu_features, int8_path
@@ -33,6 +35,8 @@ Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin) [T, 1, D/2] for the step'
 _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 _PANEL = 16  # output columns per panel; gemm.c takes them in pairs
 _INT8_PATHS = {"generic": 0, "avx2": 1, "avx512": 2}  # gemm_int8_panels' path argument
+# From this many rows a matmul is a prefill, where panels compete with torch's GEMM
+PREFILL_ROWS = 128
 Weight = torch.Tensor | Int8Weight  # what pack_weight returns
 
 
@@ -65,10 +69,23 @@ class TorchOps:
         if weights not in WEIGHT_FORMATS:
             raise ValueError(f"weights must be one of {WEIGHT_FORMATS}, not {weights!r}")
         self.weights = weights
+        self.formats: Counter[str] = Counter()  # weights packed per format
+        self.choices: dict[str, str] = {}  # measured decisions taken (kernel_choice key)
+
+    def choice_info(self) -> dict[str, str]:
+        """For the start-up log and /metrics: formats packed, and what won each measured
+        comparison ("prefill_fp32:128x576" -> "torch"), counted per kind of comparison."""
+        wins = Counter(f"{k.split(':')[0]}={w}" for k, w in self.choices.items())
+        return {
+            "weight_formats": _counts(self.formats),
+            "measured": _counts(wins),
+        }
 
     def pack_weight(self, weight: torch.Tensor, batch_hint: int) -> Weight:
         """weight [N, K] in the layout `linear` runs fastest on: oneDNN's blocked layout
-        where torch has it, else the weight itself; int8 weights: plain int8 + scales."""
+        where torch has it, else the weight itself; int8 weights: plain int8 + scales.
+        "auto" is fp32 here: int8 on this path is only the reference, and slower."""
+        self.formats["int8" if self.weights == "int8" else "fp32"] += 1
         if self.weights == "int8":
             return quantize_int8(weight)
         if _ONEDNN:
@@ -129,21 +146,63 @@ class NativeOps(TorchOps):
         super().__init__(weights)
         self.kernels = kernels
         self.int8_path = int8_path or _best_int8_path()
+        self._prefill_torch: set[tuple[str, int, int]] = set()  # (format, N, K) torch won
 
     def pack_weight(self, weight: torch.Tensor, batch_hint: int) -> Weight:
-        """C GEMM panels [N / 16, K, 16] (3-D) when N is a whole number of panel pairs."""
+        """C GEMM panels [N / 16, K, 16] (3-D) when N is a whole number of panel pairs.
+        weights "auto": the format (fp32 or int8 panels) measured fastest at this shape,
+        one stream and a decode batch together; both are within the quality bound."""
         n, k = weight.shape
-        if n % (2 * _PANEL) != 0 or (self.weights == "int8" and self.int8_path == "torch"):
+        if n % (2 * _PANEL) != 0 or (self.weights != "fp32" and self.int8_path == "torch"):
             return super().pack_weight(weight, batch_hint)
-        if self.weights == "int8":
-            return quantize_int8(weight, _PANEL)
-        return weight.view(n // _PANEL, _PANEL, k).transpose(1, 2).contiguous()
+        packed: dict[str, Weight] = {}
+        if self.weights in ("fp32", "auto"):
+            packed["fp32"] = weight.view(n // _PANEL, _PANEL, k).transpose(1, 2).contiguous()
+        if self.weights in ("int8", "auto"):
+            packed["int8"] = quantize_int8(weight, _PANEL)
+        fmt = next(iter(packed))
+        if len(packed) > 1:
+            xs = [torch.randn(m, k) for m in (1, min(batch_hint, 32))]
+            runs = {f: functools.partial(self._each, xs, w) for f, w in packed.items()}
+            fmt = self._measure("format", (n, k, xs[-1].shape[0]), runs)
+        self.formats[fmt] += 1
+        self._choose_prefill(packed[fmt])
+        return packed[fmt]
+
+    def _choose_prefill(self, weight: Weight) -> None:
+        """Panels or torch (on the unpacked or dequantized weight) for prefill-sized row
+        counts of this weight's shape, measured at PREFILL_ROWS."""
+        fmt, (n, k) = _format(weight), _plain_shape(weight)
+        x = torch.randn(PREFILL_ROWS, k)
+        runs = {
+            "panels": functools.partial(self._panels_linear, x, weight),
+            "torch": functools.partial(_torch_linear, x, weight),
+        }
+        if self._measure(f"prefill_{fmt}", (n, k), runs) == "torch":
+            self._prefill_torch.add((fmt, n, k))
+
+    def _measure(self, kind: str, shape: tuple[int, ...], runs: dict) -> str:
+        winner = kernel_choice.choose(kind, shape, runs)
+        self.choices[kernel_choice.choice_key(kind, shape)] = winner
+        return winner
+
+    def _each(self, xs: list[torch.Tensor], weight: Weight) -> None:
+        for x in xs:
+            self._panels_linear(x, weight)
 
     def linear(
         self, x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
         if not is_panels(weight):
             return super().linear(x, weight, bias)
+        prefill = x.shape[0] >= PREFILL_ROWS and bool(self._prefill_torch)
+        if prefill and (_format(weight), *_plain_shape(weight)) in self._prefill_torch:
+            return _torch_linear(x, weight, bias)
+        return self._panels_linear(x, weight, bias)
+
+    def _panels_linear(
+        self, x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
         q = weight.q if isinstance(weight, Int8Weight) else weight
         panels, k = q.shape[0], q.shape[1]
         x = x.contiguous()
@@ -213,6 +272,28 @@ class NativeOps(TorchOps):
         )
         qkv = qkv.view(t, heads + 2 * kv_heads, d)
         return qkv[:, :heads], qkv[:, heads : heads + kv_heads], qkv[:, heads + kv_heads :]
+
+
+def _format(weight: Weight) -> str:
+    return "int8" if isinstance(weight, Int8Weight) else "fp32"
+
+
+def _plain_shape(panels: Weight) -> tuple[int, int]:
+    """[N, K] of a weight in panels (fp32 or int8)."""
+    q = panels.q if isinstance(panels, Int8Weight) else panels
+    return q.shape[0] * _PANEL, q.shape[1]
+
+
+def _torch_linear(x: torch.Tensor, panels: Weight, bias: torch.Tensor | None = None):
+    """torch's GEMM on the plain weight rebuilt from panels, per call: at prefill sizes
+    the re-layout (or dequantizing) costs a few % of the GEMM, and the choice measured it."""
+    plain = panels.dequantize() if isinstance(panels, Int8Weight) else unpack_panels(panels)
+    return F.linear(x, plain, bias)
+
+
+def _counts(counter: Counter[str]) -> str:
+    """ "a:3,b:1" (sorted; "none" when empty): one label value for the kernel-info gauge."""
+    return ",".join(f"{name}:{n}" for name, n in sorted(counter.items())) or "none"
 
 
 def _best_int8_path() -> str:

@@ -63,9 +63,10 @@ class ModelRunner:
         info = {
             "ops": "native" if native_ops else "torch",
             "weights": self.config.weights,
-            "int8_path": self.ops.int8_path if self.config.weights == "int8" else "none",
+            "int8_path": self.ops.int8_path if self.ops.formats["int8"] else "none",
             "fused_decode": str(self.fused is not None).lower(),
         }
+        info |= self.ops.choice_info()  # formats packed, measured kernel choices
         return info | {k: str(v).lower() for k, v in cpu_features().items()}
 
     @staticmethod
