@@ -29,7 +29,9 @@ class DecodeModel(ctypes.Structure):
         ("attn_scale", _F32),
         *((name, _PTR) for name in ("layer_ptrs", "embed", "final_norm", "head")),
         ("head_scale", _PTR),
+        ("head_group", _I64),
         ("int8_path", _I64),
+        ("w8a8_path", _I64),
     ]
 
 
@@ -45,6 +47,11 @@ def _scale_ptr(t: Weight | None) -> int:
     return t.scale.data_ptr() if isinstance(t, Int8Weight) else 0
 
 
+def _group(t: Weight | None) -> int:
+    """w8a8 weights: their group (gemm_w8a8_panels runs them); else 0 (decode_step's flag)."""
+    return t.group if isinstance(t, Int8Weight) else 0
+
+
 class FusedDecode:
     def __init__(
         self,
@@ -57,6 +64,8 @@ class FusedDecode:
         rows = []
         for layer, (k_pool, v_pool) in zip(model.layers, kv_caches, strict=True):
             attn, mlp = layer.self_attn, layer.mlp
+            projections = [p.packed for p in (attn.qkv_proj, attn.o_proj)]
+            projections += [p.packed for p in (mlp.gate_up_proj, mlp.down_proj)]
             rows.append(
                 [
                     _ptr(layer.input_layernorm.weight),
@@ -68,10 +77,8 @@ class FusedDecode:
                     _ptr(mlp.down_proj.packed),
                     _ptr(k_pool),
                     _ptr(v_pool),
-                    _scale_ptr(attn.qkv_proj.packed),
-                    _scale_ptr(attn.o_proj.packed),
-                    _scale_ptr(mlp.gate_up_proj.packed),
-                    _scale_ptr(mlp.down_proj.packed),
+                    *map(_scale_ptr, projections),
+                    *map(_group, projections),
                 ]
             )
         self._layer_ptrs = torch.tensor(rows, dtype=torch.int64)
@@ -94,7 +101,9 @@ class FusedDecode:
             final_norm=model.norm.weight.data_ptr(),
             head=_ptr(model.packed_head),
             head_scale=_scale_ptr(model.packed_head),
+            head_group=_group(model.packed_head),
             int8_path=model.ops.int8_code if isinstance(model.ops, NativeOps) else -1,
+            w8a8_path=model.ops.w8a8_code if isinstance(model.ops, NativeOps) else 0,
         )
 
     @staticmethod

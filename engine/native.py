@@ -23,7 +23,14 @@ from engine.cache_files import atomic_path, cache_dir
 log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
-_C_FILES = ("paged_attention.c", "layer_ops.c", "gemm.c", "gemm_int8.c", "decode_step.c")
+_C_FILES = (
+    "paged_attention.c",
+    "layer_ops.c",
+    "gemm.c",
+    "gemm_int8.c",
+    "gemm_w8a8.c",
+    "decode_step.c",
+)
 SOURCES = tuple(CSRC / f for f in _C_FILES)
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
 
@@ -37,10 +44,11 @@ _SIGNATURES = {
     "decode_step": [_ptr, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr],
     "gemm_panels": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64],
     "gemm_int8_panels": [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64],
+    "gemm_w8a8_panels": [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64],
     "rope_store_kv": [_ptr, _ptr, _ptr] + [_i64] * 4 + [_ptr, _ptr, _i64, _i64, _ptr, _ptr],
 }
 # these return 0, or 1: out of memory
-_RETURNS_STATUS = {"paged_decode_attention", "decode_step", "gemm_int8_panels"}
+_RETURNS_STATUS = {"paged_decode_attention", "decode_step", "gemm_int8_panels", "gemm_w8a8_panels"}
 
 
 def enabled() -> bool:

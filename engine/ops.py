@@ -27,14 +27,21 @@ import torch.nn.functional as F
 from engine import kernel_choice, native
 from engine.attention import AttentionContext, write_kv
 from engine.config import WEIGHT_FORMATS
-from engine.cpu_features import cpu_features, int8_path
-from engine.quant import Int8Weight, quantize_int8
+from engine.cpu_features import cpu_features, int8_path, w8a8_path
+from engine.quant import (
+    W8A8_GROUP,
+    Int8Weight,
+    quantize_int8,
+    quantize_w8a8,
+    w8a8_reference,
+)
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin) [T, 1, D/2] for the step's positions
 
 _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 _PANEL = 16  # output columns per panel; gemm.c takes them in pairs
 _INT8_PATHS = {"generic": 0, "avx2": 1, "avx512": 2}  # gemm_int8_panels' path argument
+_W8A8_PATHS = {"generic": 0, "avx2": 1, "vnni": 2}  # gemm_w8a8_panels' path argument
 # From this many rows a matmul is a prefill, where panels compete with torch's GEMM
 PREFILL_ROWS = 128
 Weight = torch.Tensor | Int8Weight  # what pack_weight returns
@@ -85,9 +92,11 @@ class TorchOps:
         """weight [N, K] in the layout `linear` runs fastest on: oneDNN's blocked layout
         where torch has it, else the weight itself; int8 weights: plain int8 + scales.
         "auto" is fp32 here: int8 on this path is only the reference, and slower."""
-        self.formats["int8" if self.weights == "int8" else "fp32"] += 1
+        self.formats["fp32" if self.weights == "auto" else self.weights] += 1
         if self.weights == "int8":
             return quantize_int8(weight)
+        if self.weights == "w8a8":
+            return quantize_w8a8(weight, panels=False)
         if _ONEDNN:
             return torch.ops.mkldnn._reorder_linear_weight(weight, batch_hint)
         return weight
@@ -96,6 +105,8 @@ class TorchOps:
         self, x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
         """x [M, K] @ weight.T (+ bias); weight as pack_weight returned it (or plain)."""
+        if isinstance(weight, Int8Weight) and weight.group:
+            return w8a8_reference(x, weight, bias)
         if isinstance(weight, Int8Weight):  # the reference: fp32 on the dequantized weight
             return F.linear(x, weight.dequantize(), bias)
         if _ONEDNN:
@@ -139,13 +150,19 @@ class NativeOps(TorchOps):
     """The C kernels; torch's oneDNN matmul for weights whose width does not fit panels."""
 
     def __init__(
-        self, kernels: ctypes.CDLL, weights: str = "fp32", int8_path: str | None = None
+        self,
+        kernels: ctypes.CDLL,
+        weights: str = "fp32",
+        int8_path: str | None = None,
+        w8a8_path: str | None = None,
     ) -> None:
         """int8_path: "avx512", "avx2", "generic" (portable C) or "torch" (the reference);
-        None: the best this CPU has (engine/cpu_features.py)."""
+        w8a8_path: "vnni", "avx2" or "generic"; None: the best this CPU has
+        (engine/cpu_features.py)."""
         super().__init__(weights)
         self.kernels = kernels
         self.int8_path = int8_path or _best_int8_path()
+        self.w8a8_path = w8a8_path or _best_w8a8_path()
         self._prefill_torch: set[tuple[str, int, int]] = set()  # (format, N, K) torch won
 
     def pack_weight(self, weight: torch.Tensor, batch_hint: int) -> Weight:
@@ -160,6 +177,11 @@ class NativeOps(TorchOps):
             packed["fp32"] = weight.view(n // _PANEL, _PANEL, k).transpose(1, 2).contiguous()
         if self.weights in ("int8", "auto"):
             packed["int8"] = quantize_int8(weight, _PANEL)
+        if self.weights == "w8a8":
+            packed["w8a8"] = quantize_w8a8(weight, panels=k % W8A8_GROUP == 0)
+            if k % W8A8_GROUP:  # no whole groups: the torch reference
+                self.formats["w8a8"] += 1
+                return packed["w8a8"]
         fmt = next(iter(packed))
         if len(packed) > 1:
             xs = [torch.randn(m, k) for m in (1, min(batch_hint, 32))]
@@ -203,23 +225,32 @@ class NativeOps(TorchOps):
     def _panels_linear(
         self, x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
-        q = weight.q if isinstance(weight, Int8Weight) else weight
-        panels, k = q.shape[0], q.shape[1]
+        n, k = _plain_shape(weight)
         x = x.contiguous()
-        out = x.new_empty(x.shape[0], panels * _PANEL)
+        out = x.new_empty(x.shape[0], n)
         bias_ptr = None if bias is None else bias.data_ptr()
-        args = (out.data_ptr(), x.data_ptr(), q.data_ptr())
         if not isinstance(weight, Int8Weight):
-            self.kernels.gemm_panels(*args, bias_ptr, x.shape[0], out.shape[1], k)
-        elif self.kernels.gemm_int8_panels(
-            *args, weight.scale.data_ptr(), bias_ptr, x.shape[0], out.shape[1], k, self.int8_code
-        ):
-            raise MemoryError("gemm_int8_panels: no memory for its widening buffer")
+            args = (out.data_ptr(), x.data_ptr(), weight.data_ptr(), bias_ptr)
+            self.kernels.gemm_panels(*args, x.shape[0], n, k)
+            return out
+        args = (out.data_ptr(), x.data_ptr(), weight.q.data_ptr(), weight.scale.data_ptr())
+        gemm, path = (
+            (self.kernels.gemm_w8a8_panels, self.w8a8_code)
+            if weight.group
+            else (self.kernels.gemm_int8_panels, self.int8_code)
+        )
+        failed = gemm(*args, bias_ptr, x.shape[0], n, k, path)
+        if failed:
+            raise MemoryError("int8 GEMM: no memory for its buffer")
         return out
 
     @property
     def int8_code(self) -> int:
         return _INT8_PATHS[self.int8_path]
+
+    @property
+    def w8a8_code(self) -> int:
+        return _W8A8_PATHS[self.w8a8_path]
 
     def add_rms_norm(
         self, residual: torch.Tensor, x: torch.Tensor | None, weight: torch.Tensor, eps: float
@@ -275,13 +306,16 @@ class NativeOps(TorchOps):
 
 
 def _format(weight: Weight) -> str:
-    return "int8" if isinstance(weight, Int8Weight) else "fp32"
+    if isinstance(weight, Int8Weight):
+        return "w8a8" if weight.group else "int8"
+    return "fp32"
 
 
 def _plain_shape(panels: Weight) -> tuple[int, int]:
-    """[N, K] of a weight in panels (fp32 or int8)."""
-    q = panels.q if isinstance(panels, Int8Weight) else panels
-    return q.shape[0] * _PANEL, q.shape[1]
+    """[N, K] of a weight in panels (fp32, int8 or w8a8)."""
+    if isinstance(panels, Int8Weight):
+        return panels.shape
+    return panels.shape[0] * _PANEL, panels.shape[1]
 
 
 def _torch_linear(x: torch.Tensor, panels: Weight, bias: torch.Tensor | None = None):
@@ -294,6 +328,10 @@ def _torch_linear(x: torch.Tensor, panels: Weight, bias: torch.Tensor | None = N
 def _counts(counter: Counter[str]) -> str:
     """ "a:3,b:1" (sorted; "none" when empty): one label value for the kernel-info gauge."""
     return ",".join(f"{name}:{n}" for name, n in sorted(counter.items())) or "none"
+
+
+def _best_w8a8_path() -> str:
+    return w8a8_path(cpu_features())
 
 
 def _best_int8_path() -> str:
