@@ -1,4 +1,4 @@
-"""Weight formats of our engine (fp32, int8, w8a8) on SmolLM2-135M, every figure in one run.
+"""Weight formats of our engine (fp32, int8, w8a8, auto) on SmolLM2-135M, every figure in one run.
 
 Quality: perplexity on a fixed slice of Python's own `pydoc_data.topics` text (offline,
 the same bytes on every machine with the same Python), teacher-forced top-1 agreement
@@ -22,7 +22,7 @@ from typing import Any
 import common
 import engine_driver as ed
 
-FORMATS = ("fp32", "int8", "w8a8")
+FORMATS = ("fp32", "int8", "w8a8", "auto")
 PPL_WINDOW = 512
 PROMPTS = [
     "The capital of France is",

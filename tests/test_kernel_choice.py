@@ -4,6 +4,7 @@ engine's ops use it for weights "auto" and for prefill-sized matmuls."""
 
 import json
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -60,13 +61,18 @@ def test_the_faster_candidate_wins_and_is_kept_per_cpu() -> None:
     assert kernel_choice.choose("demo", (16, 4), {"fast": fast, "slow": slow}) == "fast"
 
 
-def test_a_stored_winner_no_longer_offered_is_measured_again() -> None:
-    kernel_choice.choose("gone", (1,), {"a": lambda: None, "b": lambda: time.sleep(0.003)})
-    assert kernel_choice.choose("gone", (1,), {"b": _never}) == "b"  # one candidate: itself
-    assert (
-        kernel_choice.choose("gone", (1,), {"b": lambda: None, "c": lambda: time.sleep(0.003)})
-        == "b"
-    )
+def test_a_changed_field_of_candidates_is_measured_again() -> None:
+    def nap() -> None:
+        time.sleep(0.003)
+
+    def idle() -> None:
+        pass
+
+    assert kernel_choice.choose("field", (1,), {"a": idle, "b": nap}) == "a"
+    assert kernel_choice.choose("field", (1,), {"b": _never}) == "b"  # one candidate: itself
+    # a new path joins (a = fp32, b = int8, c = w8a8, say): measured against all of them
+    assert kernel_choice.choose("field", (1,), {"a": nap, "b": nap, "c": idle}) == "c"
+    assert kernel_choice.choose("field", (1,), {"a": _never, "b": _never, "c": _never}) == "c"
 
 
 def test_a_damaged_decision_file_is_measured_again(own_cache: Path) -> None:
@@ -124,8 +130,10 @@ def test_auto_runner_reports_its_choices_on_metrics() -> None:
     info = runner.kernel_info()
     assert info["weights"] == "auto" and runner.fused is not None
     formats = runner.ops.formats
-    assert formats["int8"] == sum(isinstance(p, Int8Weight) for p in packed)
-    assert formats.total() == len(packed)
+    held = Counter(
+        ("w8a8" if p.group else "int8") if isinstance(p, Int8Weight) else "fp32" for p in packed
+    )
+    assert formats == held
     assert info["weight_formats"] == ",".join(f"{f}:{n}" for f, n in sorted(formats.items()))
     assert info["measured"].count("format=") >= 1 and "prefill_" in info["measured"]
     engine = LLMEngine(config, runner=runner)
