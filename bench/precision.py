@@ -12,9 +12,11 @@ engine build time (the fp32 weight cache warm) and RSS, and the bytes the model 
 
 import argparse
 import json
+import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -143,13 +145,17 @@ def common_rss() -> float:
     return 0.0
 
 
-def run_child(model: str, weights: str, threads: int) -> dict[str, Any]:
+def run_child(model: str, weights: str, threads: int, cold: bool = False) -> dict[str, Any]:
+    """One format's build in a fresh process; cold: with an empty cache folder (weights
+    converted, kernels compiled and kernel choices measured again, as a first start)."""
     call = f"precision.child({model!r}, {weights!r}, {threads})"
     code = (
         f"import sys, json; sys.path.insert(0, {str(Path(__file__).parent)!r});"
         f"import precision; print('RESULT ' + json.dumps({call}))"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    with tempfile.TemporaryDirectory() as empty:
+        env = os.environ | ({"TIERGATE_CACHE_DIR": empty} if cold else {})
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     for line in reversed(done.stdout.splitlines()):
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT ") :])
@@ -165,23 +171,28 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--model", default=common.MODEL, help="bundled name, .gguf or HF folder")
     p.add_argument("--quality-only", action="store_true", help="no speed, GEMM or memory runs")
     p.add_argument("--quick", action="store_true", help="(bench/run.py) fewer speed rounds")
+    p.add_argument("--memory-only", action="store_true", help="build time and memory only")
+    p.add_argument("--formats", default=",".join(FORMATS), help="comma-separated; fp32 first")
     return p.parse_args()
 
 
 def main() -> None:
     args = parse_args()
+    args.formats = args.formats.split(",")
     import torch
 
     torch.set_num_threads(args.threads)
     if args.quick:
         args.rounds = min(args.rounds, 2)
     skip = args.quality_only
-    memory = {} if skip else {w: run_child(args.model, w, args.threads) for w in FORMATS}
+    memory = {} if skip else measure_memory(args)
+    if args.memory_only:
+        return print(json.dumps(memory, indent=2))
     engines = {
         w: ed.make_engine(
             model=args.model, kv_cache_bytes=160 << 20, weights=w, num_threads=args.threads
         )
-        for w in FORMATS
+        for w in args.formats
     }
     tok = engines["fp32"].tokenizer
     ids = tok.encode(ppl_text(args.ppl_chars))
@@ -192,7 +203,7 @@ def main() -> None:
     prompts = [tok.encode(p) for p in PROMPTS]
     greedy = {w: greedy_tokens(e, prompts, 32) for w, e in engines.items()}
     ref_top1 = quality["fp32"]["top1"]
-    for w in FORMATS:
+    for w in args.formats:
         top1 = quality[w].pop("top1")
         same = [a == b for a, b in zip(greedy[w], greedy["fp32"], strict=True)]
         prefix = [_common_prefix(a, b) for a, b in zip(greedy[w], greedy["fp32"], strict=True)]
@@ -211,7 +222,7 @@ def main() -> None:
         f"{w}_ppl_increase_le_0.5pct": common.goal(
             quality[w]["perplexity"] / fp32 - 1, 0.005, False
         )
-        for w in FORMATS[1:]
+        for w in args.formats[1:]
     }
     payload = {
         "model": args.model,
@@ -228,6 +239,18 @@ def main() -> None:
     model = Path(args.model).name.removesuffix(".gguf")
     name = "precision" if args.model == common.MODEL else f"precision_{model}"
     common.write_result(name, payload)
+
+
+def measure_memory(args: Any) -> dict[str, Any]:
+    """Per format: bytes held, RSS growth, and build time from a warm cache folder and
+    from an empty one (the model's own cache files are not the format's; SmolLM2 is one
+    GGUF, read where it lies)."""
+    out = {}
+    for w in args.formats:
+        cached = run_child(args.model, w, args.threads)
+        cold = run_child(args.model, w, args.threads, cold=True)
+        out[w] = cached | {"build_s_cold": cold["build_s"]}
+    return out
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
@@ -256,7 +279,7 @@ def measure_speed(engines: dict[str, Any], prompts: list[list[int]], args: Any) 
         out[name] = {
             "tokens_per_s": best,
             "rounds": per,
-        } | {f"{w}_vs_fp32": common.ratio(best[w], best["fp32"]) for w in FORMATS[1:]}
+        } | {f"{w}_vs_fp32": common.ratio(best[w], best["fp32"]) for w in list(per)[1:]}
     return out
 
 
@@ -271,7 +294,7 @@ def measure_gemm(engines: dict[str, Any]) -> dict[str, Any]:
             times[w] = gemm_seconds(e.runner.ops, head, rows, k)
         out[f"rows_{rows}"] = {
             "ms": {w: round(t * 1e3, 3) for w, t in times.items()},
-        } | {f"{w}_speedup": round(times["fp32"] / times[w], 3) for w in FORMATS[1:]}
+        } | {f"{w}_speedup": round(times["fp32"] / times[w], 3) for w in list(times)[1:]}
     return out
 
 

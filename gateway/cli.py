@@ -215,7 +215,7 @@ def _add_engine_tuning(p: argparse.ArgumentParser) -> None:
         "--weights",
         choices=WEIGHT_FORMATS,
         default=defaults.weights,
-        help="projection weights: fp32, int8 (requantized at load), auto (fastest, measured)",
+        help="projection weights: fp32, int8, w8a8 (int8 activations too), auto (fastest)",
     )
 
 
