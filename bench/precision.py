@@ -1,9 +1,9 @@
-"""Weight formats of our engine (fp32, int8, w8a8, auto) on SmolLM2-135M, every figure in one run.
+"""Weight formats of our engine (fp32, bf16, int8, w8a8, auto) on SmolLM2-135M, all in one run.
 
 Quality: perplexity on a fixed slice of Python's own `pydoc_data.topics` text (offline,
 the same bytes on every machine with the same Python), teacher-forced top-1 agreement
 with fp32 over that text, and greedy agreement with fp32 over a fixed prompt set (32
-tokens each). Bound: int8 and w8a8 (int8 activations too) <= +0.5% perplexity over fp32.
+tokens each). Bound: bf16, int8 and w8a8 (int8 activations too) <= +0.5% perplexity.
 Speed: decode tokens/s at one stream and at batch 32 (decode-only steps, median step),
 the formats alternating round by round so a neighbour's burst hits both alike; and the
 GEMM alone on the LM head's shape. Memory and start-up: each format in a fresh process,
@@ -24,7 +24,7 @@ from typing import Any
 import common
 import engine_driver as ed
 
-FORMATS = ("fp32", "int8", "w8a8", "auto")
+FORMATS = ("fp32", "bf16", "int8", "w8a8", "auto")
 PPL_WINDOW = 512
 PROMPTS = [
     "The capital of France is",

@@ -84,3 +84,9 @@ def w8a8_path(features: dict[str, bool]) -> str:
     if features["avx512f"] and features["avx512bw"] and features["avx512_vnni"]:
         return "vnni"
     return "avx2" if features["avx2"] else "generic"
+
+
+def bf16_path(features: dict[str, bool]) -> str:
+    """The bf16-weight GEMM path (engine/csrc/gemm_bf16.c): "avx512_bf16" (vdpbf16ps, x
+    rounded to bf16 too) or "widen" (weights widened to fp32 in registers, x in fp32)."""
+    return "avx512_bf16" if features["avx512f"] and features["avx512_bf16"] else "widen"

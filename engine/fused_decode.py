@@ -32,6 +32,7 @@ class DecodeModel(ctypes.Structure):
         ("head_group", _I64),
         ("int8_path", _I64),
         ("w8a8_path", _I64),
+        ("bf16_path", _I64),
     ]
 
 
@@ -48,8 +49,11 @@ def _scale_ptr(t: Weight | None) -> int:
 
 
 def _group(t: Weight | None) -> int:
-    """w8a8 weights: their group (gemm_w8a8_panels runs them); else 0 (decode_step's flag)."""
-    return t.group if isinstance(t, Int8Weight) else 0
+    """decode_step's flag: a w8a8 weight's group (gemm_w8a8_panels), -1 for bf16 panels
+    (gemm_bf16_panels), else 0."""
+    if isinstance(t, Int8Weight):
+        return t.group
+    return -1 if t is not None and t.dtype == torch.bfloat16 else 0
 
 
 class FusedDecode:
@@ -104,6 +108,7 @@ class FusedDecode:
             head_group=_group(model.packed_head),
             int8_path=model.ops.int8_code if isinstance(model.ops, NativeOps) else -1,
             w8a8_path=model.ops.w8a8_code if isinstance(model.ops, NativeOps) else 0,
+            bf16_path=model.ops.bf16_code if isinstance(model.ops, NativeOps) else 0,
         )
 
     @staticmethod

@@ -29,6 +29,7 @@ _C_FILES = (
     "gemm.c",
     "gemm_int8.c",
     "gemm_w8a8.c",
+    "gemm_bf16.c",
     "decode_step.c",
 )
 SOURCES = tuple(CSRC / f for f in _C_FILES)
@@ -45,10 +46,17 @@ _SIGNATURES = {
     "gemm_panels": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64],
     "gemm_int8_panels": [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64],
     "gemm_w8a8_panels": [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64],
+    "gemm_bf16_panels": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64],
     "rope_store_kv": [_ptr, _ptr, _ptr] + [_i64] * 4 + [_ptr, _ptr, _i64, _i64, _ptr, _ptr],
 }
 # these return 0, or 1: out of memory
-_RETURNS_STATUS = {"paged_decode_attention", "decode_step", "gemm_int8_panels", "gemm_w8a8_panels"}
+_RETURNS_STATUS = {
+    "paged_decode_attention",
+    "decode_step",
+    "gemm_int8_panels",
+    "gemm_w8a8_panels",
+    "gemm_bf16_panels",
+}
 
 
 def enabled() -> bool:

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from engine import kernel_choice, native
 from engine.attention import AttentionContext, write_kv
 from engine.config import WEIGHT_FORMATS
-from engine.cpu_features import cpu_features, int8_path, w8a8_path
+from engine.cpu_features import bf16_path, cpu_features, int8_path, w8a8_path
 from engine.quant import (
     W8A8_GROUP,
     Int8Weight,
@@ -42,20 +42,37 @@ _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_l
 _PANEL = 16  # output columns per panel; gemm.c takes them in pairs
 _INT8_PATHS = {"generic": 0, "avx2": 1, "avx512": 2}  # gemm_int8_panels' path argument
 _W8A8_PATHS = {"generic": 0, "avx2": 1, "vnni": 2}  # gemm_w8a8_panels' path argument
+_BF16_PATHS = {"widen": 0, "avx512_bf16": 1}  # gemm_bf16_panels' path argument
 # From this many rows a matmul is a prefill, where panels compete with torch's GEMM
 PREFILL_ROWS = 128
 Weight = torch.Tensor | Int8Weight  # what pack_weight returns
 
 
 def is_panels(weight: Weight | None) -> bool:
-    """True for weights in the C GEMM's panels (fp32 [N / 16, K, 16], or int8 panels)."""
+    """True for weights in the C GEMM's panels (fp32 [N / 16, K, 16], bf16 [N / 16, K / 2,
+    16, 2], or int8 panels)."""
     if isinstance(weight, Int8Weight):
         return weight.is_panels
-    return weight is not None and weight.dim() == 3
+    return weight is not None and weight.dim() == (4 if _is_bf16(weight) else 3)
+
+
+def _is_bf16(weight: Weight) -> bool:
+    return isinstance(weight, torch.Tensor) and weight.dtype == torch.bfloat16
+
+
+def bf16_panels(weight: torch.Tensor) -> torch.Tensor:
+    """weight [N, K] rounded to bf16 (to nearest even), as [N / 16, K / 2, 16, 2]."""
+    n, k = weight.shape
+    w = weight.detach().to(torch.bfloat16).view(n // _PANEL, _PANEL, k // 2, 2)
+    return w.permute(0, 2, 1, 3).contiguous()
 
 
 def unpack_panels(panels: torch.Tensor) -> torch.Tensor:
-    """The plain [N, K] weight back from NativeOps.pack_weight's panels (exact: a re-layout)."""
+    """The plain fp32 [N, K] weight back from NativeOps.pack_weight's fp32 or bf16 panels
+    (exact: a re-layout, and bf16 widened)."""
+    if _is_bf16(panels):
+        p, k2 = panels.shape[:2]
+        return panels.permute(0, 2, 1, 3).reshape(p * _PANEL, k2 * 2).float()
     return panels.transpose(1, 2).reshape(panels.shape[0] * _PANEL, panels.shape[1])
 
 
@@ -70,7 +87,8 @@ class TorchOps:
     """torch ops only: the fallback and the reference the C kernels are tested against."""
 
     kernels: ctypes.CDLL | None = None  # the C library, for attention and fused decode
-    int8_path: str = "torch"  # where int8 weights are multiplied
+    # where int8, w8a8 and bf16 weights are multiplied
+    int8_path = w8a8_path = bf16_path = "torch"
 
     def __init__(self, weights: str = "fp32") -> None:
         if weights not in WEIGHT_FORMATS:
@@ -80,10 +98,15 @@ class TorchOps:
         self.choices: dict[str, str] = {}  # measured decisions taken (kernel_choice key)
 
     def choice_info(self) -> dict[str, str]:
-        """For the start-up log and /metrics: formats packed, and what won each measured
-        comparison ("prefill_fp32:128x576" -> "torch"), counted per kind of comparison."""
+        """For the start-up log and /metrics: each weight format's kernel path ("none":
+        unused), formats packed, and what won each measured comparison, counted per kind
+        ("prefill_fp32=panels:5")."""
         wins = Counter(f"{k.split(':')[0]}={w}" for k, w in self.choices.items())
-        return {
+        used = ("int8", "w8a8", "bf16")
+        paths = {
+            f"{f}_path": getattr(self, f"{f}_path") if self.formats[f] else "none" for f in used
+        }
+        return paths | {
             "weight_formats": _counts(self.formats),
             "measured": _counts(wins),
         }
@@ -97,6 +120,8 @@ class TorchOps:
             return quantize_int8(weight)
         if self.weights == "w8a8":
             return quantize_w8a8(weight, panels=False)
+        if self.weights == "bf16":
+            return weight.detach().to(torch.bfloat16)
         if _ONEDNN:
             return torch.ops.mkldnn._reorder_linear_weight(weight, batch_hint)
         return weight
@@ -109,6 +134,8 @@ class TorchOps:
             return w8a8_reference(x, weight, bias)
         if isinstance(weight, Int8Weight):  # the reference: fp32 on the dequantized weight
             return F.linear(x, weight.dequantize(), bias)
+        if _is_bf16(weight):  # plain bf16 [N, K]: fp32 maths on the widened weight
+            return F.linear(x, weight.float(), bias)
         if _ONEDNN:
             return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
         return F.linear(x, weight, bias)
@@ -155,14 +182,16 @@ class NativeOps(TorchOps):
         weights: str = "fp32",
         int8_path: str | None = None,
         w8a8_path: str | None = None,
+        bf16_path: str | None = None,
     ) -> None:
         """int8_path: "avx512", "avx2", "generic" (portable C) or "torch" (the reference);
-        w8a8_path: "vnni", "avx2" or "generic"; None: the best this CPU has
-        (engine/cpu_features.py)."""
+        w8a8_path: "vnni", "avx2" or "generic"; bf16_path: "avx512_bf16" or "widen";
+        None: the best this CPU has (engine/cpu_features.py)."""
         super().__init__(weights)
         self.kernels = kernels
         self.int8_path = int8_path or _best_int8_path()
         self.w8a8_path = w8a8_path or _best_w8a8_path()
+        self.bf16_path = bf16_path or _best_bf16_path()
         self._prefill_torch: set[tuple[str, int, int]] = set()  # (format, N, K) torch won
 
     def pack_weight(self, weight: torch.Tensor, batch_hint: int) -> Weight:
@@ -176,11 +205,13 @@ class NativeOps(TorchOps):
         packed: dict[str, Weight] = {}
         if self.weights in ("fp32", "auto"):
             packed["fp32"] = weight.view(n // _PANEL, _PANEL, k).transpose(1, 2).contiguous()
+        if self.weights == "bf16" and k % 2 == 0:
+            packed["bf16"] = bf16_panels(weight)
         if self.weights in ("int8", "auto"):
             packed["int8"] = quantize_int8(weight, _PANEL)
         if self.weights in ("w8a8", "auto") and k % W8A8_GROUP == 0:
             packed["w8a8"] = quantize_w8a8(weight, panels=True)
-        if not packed:  # w8a8 with no whole groups of k: the torch reference
+        if not packed:  # w8a8 (bf16) with no whole groups (pairs) of k: the torch reference
             return super().pack_weight(weight, batch_hint)
         fmt = next(iter(packed))
         if len(packed) > 1:
@@ -229,6 +260,11 @@ class NativeOps(TorchOps):
         x = x.contiguous()
         out = x.new_empty(x.shape[0], n)
         bias_ptr = None if bias is None else bias.data_ptr()
+        if _is_bf16(weight):
+            args = (out.data_ptr(), x.data_ptr(), weight.data_ptr(), bias_ptr)
+            if self.kernels.gemm_bf16_panels(*args, x.shape[0], n, k, self.bf16_code):
+                raise MemoryError("bf16 GEMM: no memory for its buffer")
+            return out
         if not isinstance(weight, Int8Weight):
             args = (out.data_ptr(), x.data_ptr(), weight.data_ptr(), bias_ptr)
             self.kernels.gemm_panels(*args, x.shape[0], n, k)
@@ -251,6 +287,10 @@ class NativeOps(TorchOps):
     @property
     def w8a8_code(self) -> int:
         return _W8A8_PATHS[self.w8a8_path]
+
+    @property
+    def bf16_code(self) -> int:
+        return _BF16_PATHS[self.bf16_path]
 
     def add_rms_norm(
         self, residual: torch.Tensor, x: torch.Tensor | None, weight: torch.Tensor, eps: float
@@ -308,13 +348,15 @@ class NativeOps(TorchOps):
 def _format(weight: Weight) -> str:
     if isinstance(weight, Int8Weight):
         return "w8a8" if weight.group else "int8"
-    return "fp32"
+    return "bf16" if _is_bf16(weight) else "fp32"
 
 
 def _plain_shape(panels: Weight) -> tuple[int, int]:
     """[N, K] of a weight in panels (fp32, int8 or w8a8)."""
     if isinstance(panels, Int8Weight):
         return panels.shape
+    if _is_bf16(panels):
+        return panels.shape[0] * _PANEL, panels.shape[1] * 2
     return panels.shape[0] * _PANEL, panels.shape[1]
 
 
@@ -328,6 +370,10 @@ def _torch_linear(x: torch.Tensor, panels: Weight, bias: torch.Tensor | None = N
 def _counts(counter: Counter[str]) -> str:
     """ "a:3,b:1" (sorted; "none" when empty): one label value for the kernel-info gauge."""
     return ",".join(f"{name}:{n}" for name, n in sorted(counter.items())) or "none"
+
+
+def _best_bf16_path() -> str:
+    return bf16_path(cpu_features())
 
 
 def _best_w8a8_path() -> str:

@@ -63,13 +63,9 @@ class ModelRunner:
         info = {
             "ops": "native" if native_ops else "torch",
             "weights": self.config.weights,
-            "int8_path": self.ops.int8_path if self.ops.formats["int8"] else "none",
-            "w8a8_path": getattr(self.ops, "w8a8_path", "torch")
-            if self.ops.formats["w8a8"]
-            else "none",
             "fused_decode": str(self.fused is not None).lower(),
         }
-        info |= self.ops.choice_info()  # formats packed, measured kernel choices
+        info |= self.ops.choice_info()  # each format's path, formats packed, measured choices
         return info | {k: str(v).lower() for k, v in cpu_features().items()}
 
     @staticmethod

@@ -7,7 +7,8 @@
    Steps that carry prefill chunks take the Python path (their attention is torch SDPA).
    Each projection and the LM head carry a scale pointer and a group: both 0 for fp32
    panels (gemm_panels), a scale for int8 weights (gemm_int8_panels on int8_path), both
-   for w8a8 weights (gemm_w8a8_panels on w8a8_path); formats may mix (weights: auto). */
+   for w8a8 weights (gemm_w8a8_panels on w8a8_path), group -1 for bf16 panels
+   (gemm_bf16_panels on bf16_path); formats may mix (weights: auto). */
 
 #include <stdint.h>
 #include <string.h>
@@ -32,16 +33,18 @@ typedef struct {
     int64_t head_group;        /* w8a8 head: its scale group; else 0 */
     int64_t int8_path;         /* gemm_int8_panels' path; -1 with fp32 weights */
     int64_t w8a8_path;         /* gemm_w8a8_panels' path */
+    int64_t bf16_path;         /* gemm_bf16_panels' path */
 } DecodeModel;
 
 #define P(l, what) ((float *)(intptr_t)m->layer_ptrs[(l) * PER_LAYER + (what)])
 #define GROUP(l, what) (m->layer_ptrs[(l) * PER_LAYER + (what)])
 
-/* weights w: fp32 panels when scale is 0, else int8 panels with these scales, on int8
-   activations too when they have a group */
+/* weights w: bf16 panels when group is -1, fp32 panels when scale is 0, else int8
+   panels with these scales, on int8 activations too when they have a group */
 static int matmul(const DecodeModel *m, float *out, const float *x, const void *w,
                   const float *scale, int64_t group, const float *bias, int64_t M, int64_t N,
                   int64_t K) {
+    if (group < 0) return gemm_bf16_panels(out, x, w, bias, M, N, K, m->bf16_path);
     if (!scale) {
         gemm_panels(out, x, w, bias, M, N, K);
         return 0;

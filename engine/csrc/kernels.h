@@ -17,6 +17,8 @@ int gemm_int8_panels(float *out, const float *x, const int8_t *panels, const flo
                      const float *bias, int64_t M, int64_t N, int64_t K, int64_t path);
 int gemm_w8a8_panels(float *out, const float *x, const int8_t *panels, const float *scale,
                      const float *bias, int64_t M, int64_t N, int64_t K, int64_t path);
+int gemm_bf16_panels(float *out, const float *x, const uint16_t *panels, const float *bias,
+                     int64_t M, int64_t N, int64_t K, int64_t path);
 void add_rms_norm(float *out, float *residual, const float *x, const float *weight,
                   int64_t rows, int64_t dim, float eps);
 void silu_mul(float *out, const float *gate_up, int64_t rows, int64_t inter);
