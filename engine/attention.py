@@ -237,9 +237,10 @@ def write_kv(
     v: torch.Tensor,
     ctx: AttentionContext,
 ) -> None:
-    """Store new K/V [T, KVH, D] at their slots (page, offset within the page)."""
-    v_pool[ctx.slot_pages, :, ctx.slot_offsets] = v
-    k_pool.transpose(2, 3)[ctx.slot_pages, :, ctx.slot_offsets] = k
+    """Store new K/V [T, KVH, D] at their slots (page, offset within the page), in the
+    pools' dtype (bf16 pools: rounded to nearest even)."""
+    v_pool[ctx.slot_pages, :, ctx.slot_offsets] = v.to(v_pool.dtype)
+    k_pool.transpose(2, 3)[ctx.slot_pages, :, ctx.slot_offsets] = k.to(k_pool.dtype)
 
 
 def paged_attention(
@@ -285,7 +286,9 @@ def kernel_attention(
         q = q.contiguous()  # each row's heads must be one block; rows may be apart
     b, h, d = q.shape
     _, kvh, page_size, _ = v_pool.shape
-    failed = kernels.paged_decode_attention(
+    bf16 = v_pool.dtype == torch.bfloat16  # kv_dtype bf16: the kernel built for its pages
+    attend = kernels.paged_decode_attention_bf16 if bf16 else kernels.paged_decode_attention
+    failed = attend(
         out.data_ptr(),
         q.data_ptr(),
         q.stride(0),
@@ -311,7 +314,7 @@ def gather_values(pool: torch.Tensor, pages: torch.Tensor, ws: Workspace) -> tor
     _, kvh, page_size, d = pool.shape
     picked = ws.take("v_pages", (pages.numel(), kvh, page_size, d), pool.dtype)
     torch.index_select(pool, 0, pages, out=picked)
-    out = ws.take("v", (kvh, pages.numel(), page_size, d), pool.dtype)
+    out = ws.take("v", (kvh, pages.numel(), page_size, d), torch.float32)  # bf16 pools widen
     return out.copy_(picked.transpose(0, 1)).view(kvh, -1, d)
 
 
@@ -320,7 +323,7 @@ def gather_keys(pool: torch.Tensor, pages: torch.Tensor, ws: Workspace) -> torch
     _, kvh, d, page_size = pool.shape
     picked = ws.take("k_pages", (pages.numel(), kvh, d, page_size), pool.dtype)
     torch.index_select(pool, 0, pages, out=picked)
-    out = ws.take("k", (kvh, pages.numel(), page_size, d), pool.dtype)
+    out = ws.take("k", (kvh, pages.numel(), page_size, d), torch.float32)
     return out.copy_(picked.permute(1, 0, 3, 2)).view(kvh, -1, d)
 
 

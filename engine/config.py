@@ -3,6 +3,7 @@
 from dataclasses import dataclass
 
 WEIGHT_FORMATS = ("fp32", "bf16", "int8", "w8a8", "auto")  # EngineConfig.weights
+KV_DTYPES = ("fp32", "bf16")  # EngineConfig.kv_dtype
 
 
 @dataclass
@@ -24,3 +25,6 @@ class EngineConfig:
     # and per-token int8 activations: int8 dot products), or "auto" (the fastest per shape,
     # measured: engine/kernel_choice.py). engine/quant.py.
     weights: str = "fp32"
+    # K/V pool element type: "fp32", or "bf16" (half the bytes a token's K/V take, so twice
+    # the tokens in kv_cache_bytes; rounded to nearest even when stored).
+    kv_dtype: str = "fp32"

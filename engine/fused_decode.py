@@ -33,6 +33,7 @@ class DecodeModel(ctypes.Structure):
         ("int8_path", _I64),
         ("w8a8_path", _I64),
         ("bf16_path", _I64),
+        ("kv_bf16", _I64),
     ]
 
 
@@ -109,6 +110,7 @@ class FusedDecode:
             int8_path=model.ops.int8_code if isinstance(model.ops, NativeOps) else -1,
             w8a8_path=model.ops.w8a8_code if isinstance(model.ops, NativeOps) else 0,
             bf16_path=model.ops.bf16_code if isinstance(model.ops, NativeOps) else 0,
+            kv_bf16=int(kv_caches[0][0].dtype == torch.bfloat16),
         )
 
     @staticmethod

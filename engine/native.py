@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 CSRC = Path(__file__).parent / "csrc"
 _C_FILES = (
     "paged_attention.c",
+    "paged_attention_bf16.c",
     "layer_ops.c",
     "gemm.c",
     "gemm_int8.c",
@@ -40,6 +41,9 @@ _SIGNATURES = {
     "paged_decode_attention": [_ptr, _ptr, _i64, _ptr, _ptr, _i64, _ptr, _i64, _ptr]
     + [_i64] * 5
     + [_f32],
+    "paged_decode_attention_bf16": [_ptr, _ptr, _i64, _ptr, _ptr, _i64, _ptr, _i64, _ptr]
+    + [_i64] * 5
+    + [_f32],
     "add_rms_norm": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _f32],
     "silu_mul": [_ptr, _ptr, _i64, _i64],
     "decode_step": [_ptr, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr],
@@ -47,10 +51,11 @@ _SIGNATURES = {
     "gemm_int8_panels": [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64],
     "gemm_w8a8_panels": [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64],
     "gemm_bf16_panels": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64],
-    "rope_store_kv": [_ptr, _ptr, _ptr] + [_i64] * 4 + [_ptr, _ptr, _i64, _i64, _ptr, _ptr],
+    "rope_store_kv": [_ptr, _ptr, _ptr] + [_i64] * 4 + [_ptr, _ptr, _i64, _i64, _ptr, _ptr, _i64],
 }
 # these return 0, or 1: out of memory
 _RETURNS_STATUS = {
+    "paged_decode_attention_bf16",
     "paged_decode_attention",
     "decode_step",
     "gemm_int8_panels",

@@ -340,6 +340,7 @@ class NativeOps(TorchOps):
             v_pool.shape[2],
             ctx.slot_pages.data_ptr(),
             ctx.slot_offsets.data_ptr(),
+            int(k_pool.dtype == torch.bfloat16),
         )
         qkv = qkv.view(t, heads + 2 * kv_heads, d)
         return qkv[:, :heads], qkv[:, heads : heads + kv_heads], qkv[:, heads + kv_heads :]

@@ -16,7 +16,7 @@ from engine import kernel_choice, native
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.ops import PREFILL_ROWS, NativeOps, TorchOps
-from engine.quant import Int8Weight
+from engine.quant import Int8Weight, w8a8_reference
 from engine.runner import ModelRunner
 from gateway.cli import build_parser
 from gateway.policy import EngineSettings
@@ -92,10 +92,13 @@ def test_auto_weights_pack_the_measured_format_and_stay_exact() -> None:
     weight, x = torch.randn(64, 96, generator=gen), torch.randn(5, 96, generator=gen)
     packed = ops.pack_weight(weight, 8)
     fmt = ops.choices["format:64x96x8"]
-    assert fmt in ("fp32", "int8") and ops.formats == {fmt: 1}
-    assert isinstance(packed, Int8Weight) == (fmt == "int8")
-    plain = packed.dequantize() if fmt == "int8" else weight
-    torch.testing.assert_close(ops.linear(x, packed), F.linear(x, plain), rtol=1e-5, atol=1e-4)
+    assert fmt in ("fp32", "int8", "w8a8") and ops.formats == {fmt: 1}
+    assert isinstance(packed, Int8Weight) == (fmt != "fp32")
+    if fmt == "w8a8":
+        want = w8a8_reference(x, packed, None)
+    else:
+        want = F.linear(x, packed.dequantize() if fmt == "int8" else weight)
+    torch.testing.assert_close(ops.linear(x, packed), want, rtol=1e-5, atol=1e-4)
     assert ops.choice_info()["weight_formats"] == f"{fmt}:1"
     # the torch path has no int8 kernel worth choosing: auto is fp32 there
     assert not isinstance(TorchOps("auto").pack_weight(weight, 8), Int8Weight)

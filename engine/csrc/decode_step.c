@@ -34,6 +34,7 @@ typedef struct {
     int64_t int8_path;         /* gemm_int8_panels' path; -1 with fp32 weights */
     int64_t w8a8_path;         /* gemm_w8a8_panels' path */
     int64_t bf16_path;         /* gemm_bf16_panels' path */
+    int64_t kv_bf16;           /* K/V pools in bf16 (else fp32) */
 } DecodeModel;
 
 #define P(l, what) ((float *)(intptr_t)m->layer_ptrs[(l) * PER_LAYER + (what)])
@@ -51,6 +52,20 @@ static int matmul(const DecodeModel *m, float *out, const float *x, const void *
     }
     if (group) return gemm_w8a8_panels(out, x, w, scale, bias, M, N, K, m->w8a8_path);
     return gemm_int8_panels(out, x, w, scale, bias, M, N, K, m->int8_path);
+}
+
+/* decode attention over this model's K/V pools, fp32 or bf16 */
+static int attention(const DecodeModel *m, float *out, const float *q, int64_t q_stride,
+                     const void *k_pool, const void *v_pool, const int32_t *page_table,
+                     int64_t table_width, const int32_t *context_lens, int64_t B) {
+    if (m->kv_bf16)
+        return paged_decode_attention_bf16(out, q, q_stride, k_pool, v_pool, m->page_stride,
+                                           page_table, table_width, context_lens, B, m->heads,
+                                           m->kv_heads, m->head_dim, m->page_size,
+                                           m->attn_scale);
+    return paged_decode_attention(out, q, q_stride, k_pool, v_pool, m->page_stride, page_table,
+                                  table_width, context_lens, B, m->heads, m->kv_heads,
+                                  m->head_dim, m->page_size, m->attn_scale);
 }
 
 /* work: 3 * B * hidden + B * (heads + 2 kv_heads) * head_dim + B * heads * head_dim
@@ -71,11 +86,9 @@ int decode_step(const DecodeModel *m, const int64_t *tokens, const float *cos, c
         failed |= matmul(m, qkv, h, P(l, QKV), P(l, QKV_SCALE), GROUP(l, QKV_GROUP), P(l, QKV_BIAS),
                          B, qkv_width, H);
         rope_store_kv(qkv, cos, sin, B, m->heads, m->kv_heads, D, P(l, K_POOL), P(l, V_POOL),
-                      m->page_stride, m->page_size, slot_pages, slot_offsets);
-        failed |= paged_decode_attention(attn, qkv, qkv_width, P(l, K_POOL), P(l, V_POOL),
-                                         m->page_stride, page_table, table_width, context_lens,
-                                         B, m->heads, m->kv_heads, D, m->page_size,
-                                         m->attn_scale);
+                      m->page_stride, m->page_size, slot_pages, slot_offsets, m->kv_bf16);
+        failed |= attention(m, attn, qkv, qkv_width, P(l, K_POOL), P(l, V_POOL), page_table,
+                            table_width, context_lens, B);
         failed |= matmul(m, x, attn, P(l, O_PROJ), P(l, O_SCALE), GROUP(l, O_GROUP), 0, B, H,
                          m->heads * D);
         add_rms_norm(h, residual, x, P(l, POST_NORM), B, H, m->eps);

@@ -17,8 +17,6 @@
 #include "kernels.h"
 #include "vec.h"
 
-typedef uint32_t uvec __attribute__((vector_size(LANES * sizeof(uint32_t))));
-
 /* one row against one panel pair, x in fp32: each lane's two bf16 become two fp32 */
 static void widen_1(float *out, const float *x, int64_t K, const uint16_t *w0,
                     const float *bias) {
@@ -34,13 +32,6 @@ static void widen_1(float *out, const float *x, int64_t K, const uint16_t *w0,
     }
     store(out, c0 + (bias ? load(bias) : (vec){0}));
     store(out + LANES, c1 + (bias ? load(bias + LANES) : (vec){0}));
-}
-
-static uint16_t to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* NaN */
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
 }
 
 #if defined(__x86_64__)
@@ -83,7 +74,7 @@ int gemm_bf16_panels(float *out, const float *x, const uint16_t *panels, const f
     if (path == 1) {
         uint16_t *xb = malloc(M * K * sizeof(uint16_t));
         if (!xb) return 1;
-        for (int64_t i = 0; i < M * K; i++) xb[i] = to_bf16(x[i]);
+        for (int64_t i = 0; i < M * K; i++) xb[i] = f32_to_bf16(x[i]);
 #pragma omp parallel for schedule(static)
         for (int64_t p = 0; p < pairs; p++) {
             const uint16_t *w = panels + p * pair_elems;
