@@ -172,6 +172,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--quality-only", action="store_true", help="no speed, GEMM or memory runs")
     p.add_argument("--quick", action="store_true", help="(bench/run.py) fewer speed rounds")
     p.add_argument("--memory-only", action="store_true", help="build time and memory only")
+    p.add_argument("--skip-memory", action="store_true", help="no build-time / memory runs")
     p.add_argument("--formats", default=",".join(FORMATS), help="comma-separated; fp32 first")
     return p.parse_args()
 
@@ -185,7 +186,7 @@ def main() -> None:
     if args.quick:
         args.rounds = min(args.rounds, 2)
     skip = args.quality_only
-    memory = {} if skip else measure_memory(args)
+    memory = {} if skip or args.skip_memory else measure_memory(args)
     if args.memory_only:
         return print(json.dumps(memory, indent=2))
     engines = {
