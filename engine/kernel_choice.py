@@ -15,7 +15,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
@@ -67,16 +67,25 @@ def seconds_per_call(fn: Callable[[], object]) -> float:
     return best
 
 
+def known(kind: str, shape: tuple[int, ...], names: Iterable[str]) -> str | None:
+    """The stored winner among these candidate names, or None when it must be measured
+    (never measured, or measured against other candidates: a path came or went)."""
+    names = set(names)
+    with _lock:
+        stored = _stored().get(choice_key(kind, shape))
+    stored = stored if isinstance(stored, dict) else {}
+    same_field = set(stored.get("us", names)) == names
+    return stored["winner"] if stored.get("winner") in names and same_field else None
+
+
 def choose(kind: str, shape: tuple[int, ...], candidates: dict[str, Callable[[], object]]) -> str:
     """The fastest candidate for `kind` at `shape` on this CPU: read from this CPU's
     decision file, or measured now (and stored). One candidate: it, unmeasured."""
     key = choice_key(kind, shape)
+    winner = known(kind, shape, candidates)
+    if winner is not None:
+        return winner
     with _lock:
-        stored = _stored().get(key)
-        stored = stored if isinstance(stored, dict) else {}
-        same_field = set(stored.get("us", candidates)) == set(candidates)
-        if stored.get("winner") in candidates and same_field:  # else a path came or went
-            return stored["winner"]
         if len(candidates) == 1:
             return next(iter(candidates))
         timings = {name: seconds_per_call(fn) for name, fn in candidates.items()}

@@ -28,52 +28,28 @@ from engine import kernel_choice, native
 from engine.attention import AttentionContext, write_kv
 from engine.config import WEIGHT_FORMATS
 from engine.cpu_features import bf16_path, cpu_features, int8_path, w8a8_path
-from engine.quant import (
-    W8A8_GROUP,
-    Int8Weight,
-    quantize_int8,
-    quantize_w8a8,
-    w8a8_reference,
+from engine.packing import (
+    AUTO_FORMATS,
+    K_MULTIPLE,
+    PACKERS,
+    PANEL,
+    Weight,
+    is_bf16,
+    is_panels,
+    plain_shape,
+    unpack_panels,
+    weight_format,
 )
+from engine.quant import Int8Weight, quantize_int8, quantize_w8a8, w8a8_reference
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin) [T, 1, D/2] for the step's positions
 
 _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-_PANEL = 16  # output columns per panel; gemm.c takes them in pairs
 _INT8_PATHS = {"generic": 0, "avx2": 1, "avx512": 2}  # gemm_int8_panels' path argument
 _W8A8_PATHS = {"generic": 0, "avx2": 1, "vnni": 2}  # gemm_w8a8_panels' path argument
 _BF16_PATHS = {"widen": 0, "avx512_bf16": 1}  # gemm_bf16_panels' path argument
 # From this many rows a matmul is a prefill, where panels compete with torch's GEMM
 PREFILL_ROWS = 128
-Weight = torch.Tensor | Int8Weight  # what pack_weight returns
-
-
-def is_panels(weight: Weight | None) -> bool:
-    """True for weights in the C GEMM's panels (fp32 [N / 16, K, 16], bf16 [N / 16, K / 2,
-    16, 2], or int8 panels)."""
-    if isinstance(weight, Int8Weight):
-        return weight.is_panels
-    return weight is not None and weight.dim() == (4 if _is_bf16(weight) else 3)
-
-
-def _is_bf16(weight: Weight) -> bool:
-    return isinstance(weight, torch.Tensor) and weight.dtype == torch.bfloat16
-
-
-def bf16_panels(weight: torch.Tensor) -> torch.Tensor:
-    """weight [N, K] rounded to bf16 (to nearest even), as [N / 16, K / 2, 16, 2]."""
-    n, k = weight.shape
-    w = weight.detach().to(torch.bfloat16).view(n // _PANEL, _PANEL, k // 2, 2)
-    return w.permute(0, 2, 1, 3).contiguous()
-
-
-def unpack_panels(panels: torch.Tensor) -> torch.Tensor:
-    """The plain fp32 [N, K] weight back from NativeOps.pack_weight's fp32 or bf16 panels
-    (exact: a re-layout, and bf16 widened)."""
-    if _is_bf16(panels):
-        p, k2 = panels.shape[:2]
-        return panels.permute(0, 2, 1, 3).reshape(p * _PANEL, k2 * 2).float()
-    return panels.transpose(1, 2).reshape(panels.shape[0] * _PANEL, panels.shape[1])
 
 
 def apply_rope(x: torch.Tensor, rope: Rope) -> torch.Tensor:
@@ -134,7 +110,7 @@ class TorchOps:
             return w8a8_reference(x, weight, bias)
         if isinstance(weight, Int8Weight):  # the reference: fp32 on the dequantized weight
             return F.linear(x, weight.dequantize(), bias)
-        if _is_bf16(weight):  # plain bf16 [N, K]: fp32 maths on the widened weight
+        if is_bf16(weight):  # plain bf16 [N, K]: fp32 maths on the widened weight
             return F.linear(x, weight.float(), bias)
         if _ONEDNN:
             return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
@@ -200,32 +176,35 @@ class NativeOps(TorchOps):
         shape, one stream and a decode batch together; all are within the quality bound
         (bench/precision.py: SmolLM2 int8 +0.41%, w8a8 +0.31% perplexity; bound +0.5%)."""
         n, k = weight.shape
-        if n % (2 * _PANEL) != 0 or (self.weights != "fp32" and self.int8_path == "torch"):
+        if n % (2 * PANEL) != 0 or (self.weights != "fp32" and self.int8_path == "torch"):
             return super().pack_weight(weight, batch_hint)
-        packed: dict[str, Weight] = {}
-        if self.weights in ("fp32", "auto"):
-            packed["fp32"] = weight.view(n // _PANEL, _PANEL, k).transpose(1, 2).contiguous()
-        if self.weights == "bf16" and k % 2 == 0:
-            packed["bf16"] = bf16_panels(weight)
-        if self.weights in ("int8", "auto"):
-            packed["int8"] = quantize_int8(weight, _PANEL)
-        if self.weights in ("w8a8", "auto") and k % W8A8_GROUP == 0:
-            packed["w8a8"] = quantize_w8a8(weight, panels=True)
-        if not packed:  # w8a8 (bf16) with no whole groups (pairs) of k: the torch reference
+        wanted = AUTO_FORMATS if self.weights == "auto" else (self.weights,)
+        names = [f for f in wanted if k % K_MULTIPLE.get(f, 1) == 0]
+        if not names:  # w8a8 (bf16) with no whole groups (pairs) of k: the torch reference
             return super().pack_weight(weight, batch_hint)
-        fmt = next(iter(packed))
-        if len(packed) > 1:
-            xs = [torch.randn(m, k) for m in (1, min(batch_hint, 32))]
-            runs = {f: functools.partial(self._each, xs, w) for f, w in packed.items()}
-            fmt = self._measure("format", (n, k, xs[-1].shape[0]), runs)
-        self.formats[fmt] += 1
-        self._choose_prefill(packed[fmt])
-        return packed[fmt]
+        packed = self._pick_format(weight, names, batch_hint)
+        self.formats[weight_format(packed)] += 1
+        self._choose_prefill(packed)
+        return packed
+
+    def _pick_format(self, weight: torch.Tensor, names: list[str], batch_hint: int) -> Weight:
+        """The one format asked for; else the stored winner, or all packed and timed."""
+        rows = (1, min(batch_hint, 32))
+        shape = (*weight.shape, rows[-1])
+        fmt = names[0] if len(names) == 1 else kernel_choice.known("format", shape, names)
+        if fmt is not None:
+            if len(names) > 1:
+                self.choices[kernel_choice.choice_key("format", shape)] = fmt
+            return PACKERS[fmt](weight)
+        packed = {f: PACKERS[f](weight) for f in names}
+        xs = [torch.randn(m, weight.shape[1]) for m in rows]
+        runs = {f: functools.partial(self._each, xs, w) for f, w in packed.items()}
+        return packed[self._measure("format", shape, runs)]
 
     def _choose_prefill(self, weight: Weight) -> None:
         """Panels or torch (on the unpacked or dequantized weight) for prefill-sized row
         counts of this weight's shape, measured at PREFILL_ROWS."""
-        fmt, (n, k) = _format(weight), _plain_shape(weight)
+        fmt, (n, k) = weight_format(weight), plain_shape(weight)
         x = torch.randn(PREFILL_ROWS, k)
         runs = {
             "panels": functools.partial(self._panels_linear, x, weight),
@@ -249,18 +228,18 @@ class NativeOps(TorchOps):
         if not is_panels(weight):
             return super().linear(x, weight, bias)
         prefill = x.shape[0] >= PREFILL_ROWS and bool(self._prefill_torch)
-        if prefill and (_format(weight), *_plain_shape(weight)) in self._prefill_torch:
+        if prefill and (weight_format(weight), *plain_shape(weight)) in self._prefill_torch:
             return _torch_linear(x, weight, bias)
         return self._panels_linear(x, weight, bias)
 
     def _panels_linear(
         self, x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
-        n, k = _plain_shape(weight)
+        n, k = plain_shape(weight)
         x = x.contiguous()
         out = x.new_empty(x.shape[0], n)
         bias_ptr = None if bias is None else bias.data_ptr()
-        if _is_bf16(weight):
+        if is_bf16(weight):
             args = (out.data_ptr(), x.data_ptr(), weight.data_ptr(), bias_ptr)
             if self.kernels.gemm_bf16_panels(*args, x.shape[0], n, k, self.bf16_code):
                 raise MemoryError("bf16 GEMM: no memory for its buffer")
@@ -344,21 +323,6 @@ class NativeOps(TorchOps):
         )
         qkv = qkv.view(t, heads + 2 * kv_heads, d)
         return qkv[:, :heads], qkv[:, heads : heads + kv_heads], qkv[:, heads + kv_heads :]
-
-
-def _format(weight: Weight) -> str:
-    if isinstance(weight, Int8Weight):
-        return "w8a8" if weight.group else "int8"
-    return "bf16" if _is_bf16(weight) else "fp32"
-
-
-def _plain_shape(panels: Weight) -> tuple[int, int]:
-    """[N, K] of a weight in panels (fp32, int8 or w8a8)."""
-    if isinstance(panels, Int8Weight):
-        return panels.shape
-    if _is_bf16(panels):
-        return panels.shape[0] * _PANEL, panels.shape[1] * 2
-    return panels.shape[0] * _PANEL, panels.shape[1]
 
 
 def _torch_linear(x: torch.Tensor, panels: Weight, bias: torch.Tensor | None = None):
