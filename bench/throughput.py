@@ -39,6 +39,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--skip-vllm", action="store_true")
     p.add_argument("--no-install", action="store_true", help="skip baselines not installed yet")
     p.add_argument(
+        "--weights",
+        default="fp32",
+        help="our engine's weight format (fp32, bf16, int8, w8a8, auto); not fp32: the result"
+        " is written as throughput_<weights>.json",
+    )
+    p.add_argument(
         "--threads",
         type=int,
         default=os.cpu_count() or 2,
@@ -68,7 +74,9 @@ def useful_tokens(items: list[common.ChatItem]) -> int:
 # ---------------------------------------------------------------- ours
 
 
-def run_ours(items: list[common.ChatItem], threads: int, repeats: int) -> dict[str, Any]:
+def run_ours(
+    items: list[common.ChatItem], threads: int, repeats: int, weights: str = "fp32"
+) -> dict[str, Any]:
     """The workload `repeats` times, each on a fresh engine (no prefix-cache carry-over);
     tokens_per_s is the median run."""
     dims = ed.model_dims()
@@ -77,7 +85,9 @@ def run_ours(items: list[common.ChatItem], threads: int, repeats: int) -> dict[s
     runs = []
     for _ in range(repeats):
         engine = ed.make_engine(
-            kv_cache_bytes=max(slots, 4096) * dims.kv_bytes_per_token, num_threads=threads
+            kv_cache_bytes=max(slots, 4096) * dims.kv_bytes_per_token,
+            num_threads=threads,
+            weights=weights,
         )
         ed.warm_up(engine, items[0].prompt_ids)
         cpu = time.process_time()  # every thread of this process: what capacity.py counts
@@ -106,11 +116,15 @@ def median_run(output_tokens: int, runs: list[dict[str, Any]]) -> dict[str, Any]
     return out
 
 
-def decode64_ours(items: list[common.ChatItem], timed_steps: int, threads: int) -> dict[str, Any]:
+def decode64_ours(
+    items: list[common.ChatItem], timed_steps: int, threads: int, weights: str = "fp32"
+) -> dict[str, Any]:
     prompts = batch64_prompts(items)
     dims = ed.model_dims()
     kv_bytes = 64 * 256 * dims.kv_bytes_per_token
-    engine = ed.make_engine(kv_cache_bytes=kv_bytes, max_num_seqs=64, num_threads=threads)
+    engine = ed.make_engine(
+        kv_cache_bytes=kv_bytes, max_num_seqs=64, num_threads=threads, weights=weights
+    )
     ed.warm_up(engine, prompts[0])
     result = ed.decode_rate(engine, prompts, timed_steps)
     del engine
@@ -290,7 +304,9 @@ def main() -> None:
     peaks_before = common.matmul_peaks()
     reason = ed.engine_available()
     load = os.getloadavg()[0]
-    ours_run = {"skipped": reason} if reason else run_ours(items, args.threads, args.repeats)
+    ours_run = (
+        {"skipped": reason} if reason else run_ours(items, args.threads, args.repeats, args.weights)
+    )
     ours = with_load(ours_run, load)
     print(f"ours: {ours}", flush=True)
     load = os.getloadavg()[0]
@@ -303,7 +319,11 @@ def main() -> None:
     load = os.getloadavg()[0]
     vllm = with_load(run_vllm(items, venvs["vllm"], args.threads, args.repeats), load)
     print(f"vLLM CPU: {vllm}", flush=True)
-    d_ours = {"skipped": reason} if reason else decode64_ours(items, timed_steps, args.threads)
+    d_ours = (
+        {"skipped": reason}
+        if reason
+        else decode64_ours(items, timed_steps, args.threads, args.weights)
+    )
     d_hf = decode64_transformers(items, timed_steps)
     peaks_after = common.matmul_peaks()  # best of two: the machine is shared
     peaks = {k: max(v, peaks_after[k]) for k, v in peaks_before.items()}
@@ -318,6 +338,7 @@ def main() -> None:
             "quick": args.quick,
             "threads": args.threads,
             "repeats_ours_and_vllm": args.repeats,
+            "our_weights": args.weights,
         },
         "ours": ours,
         "baselines": {"transformers_static32": hf, "llamacpp_sequential": llamacpp, "vllm": vllm},
@@ -341,7 +362,8 @@ def main() -> None:
         print(f"{key}: {g}")
     print(f"decode@64 peak share: ours {share_ours}, transformers {share_hf}, peak {peak:.0f}")
     print(f"matmul peaks (GFLOP/s): {peaks}")
-    common.write_result("throughput", result)
+    name = "throughput" if args.weights == "fp32" else f"throughput_{args.weights}"
+    common.write_result(name, result)
 
 
 if __name__ == "__main__":

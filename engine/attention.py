@@ -135,9 +135,10 @@ def write_kv(
     v: torch.Tensor,
     ctx: AttentionContext,
 ) -> None:
-    """Store new K/V [T, KVH, D] at their slots (page, offset within the page)."""
-    v_pool[ctx.slot_pages, :, ctx.slot_offsets] = v
-    k_pool.transpose(2, 3)[ctx.slot_pages, :, ctx.slot_offsets] = k
+    """Store new K/V [T, KVH, D] at their slots (page, offset within the page), in the
+    pools' dtype (bf16 pools: rounded to nearest even)."""
+    v_pool[ctx.slot_pages, :, ctx.slot_offsets] = v.to(v_pool.dtype)
+    k_pool.transpose(2, 3)[ctx.slot_pages, :, ctx.slot_offsets] = k.to(k_pool.dtype)
 
 
 def paged_attention(
@@ -175,7 +176,9 @@ def kernel_attention(
         q = q.contiguous()  # each row's heads must be one block; rows may be apart
     b, h, d = q.shape
     _, kvh, page_size, _ = v_pool.shape
-    failed = kernels.paged_decode_attention(
+    bf16 = v_pool.dtype == torch.bfloat16  # kv_dtype bf16: the kernel built for its pages
+    attend = kernels.paged_decode_attention_bf16 if bf16 else kernels.paged_decode_attention
+    failed = attend(
         out.data_ptr(),
         q.data_ptr(),
         q.stride(0),
@@ -207,11 +210,11 @@ def _sdpa(
     """One chunk: q [L, H, D] -> [L, H, D]."""
     if c.start_pos == 0:  # no cached prefix: attend to this chunk's own K/V
         kh, vh = k.transpose(0, 1), v.transpose(0, 1)
-    else:  # gather the pages, head-major [KVH, pages * page_size, D]
+    else:  # gather the pages, head-major [KVH, pages * page_size, D], fp32 (bf16 pools widen)
         kvh, d = v_pool.shape[1], v_pool.shape[3]
         n = c.start_pos + c.size
-        kh = k_pool[c.page_ids].permute(1, 0, 3, 2).reshape(kvh, -1, d)[:, :n]
-        vh = v_pool[c.page_ids].transpose(0, 1).reshape(kvh, -1, d)[:, :n]
+        kh = k_pool[c.page_ids].float().permute(1, 0, 3, 2).reshape(kvh, -1, d)[:, :n]
+        vh = v_pool[c.page_ids].float().transpose(0, 1).reshape(kvh, -1, d)[:, :n]
     # 4-D [1, heads, L, D]: with 3-D inputs SDPA falls back to its math kernel, which
     # materialises L x L scores (4x slower at 2k tokens) instead of flash attention
     qh, kh, vh = q.transpose(0, 1)[None], kh[None], vh[None]

@@ -2,7 +2,8 @@
 
 from dataclasses import dataclass
 
-WEIGHT_FORMATS = ("fp32", "int8")  # EngineConfig.weights
+WEIGHT_FORMATS = ("fp32", "bf16", "int8", "w8a8", "auto")  # EngineConfig.weights
+KV_DTYPES = ("fp32", "bf16")  # EngineConfig.kv_dtype
 
 
 @dataclass
@@ -18,6 +19,12 @@ class EngineConfig:
     max_model_len: int | None = None  # None: the model's context length
     enable_prefix_caching: bool = True
     num_threads: int | None = None  # torch intra-op threads; None leaves torch's default
-    # Projection and LM-head weights: "fp32", or "int8" (requantized at load, one scale
-    # per output row; a quarter of the bytes a decode step streams). engine/quant.py.
+    # Projection and LM-head weights: "fp32", "bf16" (rounded at load: half the bytes;
+    # bf16 dot products with AVX512-BF16), "int8" (requantized at load, one scale
+    # per output row; a quarter of the bytes a decode step streams), "w8a8" (int8 weights
+    # and per-token int8 activations: int8 dot products), or "auto" (the fastest per shape,
+    # measured: engine/kernel_choice.py). engine/quant.py.
     weights: str = "fp32"
+    # K/V pool element type: "fp32", or "bf16" (half the bytes a token's K/V take, so twice
+    # the tokens in kv_cache_bytes; rounded to nearest even when stored).
+    kv_dtype: str = "fp32"

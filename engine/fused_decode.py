@@ -29,7 +29,11 @@ class DecodeModel(ctypes.Structure):
         ("attn_scale", _F32),
         *((name, _PTR) for name in ("layer_ptrs", "embed", "final_norm", "head")),
         ("head_scale", _PTR),
+        ("head_group", _I64),
         ("int8_path", _I64),
+        ("w8a8_path", _I64),
+        ("bf16_path", _I64),
+        ("kv_bf16", _I64),
     ]
 
 
@@ -45,6 +49,14 @@ def _scale_ptr(t: Weight | None) -> int:
     return t.scale.data_ptr() if isinstance(t, Int8Weight) else 0
 
 
+def _group(t: Weight | None) -> int:
+    """decode_step's flag: a w8a8 weight's group (gemm_w8a8_panels), -1 for bf16 panels
+    (gemm_bf16_panels), else 0."""
+    if isinstance(t, Int8Weight):
+        return t.group
+    return -1 if t is not None and t.dtype == torch.bfloat16 else 0
+
+
 class FusedDecode:
     def __init__(
         self,
@@ -57,6 +69,8 @@ class FusedDecode:
         rows = []
         for layer, (k_pool, v_pool) in zip(model.layers, kv_caches, strict=True):
             attn, mlp = layer.self_attn, layer.mlp
+            projections = [p.packed for p in (attn.qkv_proj, attn.o_proj)]
+            projections += [p.packed for p in (mlp.gate_up_proj, mlp.down_proj)]
             rows.append(
                 [
                     _ptr(layer.input_layernorm.weight),
@@ -68,10 +82,8 @@ class FusedDecode:
                     _ptr(mlp.down_proj.packed),
                     _ptr(k_pool),
                     _ptr(v_pool),
-                    _scale_ptr(attn.qkv_proj.packed),
-                    _scale_ptr(attn.o_proj.packed),
-                    _scale_ptr(mlp.gate_up_proj.packed),
-                    _scale_ptr(mlp.down_proj.packed),
+                    *map(_scale_ptr, projections),
+                    *map(_group, projections),
                 ]
             )
         self._layer_ptrs = torch.tensor(rows, dtype=torch.int64)
@@ -94,7 +106,11 @@ class FusedDecode:
             final_norm=model.norm.weight.data_ptr(),
             head=_ptr(model.packed_head),
             head_scale=_scale_ptr(model.packed_head),
+            head_group=_group(model.packed_head),
             int8_path=model.ops.int8_code if isinstance(model.ops, NativeOps) else -1,
+            w8a8_path=model.ops.w8a8_code if isinstance(model.ops, NativeOps) else 0,
+            bf16_path=model.ops.bf16_code if isinstance(model.ops, NativeOps) else 0,
+            kv_bf16=int(kv_caches[0][0].dtype == torch.bfloat16),
         )
 
     @staticmethod

@@ -23,7 +23,16 @@ from engine.cache_files import atomic_path, cache_dir
 log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
-_C_FILES = ("paged_attention.c", "layer_ops.c", "gemm.c", "gemm_int8.c", "decode_step.c")
+_C_FILES = (
+    "paged_attention.c",
+    "paged_attention_bf16.c",
+    "layer_ops.c",
+    "gemm.c",
+    "gemm_int8.c",
+    "gemm_w8a8.c",
+    "gemm_bf16.c",
+    "decode_step.c",
+)
 SOURCES = tuple(CSRC / f for f in _C_FILES)
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
 
@@ -32,15 +41,27 @@ _SIGNATURES = {
     "paged_decode_attention": [_ptr, _ptr, _i64, _ptr, _ptr, _i64, _ptr, _i64, _ptr]
     + [_i64] * 5
     + [_f32],
+    "paged_decode_attention_bf16": [_ptr, _ptr, _i64, _ptr, _ptr, _i64, _ptr, _i64, _ptr]
+    + [_i64] * 5
+    + [_f32],
     "add_rms_norm": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _f32],
     "silu_mul": [_ptr, _ptr, _i64, _i64],
     "decode_step": [_ptr, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr],
     "gemm_panels": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64],
     "gemm_int8_panels": [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64],
-    "rope_store_kv": [_ptr, _ptr, _ptr] + [_i64] * 4 + [_ptr, _ptr, _i64, _i64, _ptr, _ptr],
+    "gemm_w8a8_panels": [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64],
+    "gemm_bf16_panels": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64],
+    "rope_store_kv": [_ptr, _ptr, _ptr] + [_i64] * 4 + [_ptr, _ptr, _i64, _i64, _ptr, _ptr, _i64],
 }
 # these return 0, or 1: out of memory
-_RETURNS_STATUS = {"paged_decode_attention", "decode_step", "gemm_int8_panels"}
+_RETURNS_STATUS = {
+    "paged_decode_attention_bf16",
+    "paged_decode_attention",
+    "decode_step",
+    "gemm_int8_panels",
+    "gemm_w8a8_panels",
+    "gemm_bf16_panels",
+}
 
 
 def enabled() -> bool:
@@ -75,7 +96,7 @@ def _build(compiler: str) -> Path:
     key = hashlib.sha256()
     for src in sorted(CSRC.iterdir()):  # sources and headers
         key.update(src.name.encode() + src.read_bytes())
-    key.update(" ".join((compiler, *FLAGS, _cpu_signature())).encode())
+    key.update(" ".join((compiler, *FLAGS, cpu_signature())).encode())
     target = cache_dir() / "kernels" / f"tiergate_{key.hexdigest()[:16]}.so"
     if target.exists():
         return target
@@ -85,7 +106,7 @@ def _build(compiler: str) -> Path:
     return target
 
 
-def _cpu_signature() -> str:
+def cpu_signature() -> str:
     """-march=native code runs only on CPUs with the same vector units."""
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()

@@ -18,34 +18,38 @@ engine/cpu_features.py picked), or plain int8 with its scales for the torch refe
 """
 
 import ctypes
+import functools
+from collections import Counter
 
 import torch
 import torch.nn.functional as F
 
-from engine import native
+from engine import kernel_choice, native
 from engine.attention import AttentionContext, write_kv
 from engine.config import WEIGHT_FORMATS
-from engine.cpu_features import cpu_features, int8_path
-from engine.quant import Int8Weight, quantize_int8
+from engine.cpu_features import bf16_path, cpu_features, int8_path, w8a8_path
+from engine.packing import (
+    AUTO_FORMATS,
+    K_MULTIPLE,
+    PACKERS,
+    PANEL,
+    Weight,
+    is_bf16,
+    is_panels,
+    plain_shape,
+    unpack_panels,
+    weight_format,
+)
+from engine.quant import Int8Weight, quantize_int8, quantize_w8a8, w8a8_reference
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin) [T, 1, D/2] for the step's positions
 
 _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-_PANEL = 16  # output columns per panel; gemm.c takes them in pairs
 _INT8_PATHS = {"generic": 0, "avx2": 1, "avx512": 2}  # gemm_int8_panels' path argument
-Weight = torch.Tensor | Int8Weight  # what pack_weight returns
-
-
-def is_panels(weight: Weight | None) -> bool:
-    """True for weights in the C GEMM's panels (fp32 [N / 16, K, 16], or int8 panels)."""
-    if isinstance(weight, Int8Weight):
-        return weight.is_panels
-    return weight is not None and weight.dim() == 3
-
-
-def unpack_panels(panels: torch.Tensor) -> torch.Tensor:
-    """The plain [N, K] weight back from NativeOps.pack_weight's panels (exact: a re-layout)."""
-    return panels.transpose(1, 2).reshape(panels.shape[0] * _PANEL, panels.shape[1])
+_W8A8_PATHS = {"generic": 0, "avx2": 1, "vnni": 2}  # gemm_w8a8_panels' path argument
+_BF16_PATHS = {"widen": 0, "avx512_bf16": 1}  # gemm_bf16_panels' path argument
+# From this many rows a matmul is a prefill, where panels compete with torch's GEMM
+PREFILL_ROWS = 128
 
 
 def apply_rope(x: torch.Tensor, rope: Rope) -> torch.Tensor:
@@ -59,18 +63,41 @@ class TorchOps:
     """torch ops only: the fallback and the reference the C kernels are tested against."""
 
     kernels: ctypes.CDLL | None = None  # the C library, for attention and fused decode
-    int8_path: str = "torch"  # where int8 weights are multiplied
+    # where int8, w8a8 and bf16 weights are multiplied
+    int8_path = w8a8_path = bf16_path = "torch"
 
     def __init__(self, weights: str = "fp32") -> None:
         if weights not in WEIGHT_FORMATS:
             raise ValueError(f"weights must be one of {WEIGHT_FORMATS}, not {weights!r}")
         self.weights = weights
+        self.formats: Counter[str] = Counter()  # weights packed per format
+        self.choices: dict[str, str] = {}  # measured decisions taken (kernel_choice key)
+
+    def choice_info(self) -> dict[str, str]:
+        """For the start-up log and /metrics: each weight format's kernel path ("none":
+        unused), formats packed, and what won each measured comparison, counted per kind
+        ("prefill_fp32=panels:5")."""
+        wins = Counter(f"{k.split(':')[0]}={w}" for k, w in self.choices.items())
+        used = ("int8", "w8a8", "bf16")
+        paths = {
+            f"{f}_path": getattr(self, f"{f}_path") if self.formats[f] else "none" for f in used
+        }
+        return paths | {
+            "weight_formats": _counts(self.formats),
+            "measured": _counts(wins),
+        }
 
     def pack_weight(self, weight: torch.Tensor, batch_hint: int) -> Weight:
         """weight [N, K] in the layout `linear` runs fastest on: oneDNN's blocked layout
-        where torch has it, else the weight itself; int8 weights: plain int8 + scales."""
+        where torch has it, else the weight itself; int8 weights: plain int8 + scales.
+        "auto" is fp32 here: int8 on this path is only the reference, and slower."""
+        self.formats["fp32" if self.weights == "auto" else self.weights] += 1
         if self.weights == "int8":
             return quantize_int8(weight)
+        if self.weights == "w8a8":
+            return quantize_w8a8(weight, panels=False)
+        if self.weights == "bf16":
+            return weight.detach().to(torch.bfloat16)
         if _ONEDNN:
             return torch.ops.mkldnn._reorder_linear_weight(weight, batch_hint)
         return weight
@@ -79,8 +106,12 @@ class TorchOps:
         self, x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
         """x [M, K] @ weight.T (+ bias); weight as pack_weight returned it (or plain)."""
+        if isinstance(weight, Int8Weight) and weight.group:
+            return w8a8_reference(x, weight, bias)
         if isinstance(weight, Int8Weight):  # the reference: fp32 on the dequantized weight
             return F.linear(x, weight.dequantize(), bias)
+        if is_bf16(weight):  # plain bf16 [N, K]: fp32 maths on the widened weight
+            return F.linear(x, weight.float(), bias)
         if _ONEDNN:
             return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
         return F.linear(x, weight, bias)
@@ -122,45 +153,123 @@ class NativeOps(TorchOps):
     """The C kernels; torch's oneDNN matmul for weights whose width does not fit panels."""
 
     def __init__(
-        self, kernels: ctypes.CDLL, weights: str = "fp32", int8_path: str | None = None
+        self,
+        kernels: ctypes.CDLL,
+        weights: str = "fp32",
+        int8_path: str | None = None,
+        w8a8_path: str | None = None,
+        bf16_path: str | None = None,
     ) -> None:
         """int8_path: "avx512", "avx2", "generic" (portable C) or "torch" (the reference);
+        w8a8_path: "vnni", "avx2" or "generic"; bf16_path: "avx512_bf16" or "widen";
         None: the best this CPU has (engine/cpu_features.py)."""
         super().__init__(weights)
         self.kernels = kernels
         self.int8_path = int8_path or _best_int8_path()
+        self.w8a8_path = w8a8_path or _best_w8a8_path()
+        self.bf16_path = bf16_path or _best_bf16_path()
+        self._prefill_torch: set[tuple[str, int, int]] = set()  # (format, N, K) torch won
 
     def pack_weight(self, weight: torch.Tensor, batch_hint: int) -> Weight:
-        """C GEMM panels [N / 16, K, 16] (3-D) when N is a whole number of panel pairs."""
+        """C GEMM panels [N / 16, K, 16] (3-D) when N is a whole number of panel pairs.
+        weights "auto": the format (fp32, int8 or w8a8 panels) measured fastest at this
+        shape, one stream and a decode batch together; all are within the quality bound
+        (bench/precision.py: SmolLM2 int8 +0.41%, w8a8 +0.31% perplexity; bound +0.5%)."""
         n, k = weight.shape
-        if n % (2 * _PANEL) != 0 or (self.weights == "int8" and self.int8_path == "torch"):
+        if n % (2 * PANEL) != 0 or (self.weights != "fp32" and self.int8_path == "torch"):
             return super().pack_weight(weight, batch_hint)
-        if self.weights == "int8":
-            return quantize_int8(weight, _PANEL)
-        return weight.view(n // _PANEL, _PANEL, k).transpose(1, 2).contiguous()
+        wanted = AUTO_FORMATS if self.weights == "auto" else (self.weights,)
+        names = [f for f in wanted if k % K_MULTIPLE.get(f, 1) == 0]
+        if not names:  # w8a8 (bf16) with no whole groups (pairs) of k: the torch reference
+            return super().pack_weight(weight, batch_hint)
+        packed = self._pick_format(weight, names, batch_hint)
+        self.formats[weight_format(packed)] += 1
+        self._choose_prefill(packed)
+        return packed
+
+    def _pick_format(self, weight: torch.Tensor, names: list[str], batch_hint: int) -> Weight:
+        """The one format asked for; else the stored winner, or all packed and timed."""
+        rows = (1, min(batch_hint, 32))
+        shape = (*weight.shape, rows[-1])
+        fmt = names[0] if len(names) == 1 else kernel_choice.known("format", shape, names)
+        if fmt is not None:
+            if len(names) > 1:
+                self.choices[kernel_choice.choice_key("format", shape)] = fmt
+            return PACKERS[fmt](weight)
+        packed = {f: PACKERS[f](weight) for f in names}
+        xs = [torch.randn(m, weight.shape[1]) for m in rows]
+        runs = {f: functools.partial(self._each, xs, w) for f, w in packed.items()}
+        return packed[self._measure("format", shape, runs)]
+
+    def _choose_prefill(self, weight: Weight) -> None:
+        """Panels or torch (on the unpacked or dequantized weight) for prefill-sized row
+        counts of this weight's shape, measured at PREFILL_ROWS."""
+        fmt, (n, k) = weight_format(weight), plain_shape(weight)
+        x = torch.randn(PREFILL_ROWS, k)
+        runs = {
+            "panels": functools.partial(self._panels_linear, x, weight),
+            "torch": functools.partial(_torch_linear, x, weight),
+        }
+        if self._measure(f"prefill_{fmt}", (n, k), runs) == "torch":
+            self._prefill_torch.add((fmt, n, k))
+
+    def _measure(self, kind: str, shape: tuple[int, ...], runs: dict) -> str:
+        winner = kernel_choice.choose(kind, shape, runs)
+        self.choices[kernel_choice.choice_key(kind, shape)] = winner
+        return winner
+
+    def _each(self, xs: list[torch.Tensor], weight: Weight) -> None:
+        for x in xs:
+            self._panels_linear(x, weight)
 
     def linear(
         self, x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
         if not is_panels(weight):
             return super().linear(x, weight, bias)
-        q = weight.q if isinstance(weight, Int8Weight) else weight
-        panels, k = q.shape[0], q.shape[1]
+        prefill = x.shape[0] >= PREFILL_ROWS and bool(self._prefill_torch)
+        if prefill and (weight_format(weight), *plain_shape(weight)) in self._prefill_torch:
+            return _torch_linear(x, weight, bias)
+        return self._panels_linear(x, weight, bias)
+
+    def _panels_linear(
+        self, x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        n, k = plain_shape(weight)
         x = x.contiguous()
-        out = x.new_empty(x.shape[0], panels * _PANEL)
+        out = x.new_empty(x.shape[0], n)
         bias_ptr = None if bias is None else bias.data_ptr()
-        args = (out.data_ptr(), x.data_ptr(), q.data_ptr())
+        if is_bf16(weight):
+            args = (out.data_ptr(), x.data_ptr(), weight.data_ptr(), bias_ptr)
+            if self.kernels.gemm_bf16_panels(*args, x.shape[0], n, k, self.bf16_code):
+                raise MemoryError("bf16 GEMM: no memory for its buffer")
+            return out
         if not isinstance(weight, Int8Weight):
-            self.kernels.gemm_panels(*args, bias_ptr, x.shape[0], out.shape[1], k)
-        elif self.kernels.gemm_int8_panels(
-            *args, weight.scale.data_ptr(), bias_ptr, x.shape[0], out.shape[1], k, self.int8_code
-        ):
-            raise MemoryError("gemm_int8_panels: no memory for its widening buffer")
+            args = (out.data_ptr(), x.data_ptr(), weight.data_ptr(), bias_ptr)
+            self.kernels.gemm_panels(*args, x.shape[0], n, k)
+            return out
+        args = (out.data_ptr(), x.data_ptr(), weight.q.data_ptr(), weight.scale.data_ptr())
+        gemm, path = (
+            (self.kernels.gemm_w8a8_panels, self.w8a8_code)
+            if weight.group
+            else (self.kernels.gemm_int8_panels, self.int8_code)
+        )
+        failed = gemm(*args, bias_ptr, x.shape[0], n, k, path)
+        if failed:
+            raise MemoryError("int8 GEMM: no memory for its buffer")
         return out
 
     @property
     def int8_code(self) -> int:
         return _INT8_PATHS[self.int8_path]
+
+    @property
+    def w8a8_code(self) -> int:
+        return _W8A8_PATHS[self.w8a8_path]
+
+    @property
+    def bf16_code(self) -> int:
+        return _BF16_PATHS[self.bf16_path]
 
     def add_rms_norm(
         self, residual: torch.Tensor, x: torch.Tensor | None, weight: torch.Tensor, eps: float
@@ -210,9 +319,30 @@ class NativeOps(TorchOps):
             v_pool.shape[2],
             ctx.slot_pages.data_ptr(),
             ctx.slot_offsets.data_ptr(),
+            int(k_pool.dtype == torch.bfloat16),
         )
         qkv = qkv.view(t, heads + 2 * kv_heads, d)
         return qkv[:, :heads], qkv[:, heads : heads + kv_heads], qkv[:, heads + kv_heads :]
+
+
+def _torch_linear(x: torch.Tensor, panels: Weight, bias: torch.Tensor | None = None):
+    """torch's GEMM on the plain weight rebuilt from panels, per call: at prefill sizes
+    the re-layout (or dequantizing) costs a few % of the GEMM, and the choice measured it."""
+    plain = panels.dequantize() if isinstance(panels, Int8Weight) else unpack_panels(panels)
+    return F.linear(x, plain, bias)
+
+
+def _counts(counter: Counter[str]) -> str:
+    """ "a:3,b:1" (sorted; "none" when empty): one label value for the kernel-info gauge."""
+    return ",".join(f"{name}:{n}" for name, n in sorted(counter.items())) or "none"
+
+
+def _best_bf16_path() -> str:
+    return bf16_path(cpu_features())
+
+
+def _best_w8a8_path() -> str:
+    return w8a8_path(cpu_features())
 
 
 def _best_int8_path() -> str:

@@ -6,7 +6,7 @@ import torch
 
 from engine.attention import build_context, new_kv_pools
 from engine.batch import SeqChunk
-from engine.config import EngineConfig
+from engine.config import KV_DTYPES, EngineConfig
 from engine.cpu_features import cpu_features
 from engine.fused_decode import FusedDecode
 from engine.grammar import mask_logits
@@ -40,14 +40,17 @@ class ModelRunner:
             config.max_model_len or self.model_config.max_position,
             self.model_config.max_position,  # rope table and training length end here
         )
+        if config.kv_dtype not in KV_DTYPES:
+            raise ValueError(f"kv_dtype must be one of {KV_DTYPES}, not {config.kv_dtype!r}")
+        self.kv_dtype = torch.bfloat16 if config.kv_dtype == "bf16" else _DTYPE
         self.num_pages = config.kv_cache_bytes // self.bytes_per_page(
-            self.model_config, self.page_size
+            self.model_config, self.page_size, config.kv_dtype
         )
         if self.num_pages < 1:
             raise ValueError("kv_cache_bytes is smaller than one KV page")
         c = self.model_config
         self.kv_caches = [
-            new_kv_pools(self.num_pages, self.page_size, c.num_kv_heads, c.head_dim, _DTYPE)
+            new_kv_pools(self.num_pages, self.page_size, c.num_kv_heads, c.head_dim, self.kv_dtype)
             for _ in range(c.num_layers)
         ]
         self._scratch = torch.empty(0)  # fused decode's, kept: a fresh one per step page-faults
@@ -58,20 +61,22 @@ class ModelRunner:
         )
 
     def kernel_info(self) -> dict[str, str]:
-        """What runs this model: ops, weight format, int8 path, fused decode, CPU features."""
+        """What runs this model: ops, weight format, fused decode, KV dtype, each format's kernel
+        path and measured choices, CPU features."""
         info = {
             "ops": "native" if isinstance(self.ops, NativeOps) else "torch",
             "weights": self.config.weights,
-            "int8_path": self.ops.int8_path if self.config.weights == "int8" else "none",
             "fused_decode": str(self.fused is not None).lower(),
+            "kv_dtype": self.config.kv_dtype,
         }
+        info |= self.ops.choice_info()  # each format's path, formats packed, measured choices
         return info | {k: str(v).lower() for k, v in cpu_features().items()}
 
     @staticmethod
-    def bytes_per_page(model_config: ModelConfig, page_size: int) -> int:
+    def bytes_per_page(model_config: ModelConfig, page_size: int, kv_dtype: str = "fp32") -> int:
         """K and V of all layers for page_size tokens."""
         per_token = 2 * model_config.num_layers * model_config.num_kv_heads * model_config.head_dim
-        return per_token * page_size * _DTYPE.itemsize
+        return per_token * page_size * (2 if kv_dtype == "bf16" else 4)
 
     @torch.inference_mode()
     def execute(self, chunks: list[SeqChunk]) -> list[int | None]:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from engine.config import WEIGHT_FORMATS
+from engine.config import KV_DTYPES, WEIGHT_FORMATS
 from engine.entrypoints.body_limit import DEFAULT_MAX_BODY_BYTES
 from gateway.policy import EngineSettings, PolicyError, ServerSettings, key_digest, load_policy
 
@@ -119,6 +119,7 @@ def engine(args: argparse.Namespace) -> int:
             enable_prefix_caching=not args.no_prefix_caching,
             num_threads=args.threads,
             weights=args.weights,
+            kv_dtype=args.kv_dtype,
         )
     except ValidationError as exc:
         print(f"tiergate engine: {_flag_errors(exc)}", file=sys.stderr)
@@ -215,7 +216,13 @@ def _add_engine_tuning(p: argparse.ArgumentParser) -> None:
         "--weights",
         choices=WEIGHT_FORMATS,
         default=defaults.weights,
-        help="projection weights: fp32, or int8 requantized at load (per-row scales)",
+        help="projection weights: fp32, bf16, int8, w8a8 (int8 activations too), auto",
+    )
+    p.add_argument(
+        "--kv-dtype",
+        choices=KV_DTYPES,
+        default=defaults.kv_dtype,
+        help="K/V cache element type: fp32, or bf16 (twice the tokens per KV budget)",
     )
 
 

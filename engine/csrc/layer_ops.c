@@ -59,11 +59,12 @@ void silu_mul(float *out, const float *gate_up, int64_t rows, int64_t inter) {
    step's cos, sin [rows, head_dim / 2]) and store each token's K and V in its KV page.
    qkv rows: [q (heads * head_dim) | k (kv_heads * head_dim) | v (kv_heads * head_dim)].
    Page layout as in paged_attention.c: K [kv_heads, head_dim, page_size] at k_pool +
-   page * page_stride, V [kv_heads, page_size, head_dim] at v_pool + page * page_stride. */
+   page * page_stride, V [kv_heads, page_size, head_dim] at v_pool + page * page_stride;
+   fp32 pools, or bf16 ones (kv_bf16: values rounded to nearest even, strides in bf16). */
 void rope_store_kv(float *qkv, const float *cos, const float *sin, int64_t rows, int64_t heads,
-                   int64_t kv_heads, int64_t head_dim, float *k_pool, float *v_pool,
+                   int64_t kv_heads, int64_t head_dim, void *k_pool, void *v_pool,
                    int64_t page_stride, int64_t page_size, const int64_t *slot_pages,
-                   const int64_t *slot_offsets) {
+                   const int64_t *slot_offsets, int64_t kv_bf16) {
     const int64_t half = head_dim / 2, width = (heads + 2 * kv_heads) * head_dim;
 #pragma omp parallel for if (rows * width >= PARALLEL_FLOATS)
     for (int64_t t = 0; t < rows; t++) {
@@ -78,13 +79,18 @@ void rope_store_kv(float *qkv, const float *cos, const float *sin, int64_t rows,
             }
         }
         const float *k = row + heads * head_dim, *v = k + kv_heads * head_dim;
-        float *k_page = k_pool + slot_pages[t] * page_stride;
-        float *v_page = v_pool + slot_pages[t] * page_stride;
-        const int64_t at = slot_offsets[t];
+        const int64_t at = slot_offsets[t], page = slot_pages[t] * page_stride;
         for (int64_t h = 0; h < kv_heads; h++)
             for (int64_t d = 0; d < head_dim; d++) {
-                k_page[(h * head_dim + d) * page_size + at] = k[h * head_dim + d];
-                v_page[(h * page_size + at) * head_dim + d] = v[h * head_dim + d];
+                const int64_t ki = page + (h * head_dim + d) * page_size + at;
+                const int64_t vi = page + (h * page_size + at) * head_dim + d;
+                if (kv_bf16) {
+                    ((uint16_t *)k_pool)[ki] = f32_to_bf16(k[h * head_dim + d]);
+                    ((uint16_t *)v_pool)[vi] = f32_to_bf16(v[h * head_dim + d]);
+                } else {
+                    ((float *)k_pool)[ki] = k[h * head_dim + d];
+                    ((float *)v_pool)[vi] = v[h * head_dim + d];
+                }
             }
     }
 }

@@ -18,6 +18,30 @@ static inline vec load(const float *p) {
 
 static inline void store(float *p, vec v) { memcpy(p, &v, sizeof v); }
 
+/* bf16 (the top half of an fp32): widening is exact; narrowing rounds to nearest even */
+typedef uint16_t bf16x16 __attribute__((vector_size(LANES * sizeof(uint16_t))));
+typedef uint32_t uvec __attribute__((vector_size(LANES * sizeof(uint32_t))));
+
+static inline vec load_bf16(const uint16_t *p) {
+    bf16x16 h;
+    memcpy(&h, p, sizeof h);
+    return (vec)(__builtin_convertvector(h, uvec) << 16);
+}
+
+static inline float bf16_to_f32(uint16_t h) {
+    const uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* NaN */
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+
 /* every lane x: one vbroadcastss ("(vec){0} + x" costs a scalar add first); LANES == 16 */
 static inline vec splat(float x) { return (vec){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
 

@@ -13,7 +13,7 @@ from pydantic import (
     model_validator,
 )
 
-from engine.config import WEIGHT_FORMATS, EngineConfig
+from engine.config import KV_DTYPES, WEIGHT_FORMATS, EngineConfig
 from engine.entrypoints.body_limit import DEFAULT_MAX_BODY_BYTES
 from gateway.policy.common import StrictModel, between_0_and_1, not_negative, positive
 
@@ -222,6 +222,7 @@ class EngineSettings(StrictModel):
     enable_prefix_caching: bool = _ENGINE.enable_prefix_caching
     num_threads: int | None = _ENGINE.num_threads
     weights: Literal[WEIGHT_FORMATS] = _ENGINE.weights  # projection / LM-head weights
+    kv_dtype: Literal[KV_DTYPES] = _ENGINE.kv_dtype  # K/V pool element type
 
     _check_positive = field_validator(
         "kv_cache_mb",
