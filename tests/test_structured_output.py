@@ -370,7 +370,6 @@ def test_remote_tiers_get_response_format_as_sent(
 # ------------------------------------------------------------------------ Qwen2.5
 
 
-@pytest.mark.slow  # a 0.5B model on CPU
 def test_qwen_writes_forced_calls_with_its_own_tag_tokens(one_torch_thread: None) -> None:
     name = "qwen2.5-coder-0.5b"
     engine = AsyncEngine(EngineConfig(model=name, kv_cache_bytes=64 << 20, num_threads=1))

@@ -12,8 +12,6 @@ from engine.config import EngineConfig
 from engine.entrypoints.server import create_engine_app
 from tests.servers import run_uvicorn, running_engine
 
-pytestmark = pytest.mark.slow  # a 0.5B model on CPU: about ten seconds per answer
-
 NAME = "qwen2.5-coder-0.5b"
 TOOLS: list[Any] = [
     {
