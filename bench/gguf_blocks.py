@@ -27,6 +27,26 @@ def build(model: str, weights: str, keep_blocks: bool) -> object:
         engine.weights.BLOCK_FORMATS = kept
 
 
+def int8_activations(e: object) -> object:
+    """The fp32 engine (the file's weights exactly, whatever their block type) with each
+    matmul's input rounded as w8a8 rounds it: what a w4a8 kernel on kept Q4_0 / Q4_1
+    blocks would compute, measured before writing one."""
+    import torch
+
+    from engine.quant import W8A8_GROUP, quantize_rows
+
+    ops = e.runner.ops
+    linear = ops.linear
+
+    def rounded(x: torch.Tensor, weight: object, bias: torch.Tensor | None = None) -> object:
+        if x.shape[1] % W8A8_GROUP == 0:
+            x = quantize_rows(x, W8A8_GROUP)
+        return linear(x, weight, bias)
+
+    ops.linear = rounded
+    return e
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--model", default="qwen2.5-coder-0.5b")
@@ -37,9 +57,11 @@ def main() -> None:
     torch.set_num_threads(1)
     runs = {"fp32": ("fp32", True), "w8a8_file_blocks": ("w8a8", True)}
     runs["w8a8_requantized"] = ("w8a8", False)
+    runs["fp32_weights_int8_activations"] = ("fp32", True)
     quality, ids, ref_top1 = {}, None, None
     for name, (weights, keep) in runs.items():
         e = build(args.model, weights, keep)
+        e = int8_activations(e) if name == "fp32_weights_int8_activations" else e
         ids = ids or e.tokenizer.encode(precision.ppl_text(args.ppl_chars))
         ppl, top1 = precision.perplexity(e.runner, ids)
         ref_top1 = ref_top1 or top1

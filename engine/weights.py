@@ -137,6 +137,8 @@ def _gguf_blocks(path: Path, config: ModelConfig) -> dict[str, Int8Weight]:
 
     kept = {}
     for t in GGUFReader(path).tensors:
+        if t.name == "token_embd.weight" and not config.tie_embeddings:
+            continue  # only a tied LM head multiplies by the embedding
         blocks = int8_blocks(t.data, t.tensor_type)
         if blocks is not None:
             q, scale = (torch.from_numpy(np.array(_oriented(b, t.name, config))) for b in blocks)
