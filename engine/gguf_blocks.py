@@ -11,7 +11,6 @@ fused projections (q|k|v, gate|up: rows concatenated) keep every block whole.
 import numpy as np
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-from gguf.quants import dequantize
 
 from engine.models.llama import Linear, LlamaForCausalLM
 from engine.quant import W8A8_GROUP, Int8Weight
@@ -34,12 +33,19 @@ def int8_blocks(
     assert block == W8A8_GROUP
     rows, raw = data.shape[0], np.ascontiguousarray(data).reshape(-1, size)
     scale = raw[:, :2].copy().view(np.float16).astype(np.float32)  # every kept type starts so
-    if qtype == GGMLQuantizationType.Q8_0:
-        q = raw[:, 2:].copy().view(np.int8)
-    else:  # 4 or 5 bits packed: dequantized = q * d exactly in fp32, so the quotient is q
-        w = dequantize(raw, qtype).reshape(-1, block)
-        q = np.rint(w / np.where(scale == 0, 1, scale)).astype(np.int8)
+    q = raw[:, 2:].copy().view(np.int8) if qtype == GGMLQuantizationType.Q8_0 else _nibbles(raw)
     return q.reshape(rows, -1), scale.reshape(rows, -1)
+
+
+def _nibbles(raw: np.ndarray) -> np.ndarray:
+    """Q4_0 / Q5_0 blocks' signed values: 16 bytes of nibbles (values 0-15 low, 16-31
+    high), Q5_0 with a fifth bit per value in 4 bytes before them; offset 8 (16)."""
+    qs = raw[:, -16:]
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=1)
+    if raw.shape[1] == 16 + 2:  # Q4_0
+        return (q.astype(np.int16) - 8).astype(np.int8)
+    high = raw[:, 2:6].copy().view("<u4") >> np.arange(32, dtype=np.uint32) & 1
+    return ((q | (high.astype(np.uint8) << 4)).astype(np.int16) - 16).astype(np.int8)
 
 
 def attach_blocks(model: LlamaForCausalLM, blocks: dict[str, Int8Weight]) -> int:

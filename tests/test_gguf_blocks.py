@@ -13,6 +13,7 @@ import transformers
 from gguf import GGMLQuantizationType as QT
 from gguf.quants import dequantize, quantize
 
+from engine import weights
 from engine.gguf_blocks import int8_blocks
 from engine.model_registry import resolve_model
 from engine.models.llama import Linear
@@ -109,3 +110,8 @@ def _check_w8a8_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tied: boo
     assert not torch.equal(got, want)  # int8 activations really in use
     assert torch.cosine_similarity(got, want, dim=1).min() > 0.995
     assert ((got - want).abs().max() / want.abs().max()) < 0.05
+    # a second start maps the cached blocks: no GGUF parse, the same panels
+    monkeypatch.setattr(weights, "_gguf_blocks", None)  # called: a TypeError
+    _, again = load_model(resolved, select_ops("w8a8"))
+    again.pack_weights(batch_hint=8)
+    assert torch.equal(one_pass_logits(again, IDS, 4), got)
