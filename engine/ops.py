@@ -40,7 +40,13 @@ from engine.packing import (
     unpack_panels,
     weight_format,
 )
-from engine.quant import Int8Weight, quantize_int8, quantize_w8a8, w8a8_reference
+from engine.quant import (
+    Int8Weight,
+    quantize_int8,
+    quantize_w8a8,
+    w8a8_panels,
+    w8a8_reference,
+)
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin) [T, 1, D/2] for the step's positions
 
@@ -87,15 +93,19 @@ class TorchOps:
             "measured": _counts(wins),
         }
 
-    def pack_weight(self, weight: torch.Tensor, batch_hint: int) -> Weight:
+    def pack_weight(
+        self, weight: torch.Tensor, batch_hint: int, blocks: Int8Weight | None = None
+    ) -> Weight:
         """weight [N, K] in the layout `linear` runs fastest on: oneDNN's blocked layout
         where torch has it, else the weight itself; int8 weights: plain int8 + scales.
-        "auto" is fp32 here: int8 on this path is only the reference, and slower."""
+        "auto" is fp32 here: int8 on this path is only the reference, and slower.
+        blocks: the same weight as the GGUF's own int8 blocks (plain w8a8, exactly
+        `weight`), which w8a8 then uses instead of requantizing."""
         self.formats["fp32" if self.weights == "auto" else self.weights] += 1
         if self.weights == "int8":
             return quantize_int8(weight)
         if self.weights == "w8a8":
-            return quantize_w8a8(weight, panels=False)
+            return blocks if blocks is not None else quantize_w8a8(weight, panels=False)
         if self.weights == "bf16":
             return weight.detach().to(torch.bfloat16)
         if _ONEDNN:
@@ -170,24 +180,29 @@ class NativeOps(TorchOps):
         self.bf16_path = bf16_path or _best_bf16_path()
         self._prefill_torch: set[tuple[str, int, int]] = set()  # (format, N, K) torch won
 
-    def pack_weight(self, weight: torch.Tensor, batch_hint: int) -> Weight:
+    def pack_weight(
+        self, weight: torch.Tensor, batch_hint: int, blocks: Int8Weight | None = None
+    ) -> Weight:
         """C GEMM panels [N / 16, K, 16] (3-D) when N is a whole number of panel pairs.
         weights "auto": the format (fp32, int8 or w8a8 panels) measured fastest at this
         shape, one stream and a decode batch together; all are within the quality bound
-        (bench/precision.py: SmolLM2 int8 +0.41%, w8a8 +0.31% perplexity; bound +0.5%)."""
+        (bench/precision.py: SmolLM2 int8 +0.41%, w8a8 +0.31% perplexity; bound +0.5%).
+        blocks: as TorchOps.pack_weight's, re-laid into w8a8 panels."""
         n, k = weight.shape
         if n % (2 * PANEL) != 0 or (self.weights != "fp32" and self.int8_path == "torch"):
-            return super().pack_weight(weight, batch_hint)
+            return super().pack_weight(weight, batch_hint, blocks)
         wanted = AUTO_FORMATS if self.weights == "auto" else (self.weights,)
         names = [f for f in wanted if k % K_MULTIPLE.get(f, 1) == 0]
         if not names:  # w8a8 (bf16) with no whole groups (pairs) of k: the torch reference
-            return super().pack_weight(weight, batch_hint)
-        packed = self._pick_format(weight, names, batch_hint)
+            return super().pack_weight(weight, batch_hint, blocks)
+        packed = self._pick_format(weight, names, batch_hint, blocks)
         self.formats[weight_format(packed)] += 1
         self._choose_prefill(packed)
         return packed
 
-    def _pick_format(self, weight: torch.Tensor, names: list[str], batch_hint: int) -> Weight:
+    def _pick_format(
+        self, weight: torch.Tensor, names: list[str], batch_hint: int, blocks: Int8Weight | None
+    ) -> Weight:
         """The one format asked for; else the stored winner, or all packed and timed."""
         rows = (1, min(batch_hint, 32))
         shape = (*weight.shape, rows[-1])
@@ -195,8 +210,8 @@ class NativeOps(TorchOps):
         if fmt is not None:
             if len(names) > 1:
                 self.choices[kernel_choice.choice_key("format", shape)] = fmt
-            return PACKERS[fmt](weight)
-        packed = {f: PACKERS[f](weight) for f in names}
+            return _packed(fmt, weight, blocks)
+        packed = {f: _packed(f, weight, blocks) for f in names}
         xs = [torch.randn(m, weight.shape[1]) for m in rows]
         runs = {f: functools.partial(self._each, xs, w) for f, w in packed.items()}
         return packed[self._measure("format", shape, runs)]
@@ -323,6 +338,13 @@ class NativeOps(TorchOps):
         )
         qkv = qkv.view(t, heads + 2 * kv_heads, d)
         return qkv[:, :heads], qkv[:, heads : heads + kv_heads], qkv[:, heads + kv_heads :]
+
+
+def _packed(fmt: str, weight: torch.Tensor, blocks: Int8Weight | None) -> Weight:
+    """weight in fmt's panels; w8a8 from the file's own blocks when there are some."""
+    if fmt == "w8a8" and blocks is not None:
+        return w8a8_panels(blocks)
+    return PACKERS[fmt](weight)
 
 
 def _torch_linear(x: torch.Tensor, panels: Weight, bias: torch.Tensor | None = None):

@@ -50,14 +50,18 @@ class Int8Weight:
             return q.transpose(1, 2).reshape(q.shape[0] * q.shape[2], q.shape[1])
         return q
 
+    def plain_scale(self) -> torch.Tensor:
+        """The scales as [N] (one per row) or, w8a8, [N, K / group]."""
+        scale = self.scale
+        if scale.dim() == 3:  # [N / 16, K / group, 16] -> [N, K / group]
+            scale = scale.transpose(1, 2).reshape(-1, scale.shape[1])
+        return scale
+
     def dequantize(self) -> torch.Tensor:
         """The fp32 [N, K] weight these int8 values stand for."""
         if not self.group:
             return self.plain_q().float() * self.scale[:, None]
-        scale = self.scale
-        if scale.dim() == 3:  # [N / 16, K / group, 16] -> [N, K / group]
-            scale = scale.transpose(1, 2).reshape(-1, scale.shape[1])
-        return self.plain_q().float() * scale.repeat_interleave(self.group, dim=1)
+        return self.plain_q().float() * self.plain_scale().repeat_interleave(self.group, dim=1)
 
 
 def quantize_int8(weight: torch.Tensor, panel: int | None = None) -> Int8Weight:
@@ -83,10 +87,17 @@ def quantize_w8a8(weight: torch.Tensor, panels: bool) -> Int8Weight:
     scale = g.abs().amax(dim=2) / 127.0
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
     q = torch.div(g, scale[..., None]).round_().clamp_(-127, 127).to(torch.int8).view(n, k)
-    if panels:
-        q = q.view(n // 16, 16, k // 4, 4).permute(0, 2, 1, 3).contiguous()
-        scale = scale.view(n // 16, 16, -1).transpose(1, 2).contiguous()
-    return Int8Weight(q, scale.contiguous(), group)
+    plain = Int8Weight(q, scale.contiguous(), group)
+    return w8a8_panels(plain) if panels else plain
+
+
+def w8a8_panels(plain: Int8Weight) -> Int8Weight:
+    """Plain w8a8 weights (q [N, K], scale [N, K / group]) in gemm_w8a8.c's layouts: the
+    same values re-laid (a GGUF's own blocks come this way too, engine/gguf_blocks.py)."""
+    (n, k), q = plain.q.shape, plain.q
+    q = q.view(n // 16, 16, k // 4, 4).permute(0, 2, 1, 3).contiguous()
+    scale = plain.scale.view(n // 16, 16, -1).transpose(1, 2).contiguous()
+    return Int8Weight(q, scale, plain.group)
 
 
 def quantize_rows(x: torch.Tensor, group: int) -> torch.Tensor:

@@ -2,7 +2,8 @@
 
 GGUF tensors are dequantised once; the built model's state dict (fused projections, fp32)
 and its config are cached as safetensors under cache_dir()/weights, keyed by the source
-file's path, size and mtime, so a repeat load only memory-maps one file.
+file's path, size and mtime, so a repeat load only memory-maps one file. w8a8 weights
+take the file's own Q8_0 / Q5_0 / Q4_0 blocks as they are (engine/gguf_blocks.py).
 """
 
 import contextlib
@@ -16,10 +17,14 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from engine.cache_files import atomic_path, cache_path
+from engine.gguf_blocks import attach_blocks, int8_blocks
 from engine.model_registry import ResolvedModel
 from engine.models import build_model
 from engine.models.config import ROPE_FREQS, ModelConfig, gguf_config, hf_config
 from engine.ops import TorchOps
+from engine.quant import W8A8_GROUP, Int8Weight
+
+BLOCK_FORMATS = ("w8a8", "auto")  # weight formats that take a GGUF's own int8 blocks
 
 
 def load_model(
@@ -41,6 +46,8 @@ def load_model(
         model.load_weights(state)
         if cached:
             _save_cached(model, config, cached)
+    if cached and ops is not None and ops.weights in BLOCK_FORMATS:
+        attach_blocks(model, _kept_blocks(path, config))
     return config, model.eval().requires_grad_(False)
 
 
@@ -109,13 +116,52 @@ def _dequantize_gguf(reader, config: ModelConfig) -> dict[str, torch.Tensor]:
             continue
         w = dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
         w = w.reshape([int(d) for d in reversed(t.shape)])  # ggml lists dims inner-first
-        # Only llama's converter permutes Q/K; qwen2 is stored un-permuted (NEOX rope).
-        if config.arch == "llama" and ".attn_q." in t.name:
-            w = _unpermute(w, config.num_heads)
-        elif config.arch == "llama" and ".attn_k." in t.name:
-            w = _unpermute(w, config.num_kv_heads)
+        w = _oriented(w, t.name, config)
         state[_hf_name(t.name)] = torch.from_numpy(np.array(w, dtype=np.float32))  # own copy
     return state
+
+
+def _oriented(rows: np.ndarray, gguf_name: str, config: ModelConfig) -> np.ndarray:
+    """A weight's rows (or per-row block scales) in our order: only llama's converter
+    permutes Q/K; qwen2 is stored un-permuted (NEOX rope)."""
+    if config.arch == "llama" and ".attn_q." in gguf_name:
+        return _unpermute(rows, config.num_heads)
+    if config.arch == "llama" and ".attn_k." in gguf_name:
+        return _unpermute(rows, config.num_kv_heads)
+    return rows
+
+
+def _kept_blocks(path: Path, config: ModelConfig) -> dict[str, Int8Weight]:
+    """The file's kept blocks, cached beside the fp32 weights: reading them means parsing
+    the whole GGUF (its vocabulary: ~9 s for Qwen2.5-0.5B), the cache only maps a file."""
+    cached = cache_path(path, "weights", ".blocks.safetensors")
+    if cached.is_file():
+        try:
+            flat = load_file(cached)
+            names = [n.removesuffix(".q") for n in flat if n.endswith(".q")]
+            return {n: Int8Weight(flat[f"{n}.q"], flat[f"{n}.scale"], W8A8_GROUP) for n in names}
+        except Exception:  # a corrupt or foreign cache file is rebuilt, never fatal
+            cached.unlink(missing_ok=True)
+    blocks = _gguf_blocks(path, config)
+    flat = {f"{n}.{part}": getattr(w, part) for n, w in blocks.items() for part in ("q", "scale")}
+    with contextlib.suppress(OSError), atomic_path(cached) as tmp:
+        save_file(flat, tmp)
+    return blocks
+
+
+def _gguf_blocks(path: Path, config: ModelConfig) -> dict[str, Int8Weight]:
+    """The file's tensors stored in blocks w8a8 takes as they are (Hugging Face names)."""
+    from gguf import GGUFReader
+
+    kept = {}
+    for t in GGUFReader(path).tensors:
+        if t.name == "token_embd.weight" and not config.tie_embeddings:
+            continue  # only a tied LM head multiplies by the embedding
+        blocks = int8_blocks(t.data, t.tensor_type)
+        if blocks is not None:
+            q, scale = (torch.from_numpy(np.array(_oriented(b, t.name, config))) for b in blocks)
+            kept[_hf_name(t.name)] = Int8Weight(q, scale, W8A8_GROUP)
+    return kept
 
 
 def _load_gguf(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:

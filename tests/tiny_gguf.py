@@ -52,8 +52,14 @@ def llama3_rope_factors(head_dim: int, theta: float, rope: dict) -> np.ndarray:
     return np.array(out, dtype=np.float32)
 
 
-def write_llama_gguf(path: Path, model: torch.nn.Module, extra: GGUFWriterStep) -> Path:
-    """A transformers LlamaForCausalLM as an f32 GGUF; `extra` adds metadata and tensors."""
+def write_llama_gguf(
+    path: Path,
+    model: torch.nn.Module,
+    extra: GGUFWriterStep,
+    types: dict[str, gguf.GGMLQuantizationType] | None = None,
+) -> Path:
+    """A transformers LlamaForCausalLM as a GGUF, f32 but for the tensors `types` names
+    (GGUF names) in those quantized blocks; `extra` adds metadata and tensors."""
     c = model.config
     head_dim = c.hidden_size // c.num_attention_heads
     writer = gguf.GGUFWriter(path, "llama")
@@ -72,7 +78,12 @@ def write_llama_gguf(path: Path, model: torch.nn.Module, extra: GGUFWriterStep) 
         w = t.detach().float().numpy()
         if name == "lm_head.weight" and c.tie_word_embeddings:
             continue
-        writer.add_tensor(_gguf_name(name), _permuted(name, w, c))
+        w, name = _permuted(name, w, c), _gguf_name(name)
+        qtype = (types or {}).get(name)
+        if qtype is None:
+            writer.add_tensor(name, w)
+        else:
+            writer.add_tensor(name, gguf.quants.quantize(w, qtype), raw_dtype=qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

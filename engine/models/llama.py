@@ -28,6 +28,7 @@ class Direct(nn.Module):
 
 class Linear(Direct, nn.Linear):
     packed: Weight | None = None  # the weight in ops.pack_weight's layout (and format)
+    blocks: Int8Weight | None = None  # the GGUF's own int8 blocks of it, until packed
 
     def __init__(self, ops: TorchOps, in_features: int, out_features: int, bias: bool) -> None:
         super().__init__(in_features, out_features, bias=bias)
@@ -36,7 +37,8 @@ class Linear(Direct, nn.Linear):
     def pack(self, batch_hint: int) -> None:
         """Pack the weight once (same results); forward uses only the packed copy."""
         if self.packed is None:
-            self.packed = self.ops.pack_weight(self.weight, batch_hint)
+            self.packed = self.ops.pack_weight(self.weight, batch_hint, self.blocks)
+            self.blocks = None
 
     def drop_plain_weight(self) -> None:
         """Forget .weight when the packed copy is what forward uses and can give it back:
@@ -157,6 +159,7 @@ class LlamaForCausalLM(nn.Module):
         self.norm = RMSNorm(ops, cfg.hidden_size, cfg.rms_eps)
         self.lm_head = None
         self.packed_head: torch.Tensor | None = None  # set by pack_weights
+        self.head_blocks: Int8Weight | None = None  # tied head: the embedding's GGUF blocks
         if not cfg.tie_embeddings:
             self.lm_head = Linear(ops, cfg.hidden_size, cfg.vocab_size, bias=False)
 
@@ -183,7 +186,9 @@ class LlamaForCausalLM(nn.Module):
         if self.lm_head is not None:
             self.packed_head = self.lm_head.packed
         elif self.packed_head is None:
-            self.packed_head = self.ops.pack_weight(self.embed_tokens.weight, batch_hint)
+            embed, blocks = self.embed_tokens.weight, self.head_blocks
+            self.packed_head = self.ops.pack_weight(embed, batch_hint, blocks)
+            self.head_blocks = None
 
     def drop_plain_weights(self) -> None:
         """After pack_weights: forget the plain projections the panels hold (see

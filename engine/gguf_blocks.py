@@ -1,0 +1,77 @@
+"""A GGUF's own quantized blocks as w8a8 weights, with no fp32 round trip.
+
+Q8_0, Q5_0 and Q4_0 blocks are 32 signed integers (8, 5 or 4 bits) times one fp16 scale:
+exactly w8a8's layout (engine/quant.py: int8 values, one scale per 32 k values of a row),
+so `weights: w8a8` can multiply by the file's own weights instead of requantizing their
+fp32 dequantization. Other types (Q4_1's offsets, the K-quants' 16-value sub-scales) have
+no exact w8a8 form and are requantized as before. Groups run along the input dim, so the
+fused projections (q|k|v, gate|up: rows concatenated) keep every block whole.
+"""
+
+import numpy as np
+import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from engine.models.llama import Linear, LlamaForCausalLM
+from engine.quant import W8A8_GROUP, Int8Weight
+
+KEPT_TYPES = (GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q5_0, GGMLQuantizationType.Q4_0)
+_FUSED = {
+    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+}
+
+
+def int8_blocks(
+    data: np.ndarray, qtype: GGMLQuantizationType
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """A tensor's raw blocks ([rows, bytes per row], as GGUFReader gives them) -> its int8
+    values [rows, K] and fp32 scales [rows, K / 32]; None for a type kept otherwise."""
+    if qtype not in KEPT_TYPES:
+        return None
+    block, size = GGML_QUANT_SIZES[qtype]
+    assert block == W8A8_GROUP
+    rows, raw = data.shape[0], np.ascontiguousarray(data).reshape(-1, size)
+    scale = raw[:, :2].copy().view(np.float16).astype(np.float32)  # every kept type starts so
+    q = raw[:, 2:].copy().view(np.int8) if qtype == GGMLQuantizationType.Q8_0 else _nibbles(raw)
+    return q.reshape(rows, -1), scale.reshape(rows, -1)
+
+
+def _nibbles(raw: np.ndarray) -> np.ndarray:
+    """Q4_0 / Q5_0 blocks' signed values: 16 bytes of nibbles (values 0-15 low, 16-31
+    high), Q5_0 with a fifth bit per value in 4 bytes before them; offset 8 (16)."""
+    qs = raw[:, -16:]
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=1)
+    if raw.shape[1] == 16 + 2:  # Q4_0
+        return (q.astype(np.int16) - 8).astype(np.int8)
+    high = raw[:, 2:6].copy().view("<u4") >> np.arange(32, dtype=np.uint32) & 1
+    return ((q | (high.astype(np.uint8) << 4)).astype(np.int16) - 16).astype(np.int8)
+
+
+def attach_blocks(model: LlamaForCausalLM, blocks: dict[str, Int8Weight]) -> int:
+    """Give each projection (and the LM head) whose every part the file holds as kept
+    blocks those blocks (Hugging Face names -> plain w8a8), for pack_weights to use;
+    returns how many got them."""
+    attached = 0
+    for i, layer in enumerate(model.layers):
+        for name, lin in layer.named_modules():
+            if not isinstance(lin, Linear):
+                continue
+            parts = [blocks.get(f"layers.{i}.{p}.weight") for p in _FUSED.get(name, (name,))]
+            if all(p is not None for p in parts):
+                lin.blocks = _rows_joined(parts)
+                attached += 1
+    if model.lm_head is not None:
+        model.lm_head.blocks = blocks.get("lm_head.weight")
+        attached += model.lm_head.blocks is not None
+    else:
+        model.head_blocks = blocks.get("embed_tokens.weight")
+        attached += model.head_blocks is not None
+    return attached
+
+
+def _rows_joined(parts: list[Int8Weight]) -> Int8Weight:
+    if len(parts) == 1:
+        return parts[0]
+    q = torch.cat([p.q for p in parts])
+    return Int8Weight(q, torch.cat([p.scale for p in parts]), W8A8_GROUP)
