@@ -314,9 +314,8 @@ def main() -> None:
     items = workload(args.quick, args.requests, args.model)
     stream_items = items[: args.single_stream]
     # Installs first (they can take long): the timed runs then have the CPU to themselves.
-    no_llamacpp = args.skip_llamacpp
     venvs = {
-        "llamacpp": venv_or_skip("llamacpp", no_llamacpp, args.no_install),
+        "llamacpp": venv_or_skip("llamacpp", args.skip_llamacpp, args.no_install),
         "vllm": venv_or_skip("vllm", args.skip_vllm or not dtypes, args.no_install),
     }
     reason = ed.engine_available()
@@ -328,14 +327,8 @@ def main() -> None:
     }
     hf_fn = skipped("skipped by flag") if args.skip_transformers else run_transformers
     hf = measured("transformers static batch 32", hf_fn, items, args.model)
-    llamacpp = measured(
-        "llama-cpp-python sequential",
-        run_llamacpp,
-        items,
-        venvs["llamacpp"],
-        args.threads,
-        args.model,
-    )
+    lcpp_args = (items, venvs["llamacpp"], args.threads, args.model)
+    llamacpp = measured("llama-cpp-python sequential", run_llamacpp, *lcpp_args)
     vllm = {
         dtype: measured(
             f"vLLM CPU {dtype}",
