@@ -20,6 +20,7 @@ def summary(per_request: Sequence[dict[str, float]]) -> dict[str, Any]:
     tokens = sum(r["tokens"] for r in per_request)
     seconds = sum(r["seconds"] for r in per_request)
     decode_s = sum(r["seconds"] - r["first_s"] for r in per_request)
+    rates = [(r["tokens"] - 1) / (r["seconds"] - r["first_s"]) for r in per_request]
     return {
         "requests": len(per_request),
         "output_tokens": tokens,
@@ -27,6 +28,9 @@ def summary(per_request: Sequence[dict[str, float]]) -> dict[str, Any]:
         "decode_tokens_per_s": round((tokens - len(per_request)) / decode_s, 1),
         "end_to_end_tokens_per_s": round(tokens / seconds, 1),
         "median_first_token_s": round(common.median([r["first_s"] for r in per_request]), 3),
+        # per request: steadier where another process's burst stalls one request's threads
+        "median_request_decode_tokens_per_s": round(common.median(rates), 1),
+        "per_request_decode_tokens_per_s": [round(r, 1) for r in rates],
     }
 
 
