@@ -2,7 +2,8 @@
 
 Reads a JSON job {gguf, items: [{prompt_ids, output_tokens}], threads} from argv[1] and
 serves the items one after another, as a Python user of llama-cpp-python would.
-Prints one JSON line: output tokens, generation seconds, load seconds, threads used.
+Prints one JSON line: output tokens, generation seconds, load seconds, threads used, and per
+request its tokens, seconds and first-token seconds (streamed), for the single-stream figure.
 """
 
 import json
@@ -41,6 +42,27 @@ def best_threads(gguf: str, n_ctx: int, prompt: list[int], most: int) -> tuple[i
     return max(rates, key=rates.__getitem__), rates
 
 
+def timed_request(llm: Any, item: dict, no_eos: dict) -> dict[str, float]:
+    """One request, streamed: the first chunk's time splits prefill from decode."""
+    start = time.perf_counter()
+    first = None
+    for _chunk in llm.create_completion(
+        prompt=item["prompt_ids"],
+        max_tokens=item["output_tokens"],
+        temperature=0.0,
+        logit_bias=no_eos,
+        stream=True,
+    ):
+        first = first if first is not None else time.perf_counter() - start
+    # EOS barred: exactly max_tokens (a stream chunk can hold back part of a UTF-8 character,
+    # so chunks are not a token count)
+    return {
+        "tokens": item["output_tokens"],
+        "seconds": time.perf_counter() - start,
+        "first_s": first or 0.0,
+    }
+
+
 def main() -> None:
     job = json.loads(Path(sys.argv[1]).read_text())
     items = job["items"]
@@ -52,24 +74,20 @@ def main() -> None:
     # EOS barred so every engine generates exactly the requested number of tokens.
     no_eos = {llm.token_eos(): -1e9}
     llm.create_completion(prompt=items[0]["prompt_ids"], max_tokens=4, temperature=0.0)  # warm-up
-    tokens = 0
+    per_request = []
     start = time.perf_counter()
     for item in items:
         llm.reset()  # no KV reuse between unrelated requests
-        out = llm.create_completion(
-            prompt=item["prompt_ids"],
-            max_tokens=item["output_tokens"],
-            temperature=0.0,
-            logit_bias=no_eos,
-        )
-        tokens += out["usage"]["completion_tokens"]
+        per_request.append(timed_request(llm, item, no_eos))
     seconds = time.perf_counter() - start
+    tokens = sum(r["tokens"] for r in per_request)
     result = {
         "output_tokens": tokens,
         "seconds": seconds,
         "load_seconds": load_seconds,
         "threads": threads,
         "thread_probe_tokens_per_s": probe,
+        "per_request": per_request,
     }
     print("RESULT " + json.dumps(result), flush=True)
 

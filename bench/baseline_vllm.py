@@ -1,7 +1,7 @@
 """vLLM (CPU build) baseline, run inside .bench-venvs/vllm (not the project venv).
 
 Reads a JSON job {hf_folder, items: [{prompt_ids, output_tokens}], kv_gib, threads,
-repeats} from argv[1], submits all items at once (vLLM batches them continuously),
+repeats, dtype} from argv[1], submits all items at once (vLLM batches them continuously),
 `repeats` times, each after emptying the prefix cache and one warm-up request, and
 prints one JSON line on stdout: output tokens, each run's seconds, start-up seconds.
 """
@@ -24,7 +24,8 @@ def main() -> None:
     items = job["items"]
     max_len = max(len(i["prompt_ids"]) + i["output_tokens"] for i in items) + 16
     start = time.perf_counter()
-    llm = LLM(model=job["hf_folder"], dtype="float32", max_model_len=max_len, seed=0)
+    dtype = job.get("dtype", "float32")  # bfloat16: vLLM's recommended dtype on CPUs with bf16
+    llm = LLM(model=job["hf_folder"], dtype=dtype, max_model_len=max_len, seed=0)
     startup_seconds = time.perf_counter() - start
     warm = SamplingParams(max_tokens=4, temperature=0.0)
     warm_prompt = [TokensPrompt(prompt_token_ids=items[0]["prompt_ids"])]
@@ -44,6 +45,7 @@ def main() -> None:
         runs.append(time.perf_counter() - start)
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     result = {"output_tokens": tokens, "runs_seconds": runs, "startup_seconds": startup_seconds}
+    result["dtype"] = dtype
     print("RESULT " + json.dumps(result), flush=True)
 
 

@@ -35,6 +35,32 @@ class VenvSpec:
     requirements: list[str]  # installed one after another, in this order
     probe: str  # Python code that must run in the venv once installed
     remove: list[str] = field(default_factory=list)  # uninstalled after the install
+    env: dict[str, str] = field(default_factory=dict)  # for the pip builds (compile flags)
+
+
+# llama.cpp's default GGML_NATIVE build died with SIGILL on an AMX Xeon (tile instructions
+# need an arch_prctl grant first); build for the instruction sets /proc/cpuinfo lists, no AMX.
+_GGML_FLAGS = {
+    "avx": "GGML_AVX",
+    "avx2": "GGML_AVX2",
+    "fma": "GGML_FMA",
+    "f16c": "GGML_F16C",
+    "avx_vnni": "GGML_AVX_VNNI",
+    "avx512f": "GGML_AVX512",
+    "avx512vbmi": "GGML_AVX512_VBMI",
+    "avx512_vnni": "GGML_AVX512_VNNI",
+    "avx512_bf16": "GGML_AVX512_BF16",
+}
+
+
+def llama_cpp_cmake_args() -> str:
+    flags = set()
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            break
+    on = [f"-D{name}=ON" for cpu_flag, name in _GGML_FLAGS.items() if cpu_flag in flags]
+    return " ".join(["-DGGML_NATIVE=OFF", "-DGGML_AMX_TILE=OFF", *on])
 
 
 BASELINE_VENVS: dict[str, VenvSpec] = {
@@ -46,7 +72,11 @@ BASELINE_VENVS: dict[str, VenvSpec] = {
         "from vllm import LLM",
         remove=["torchvision", "torchaudio", "torchcodec"],
     ),
-    "llamacpp": VenvSpec(["llama-cpp-python==0.3.36"], "import llama_cpp"),
+    "llamacpp": VenvSpec(
+        ["llama-cpp-python==0.3.36"],
+        "import llama_cpp",
+        env={"CMAKE_ARGS": llama_cpp_cmake_args(), "CMAKE_BUILD_PARALLEL_LEVEL": "2"},
+    ),
     "litellm-proxy": VenvSpec(["litellm[proxy]==1.108.7"], "import litellm.proxy.proxy_server"),
 }
 
@@ -97,6 +127,23 @@ def ratio(ours: float, baseline: float) -> float | None:
 def goal(value: float | None, target: float, higher_is_better: bool = True) -> dict[str, Any]:
     met = value is not None and (value >= target if higher_is_better else value <= target)
     return {"value": value, "target": target, "met": met}
+
+
+def median_run(output_tokens: int, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """A result whose seconds and tokens_per_s are the median run's (every run kept)."""
+    seconds = statistics.median(r["seconds"] for r in runs)
+    out = {
+        "output_tokens": output_tokens,
+        "seconds": seconds,
+        "tokens_per_s": round(output_tokens / seconds, 1),
+        "runs_tokens_per_s": [round(output_tokens / r["seconds"], 1) for r in runs],
+    }
+    if all("cpu_s" in r for r in runs):
+        # Output tokens per CPU-second: per core, and steadier than tokens/s on a shared
+        # machine, where other processes' load stretches the wall clock.
+        cpu = statistics.median(r["cpu_s"] for r in runs)
+        out["tokens_per_cpu_s"] = round(output_tokens / cpu, 1)
+    return out
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -294,7 +341,8 @@ def ensure_venv(name: str, log: Path | None = None) -> Venv:
         for req in requirements:  # one at a time: torch must land before what depends on it
             print(f"[{name}] pip install {req} (log: {log})", flush=True)
             pip = [str(python), "-m", "pip", "install", req]
-            if subprocess.run(pip, stdout=out, stderr=out).returncode != 0:
+            env = {**os.environ, **spec.env}
+            if subprocess.run(pip, stdout=out, stderr=out, env=env).returncode != 0:
                 return Venv(name, None, skipped=f"pip install {req} failed (see {log})")
         if spec.remove:
             pip = [str(python), "-m", "pip", "uninstall", "-y", *spec.remove]

@@ -3,7 +3,10 @@
 Baselines, measured in the same run on the same weights and the same token ids:
   (a) transformers generate, static padded batches of 32 (goal: ours >= 2x);
   (b) llama-cpp-python on the same GGUF, one request after another (goal: >= 3x);
-  (c) vLLM's CPU build on an HF folder converted from the GGUF, float32 (goal: >= 1.2x).
+  (c) vLLM's CPU build on an HF folder converted from the GGUF, in float32 and in bfloat16
+      (vLLM's recommended dtype where the CPU has bf16) (goal: >= 1.2x its best dtype).
+Single stream: the first --single-stream requests one at a time, ours vs llama-cpp-python,
+decode tokens/s with the first token timed apart (goal: >= 1x; see single_stream.py).
 Plus decode at batch 64 as a share of this machine's fp32 matmul peak (goal: >= 50%), with
 transformers' own batch-64 decode step as its same-run reference.
 
@@ -13,27 +16,31 @@ the same work. Start-up and weight loading are excluded from every timing (and r
 
 import argparse
 import gc
-import json
 import os
-import statistics
-import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import common
 import engine_driver as ed
+import single_stream
 from hf_folder import ensure_hf_folder
+from venv_baselines import run_llamacpp, run_vllm, venv_or_skip
 
-GOALS = {"vs_transformers": 2.0, "vs_llamacpp": 3.0, "vs_vllm": 1.2, "decode64_peak_share": 0.5}
+GOALS = {
+    "vs_transformers": 2.0,
+    "vs_llamacpp": 3.0,
+    "vs_vllm": 1.2,
+    "single_stream_vs_llamacpp": 1.0,
+    "decode64_peak_share": 0.5,
+}
 
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--quick", action="store_true", help="outputs <= 64 tokens, shorter prompts")
     p.add_argument("--requests", type=int, default=32)
+    p.add_argument("--model", default=common.MODEL, help="a bundled model (GGUF) for every engine")
     p.add_argument("--skip-transformers", action="store_true")
     p.add_argument("--skip-llamacpp", action="store_true")
     p.add_argument("--skip-vllm", action="store_true")
@@ -41,9 +48,22 @@ def parse_args() -> argparse.Namespace:
     p.add_argument(
         "--weights",
         default="fp32",
-        help="our engine's weight format (fp32, bf16, int8, w8a8, auto); not fp32: the result"
-        " is written as throughput_<weights>.json",
+        help="our engine's weight formats, comma-separated (fp32, bf16, int8, w8a8, auto), each"
+        " measured; the first is 'ours'. Not fp32 or another model: the result is written as"
+        " throughput_<weights>[_<model>].json",
     )
+    p.add_argument(
+        "--vllm-dtypes",
+        default="float32,bfloat16",
+        help="vLLM dtypes, comma-separated, each run; goals compare with the fastest",
+    )
+    p.add_argument(
+        "--single-stream",
+        type=int,
+        default=8,
+        help="requests served one at a time by ours and llama-cpp-python (0: skip)",
+    )
+    p.add_argument("--skip-decode64", action="store_true", help="skip the batch-64 decode figure")
     p.add_argument(
         "--threads",
         type=int,
@@ -59,8 +79,8 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def workload(quick: bool, count: int) -> list[common.ChatItem]:
-    tokenizer = common.load_tokenizer()
+def workload(quick: bool, count: int, model: str) -> list[common.ChatItem]:
+    tokenizer = common.load_tokenizer(model)
     max_out, max_prompt = (64, 256) if quick else (256, 512)
     return common.sharegpt_workload(
         tokenizer, count, max_prompt_tokens=max_prompt, max_output=max_out, seed=1
@@ -75,16 +95,17 @@ def useful_tokens(items: list[common.ChatItem]) -> int:
 
 
 def run_ours(
-    items: list[common.ChatItem], threads: int, repeats: int, weights: str = "fp32"
+    items: list[common.ChatItem], threads: int, repeats: int, weights: str, model: str
 ) -> dict[str, Any]:
     """The workload `repeats` times, each on a fresh engine (no prefix-cache carry-over);
     tokens_per_s is the median run."""
-    dims = ed.model_dims()
+    dims = ed.model_dims(model)
     # Room for every request at its full length: this measures batching, not preemption.
     slots = sum(len(i.prompt_ids) + i.output_tokens for i in items) * 5 // 4
     runs = []
     for _ in range(repeats):
         engine = ed.make_engine(
+            model=model,
             kv_cache_bytes=max(slots, 4096) * dims.kv_bytes_per_token,
             num_threads=threads,
             weights=weights,
@@ -96,34 +117,21 @@ def run_ours(
         runs.append({"seconds": round(stats.seconds, 2), "steps": stats.steps, "cpu_s": cpu})
         del engine
         gc.collect()
-    return median_run(stats.output_tokens, runs)
-
-
-def median_run(output_tokens: int, runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """A result whose seconds and tokens_per_s are the median run's (every run kept)."""
-    seconds = statistics.median(r["seconds"] for r in runs)
-    out = {
-        "output_tokens": output_tokens,
-        "seconds": seconds,
-        "tokens_per_s": round(output_tokens / seconds, 1),
-        "runs_tokens_per_s": [round(output_tokens / r["seconds"], 1) for r in runs],
-    }
-    if all("cpu_s" in r for r in runs):
-        # Output tokens per CPU-second: per core, and steadier than tokens/s on a shared
-        # machine, where other processes' load stretches the wall clock.
-        cpu = statistics.median(r["cpu_s"] for r in runs)
-        out["tokens_per_cpu_s"] = round(output_tokens / cpu, 1)
-    return out
+    return common.median_run(stats.output_tokens, runs)
 
 
 def decode64_ours(
-    items: list[common.ChatItem], timed_steps: int, threads: int, weights: str = "fp32"
+    items: list[common.ChatItem], timed_steps: int, threads: int, weights: str, model: str
 ) -> dict[str, Any]:
     prompts = batch64_prompts(items)
-    dims = ed.model_dims()
+    dims = ed.model_dims(model)
     kv_bytes = 64 * 256 * dims.kv_bytes_per_token
     engine = ed.make_engine(
-        kv_cache_bytes=kv_bytes, max_num_seqs=64, num_threads=threads, weights=weights
+        model=model,
+        kv_cache_bytes=kv_bytes,
+        max_num_seqs=64,
+        num_threads=threads,
+        weights=weights,
     )
     ed.warm_up(engine, prompts[0])
     result = ed.decode_rate(engine, prompts, timed_steps)
@@ -146,15 +154,15 @@ def batch64_prompts(items: list[common.ChatItem], length: int = 64) -> list[list
 # ---------------------------------------------------------------- transformers
 
 
-def load_transformers() -> Any:
+def load_transformers(model: str) -> Any:
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(ensure_hf_folder(), dtype="float32").eval()
+    return AutoModelForCausalLM.from_pretrained(ensure_hf_folder(model), dtype="float32").eval()
 
 
-def run_transformers(items: list[common.ChatItem], batch: int = 32) -> dict[str, Any]:
+def run_transformers(items: list[common.ChatItem], name: str, batch: int = 32) -> dict[str, Any]:
     """Static batches: left-padded, each runs until its longest request is done."""
-    model = load_transformers()
+    model = load_transformers(name)
     pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
     _generate(model, [items[0].prompt_ids], 4, pad)  # warm-up
     start = time.perf_counter()
@@ -185,11 +193,13 @@ def _generate(model: Any, prompts: list[list[int]], new_tokens: int, pad: int) -
         )
 
 
-def decode64_transformers(items: list[common.ChatItem], timed_steps: int) -> dict[str, Any]:
+def decode64_transformers(
+    items: list[common.ChatItem], timed_steps: int, name: str
+) -> dict[str, Any]:
     """transformers' batched decode step at batch 64 (KV cache on): the same-run reference."""
     import torch
 
-    model = load_transformers()
+    model = load_transformers(name)
     prompts = batch64_prompts(items)
     ids = torch.tensor(prompts)
     with torch.inference_mode():
@@ -210,70 +220,11 @@ def decode64_transformers(items: list[common.ChatItem], timed_steps: int) -> dic
     return ed.decode_summary(64, 64 * timed_steps, step_seconds, context)
 
 
-# ---------------------------------------------------------------- venv baselines
-
-
-def run_in_venv(venv: common.Venv, script: str, job: dict[str, Any], timeout: int) -> dict:
-    """Run a baseline worker in its own venv; it prints 'RESULT {json}' as its last word."""
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump(job, f)
-    cmd = [str(venv.python), str(Path(__file__).parent / script), f.name]
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"skipped": f"{script} ran past {timeout} s"}
-    finally:
-        Path(f.name).unlink(missing_ok=True)
-    for line in reversed(done.stdout.splitlines()):
-        if line.startswith("RESULT "):
-            result = json.loads(line[len("RESULT ") :])
-            if "runs_seconds" in result:  # repeated: report the median run, keep them all
-                runs = [{"seconds": x} for x in result.pop("runs_seconds")]
-                return {**result, **median_run(result["output_tokens"], runs)}
-            result["tokens_per_s"] = result["output_tokens"] / result["seconds"]
-            return result
-    tail = (done.stderr or done.stdout)[-1500:]
-    return {"skipped": f"{script} failed (rc {done.returncode}): {tail}"}
-
-
-def venv_or_skip(name: str, skip: bool, no_install: bool) -> common.Venv:
-    if skip:
-        return common.skipped_venv(name, "skipped by flag")
-    marker = common.VENVS_DIR / name / ".tiergate-installed.json"
-    if no_install and not marker.is_file():
-        return common.skipped_venv(name, "not installed and --no-install given")
-    return common.ensure_venv(name)
-
-
-def job_items(items: list[common.ChatItem]) -> list[dict[str, Any]]:
-    return [{"prompt_ids": i.prompt_ids, "output_tokens": i.output_tokens} for i in items]
-
-
-def run_llamacpp(items: list[common.ChatItem], venv: common.Venv, threads: int) -> dict[str, Any]:
-    if venv.python is None:
-        return {"skipped": venv.skipped}
-    from engine.model_registry import resolve_model
-
-    gguf = str(resolve_model(common.MODEL).path)
-    job = {"gguf": gguf, "items": job_items(items), "threads": threads}  # probes 1..threads
-    return run_in_venv(venv, "baseline_llamacpp.py", job, timeout=1800)
-
-
-def run_vllm(
-    items: list[common.ChatItem], venv: common.Venv, threads: int, repeats: int
-) -> dict[str, Any]:
-    if venv.python is None:
-        return {"skipped": venv.skipped}
-    job = {"hf_folder": str(ensure_hf_folder()), "items": job_items(items), "kv_gib": 2}
-    job["threads"], job["repeats"] = threads, repeats
-    return run_in_venv(venv, "baseline_vllm.py", job, timeout=1800)
-
-
 # ---------------------------------------------------------------- report
 
 
-def peak_share(decode: dict[str, Any], peak_gflops: float) -> float:
-    flops = ed.model_dims().flops_per_token(decode["mean_context"])
+def peak_share(decode: dict[str, Any], peak_gflops: float, model: str) -> float:
+    flops = ed.model_dims(model).flops_per_token(decode["mean_context"])
     return decode["tokens_per_s"] * flops / 1e9 / peak_gflops
 
 
@@ -283,86 +234,160 @@ def compare(ours: dict[str, Any], base: dict[str, Any], target: float) -> dict[s
     return common.goal(common.ratio(ours["tokens_per_s"], base["tokens_per_s"]), target)
 
 
+def compare_best(ours: dict[str, Any], bases: dict[str, Any], target: float) -> dict[str, Any]:
+    """Against the fastest of several runs of one baseline (vLLM's dtypes); each ratio kept."""
+    measured = {k: b for k, b in bases.items() if "tokens_per_s" in b}
+    if not measured or "tokens_per_s" not in ours:
+        reasons = [str(b.get("skipped")) for b in bases.values()] + [str(ours.get("skipped"))]
+        return {"skipped": "; ".join(reasons), "target": target}
+    best = max(measured, key=lambda k: measured[k]["tokens_per_s"])
+    result = {**compare(ours, measured[best], target), "baseline": best}
+    each = {k: common.ratio(ours["tokens_per_s"], b["tokens_per_s"]) for k, b in measured.items()}
+    return {**result, "each": each}
+
+
+def compare_single(ours: dict[str, Any], base: dict[str, Any], target: float) -> dict[str, Any]:
+    key = "decode_tokens_per_s"
+    if key not in ours or key not in base:
+        return {"skipped": base.get("skipped") or ours.get("skipped"), "target": target}
+    return common.goal(common.ratio(ours[key], base[key]), target)
+
+
 def with_load(result: dict[str, Any], before: float) -> dict[str, Any]:
     """Note the 1-minute load average around a measurement: others share these 2 cores."""
     result["loadavg_before_after"] = [round(before, 2), round(os.getloadavg()[0], 2)]
     return result
 
 
-def main() -> None:
-    args = parse_args()
-    items = workload(args.quick, args.requests)
-    timed_steps = 12 if args.quick else 24
-    # Installs first (they can take long): the timed runs then have the CPU to themselves.
-    venvs = {
-        "llamacpp": venv_or_skip("llamacpp", args.skip_llamacpp, args.no_install),
-        "vllm": venv_or_skip("vllm", args.skip_vllm, args.no_install),
-    }
+def measured(label: str, fn: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+    """Run one measurement, note the load around it, print it."""
+    load = os.getloadavg()[0]
+    result = with_load(fn(*args, **kwargs), load)
+    print(f"{label}: {result}", flush=True)
+    return result
+
+
+def skipped(reason: str | None) -> Any:
+    return lambda *args, **kwargs: {"skipped": reason}
+
+
+def single_stream_llamacpp(llamacpp: dict[str, Any], count: int) -> dict[str, Any]:
+    """llama-cpp-python serves every request alone anyway: its first `count` requests."""
+    if "per_request" not in llamacpp:
+        return {"skipped": llamacpp.get("skipped")}
+    return single_stream.summary(llamacpp.pop("per_request")[:count])
+
+
+def decode64(args: argparse.Namespace, items: list, weights: str, skip: str | None) -> dict:
+    if args.skip_decode64:
+        return {"skipped": "skipped by flag"}
     import torch
 
     torch.set_num_threads(args.threads)  # transformers and the matmul peak run in this process
+    timed_steps = 12 if args.quick else 24
     peaks_before = common.matmul_peaks()
-    reason = ed.engine_available()
-    load = os.getloadavg()[0]
-    ours_run = (
-        {"skipped": reason} if reason else run_ours(items, args.threads, args.repeats, args.weights)
+    d_ours = (skipped(skip) if skip else decode64_ours)(
+        items, timed_steps, args.threads, weights, args.model
     )
-    ours = with_load(ours_run, load)
-    print(f"ours: {ours}", flush=True)
-    load = os.getloadavg()[0]
-    skip_hf = {"skipped": "skipped by flag"}
-    hf = with_load(skip_hf if args.skip_transformers else run_transformers(items), load)
-    print(f"transformers static batch 32: {hf}", flush=True)
-    load = os.getloadavg()[0]
-    llamacpp = with_load(run_llamacpp(items, venvs["llamacpp"], args.threads), load)
-    print(f"llama-cpp-python sequential: {llamacpp}", flush=True)
-    load = os.getloadavg()[0]
-    vllm = with_load(run_vllm(items, venvs["vllm"], args.threads, args.repeats), load)
-    print(f"vLLM CPU: {vllm}", flush=True)
-    d_ours = (
-        {"skipped": reason}
-        if reason
-        else decode64_ours(items, timed_steps, args.threads, args.weights)
-    )
-    d_hf = decode64_transformers(items, timed_steps)
+    d_hf = decode64_transformers(items, timed_steps, args.model)
     peaks_after = common.matmul_peaks()  # best of two: the machine is shared
     peaks = {k: max(v, peaks_after[k]) for k, v in peaks_before.items()}
     peak = max(peaks.values())
-    share_ours = None if reason else round(peak_share(d_ours, peak), 3)
-    share_hf = round(peak_share(d_hf, peak), 3)
+    share_ours = None if skip else round(peak_share(d_ours, peak, args.model), 3)
+    share_hf = round(peak_share(d_hf, peak, args.model), 3)
+    print(f"decode@64 peak share: ours {share_ours}, transformers {share_hf}, peak {peak:.0f}")
+    return {
+        "matmul_peak_gflops": round(peak, 1),
+        "matmul_peaks_gflops": peaks,
+        "ours": d_ours,
+        "transformers": d_hf,
+        "ours_peak_share": share_ours,
+        "transformers_peak_share": share_hf,
+        "goal": common.goal(share_ours, GOALS["decode64_peak_share"]),
+    }
+
+
+def main() -> None:
+    args = parse_args()
+    formats = args.weights.split(",")
+    dtypes = args.vllm_dtypes.split(",") if args.vllm_dtypes else []
+    items = workload(args.quick, args.requests, args.model)
+    stream_items = items[: args.single_stream]
+    # Installs first (they can take long): the timed runs then have the CPU to themselves.
+    venvs = {
+        "llamacpp": venv_or_skip("llamacpp", args.skip_llamacpp, args.no_install),
+        "vllm": venv_or_skip("vllm", args.skip_vllm or not dtypes, args.no_install),
+    }
+    reason = ed.engine_available()
+    ours_fn = skipped(reason) if reason else run_ours
+    single_fn = skipped(reason) if reason else single_stream.run_ours
+    ours = {
+        w: measured(f"ours {w}", ours_fn, items, args.threads, args.repeats, w, args.model)
+        for w in formats
+    }
+    hf_fn = skipped("skipped by flag") if args.skip_transformers else run_transformers
+    hf = measured("transformers static batch 32", hf_fn, items, args.model)
+    lcpp_args = (items, venvs["llamacpp"], args.threads, args.model)
+    llamacpp = measured("llama-cpp-python sequential", run_llamacpp, *lcpp_args)
+    vllm = {
+        dtype: measured(
+            f"vLLM CPU {dtype}",
+            run_vllm,
+            items,
+            venvs["vllm"],
+            args.threads,
+            args.repeats,
+            model=args.model,
+            dtype=dtype,
+        )
+        for dtype in dtypes
+    }
+    single = {"llamacpp": single_stream_llamacpp(llamacpp, len(stream_items))}
+    if stream_items:
+        for w in formats:
+            label = f"single stream ours {w}"
+            single[w] = measured(label, single_fn, stream_items, args.model, args.threads, w)
+    goals = {
+        w: {
+            "vs_transformers": compare(ours[w], hf, GOALS["vs_transformers"]),
+            "vs_llamacpp": compare(ours[w], llamacpp, GOALS["vs_llamacpp"]),
+            "vs_vllm_best_dtype": compare_best(ours[w], vllm, GOALS["vs_vllm"]),
+            "single_stream_vs_llamacpp": compare_single(
+                single.get(w, {"skipped": "--single-stream 0"}),
+                single["llamacpp"],
+                GOALS["single_stream_vs_llamacpp"],
+            ),
+        }
+        for w in formats
+    }
     result = {
         "workload": {
+            "model": args.model,
             "requests": len(items),
             "prompt_tokens": [len(i.prompt_ids) for i in items],
             "output_tokens": [i.output_tokens for i in items],
             "quick": args.quick,
             "threads": args.threads,
             "repeats_ours_and_vllm": args.repeats,
-            "our_weights": args.weights,
+            "our_weights": formats,
+            "vllm_dtypes": dtypes,
+            "single_stream_requests": len(stream_items),
         },
-        "ours": ours,
+        "ours": ours[formats[0]],  # what capacity.py reads
+        "ours_by_weights": ours,
         "baselines": {"transformers_static32": hf, "llamacpp_sequential": llamacpp, "vllm": vllm},
-        "goals": {
-            "vs_transformers": compare(ours, hf, GOALS["vs_transformers"]),
-            "vs_llamacpp": compare(ours, llamacpp, GOALS["vs_llamacpp"]),
-            "vs_vllm": compare(ours, vllm, GOALS["vs_vllm"]),
-            "decode64_peak_share": common.goal(share_ours, GOALS["decode64_peak_share"]),
-        },
-        "decode64": {
-            "matmul_peak_gflops": round(peak, 1),
-            "matmul_peaks_gflops": peaks,
-            "ours": d_ours,
-            "transformers": d_hf,
-            "ours_peak_share": share_ours,
-            "transformers_peak_share": share_hf,
-        },
+        "single_stream": single,
+        "goals_by_weights": goals,
+        "decode64": decode64(args, items, formats[0], reason),
         "venvs": venvs,
     }
-    for key, g in result["goals"].items():
-        print(f"{key}: {g}")
-    print(f"decode@64 peak share: ours {share_ours}, transformers {share_hf}, peak {peak:.0f}")
-    print(f"matmul peaks (GFLOP/s): {peaks}")
-    name = "throughput" if args.weights == "fp32" else f"throughput_{args.weights}"
+    # flat, for run.py's goal table: the first format's
+    result["goals"] = {**goals[formats[0]], "decode64_peak_share": result["decode64"].get("goal")}
+    for w, g in goals.items():
+        for key, value in g.items():
+            print(f"{w} {key}: {value}")
+    name = "throughput" if formats == ["fp32"] else f"throughput_{'_'.join(formats)}"
+    name += "" if args.model == common.MODEL else f"_{args.model}"
     common.write_result(name, result)
 
 
