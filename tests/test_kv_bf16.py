@@ -11,11 +11,10 @@ from engine.batch import SeqChunk
 from engine.config import EngineConfig
 from engine.ops import NativeOps, TorchOps, select_ops
 from engine.runner import ModelRunner
-from engine.sampling_params import SamplingParams
 from gateway.cli import build_parser
 from gateway.policy import EngineSettings
+from tests.engine_steps import GREEDY, decode_logits
 
-GREEDY = SamplingParams(temperature=0)
 BUDGET = 16 * 737280  # 16 fp32 pages of SmolLM2
 
 
@@ -88,28 +87,12 @@ def test_bf16_store_rounds_as_torch() -> None:
     assert torch.equal(got[0], fp32[0].bfloat16()) and fp32[0].abs().sum() > 0
 
 
-def _decode_logits(r: ModelRunner, text: str, fused: bool) -> torch.Tensor:
-    ids = r.tokenizer.encode(text)
-    pages = [0, 1, 2]
-    with torch.inference_mode():
-        prefill = SeqChunk(0, ids[:-1], 0, pages, True, GREEDY)
-        ctx = build_context([prefill], 16, kernels=r.ops.kernels)
-        r.model(torch.tensor(ids[:-1]), torch.arange(len(ids) - 1), ctx, r.kv_caches)
-        decode = SeqChunk(0, ids[-1:], len(ids) - 1, pages, True, GREEDY)
-        ctx = build_context([decode], 16, kernels=r.ops.kernels)
-        ids_t, pos = torch.tensor(ids[-1:]), torch.tensor([len(ids) - 1])
-        if fused:
-            scratch = torch.empty(r.fused.workspace_floats(1))
-            return r.fused.logits(ids_t, r.model.rotary(pos), ctx, scratch)[0]
-        return r.model.compute_logits(r.model(ids_t, pos, ctx, r.kv_caches))[0]
-
-
 @pytest.mark.parametrize("text", ["The capital of France is", "def fibonacci(n):\n    "])
 def test_bf16_kv_decode_stays_close_to_fp32(runners: dict[str, ModelRunner], text: str) -> None:
     bf16 = runners["bf16"]
-    fused, layer_by_layer = _decode_logits(bf16, text, True), _decode_logits(bf16, text, False)
+    fused, layer_by_layer = decode_logits(bf16, text, True), decode_logits(bf16, text, False)
     assert torch.equal(fused, layer_by_layer)
-    want = _decode_logits(runners["fp32"], text, False)
+    want = decode_logits(runners["fp32"], text, False)
     assert torch.cosine_similarity(fused, want, dim=0) > 0.999
     assert want.max() - want[fused.argmax()] < 0.25  # fp32's pick, or a near tie with it
     assert not torch.equal(fused, want)  # the bf16 pages are really in use
@@ -128,8 +111,8 @@ def test_bf16_kv_on_the_torch_path(
         native.kernels.cache_clear()
     assert r.ops.kernels is None and r.kv_caches[0][0].dtype == torch.bfloat16
     text = "The capital of France is"
-    got = _decode_logits(r, text, False)
-    want = _decode_logits(runners["bf16"], text, False)
+    got = decode_logits(r, text, False)
+    want = decode_logits(runners["bf16"], text, False)
     # oneDNN's matmuls against the C panels' (fp32 KV differs by as much), same pick
     torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-2)
     assert got.argmax() == want.argmax()

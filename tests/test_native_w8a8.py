@@ -7,15 +7,13 @@ import torch
 import torch.nn.functional as F
 
 from engine import native
-from engine.attention import build_context
-from engine.batch import SeqChunk
 from engine.config import EngineConfig
 from engine.cpu_features import cpu_features, w8a8_path
 from engine.models.llama import Linear
 from engine.ops import NativeOps, TorchOps, is_panels
 from engine.quant import W8A8_GROUP, Int8Weight, quantize_rows, quantize_w8a8, w8a8_reference
 from engine.runner import ModelRunner
-from engine.sampling_params import SamplingParams
+from tests.engine_steps import decode_logits
 
 _NEEDS = {"generic": (), "avx2": ("avx2",), "vnni": ("avx512f", "avx512bw", "avx512_vnni")}
 
@@ -120,17 +118,6 @@ def test_w8a8_engine_fused_decode_and_kernel_info() -> None:
     info = r.kernel_info()
     assert info["w8a8_path"] == r.ops.w8a8_path and info["int8_path"] == "none"
     assert info["weight_formats"].startswith("w8a8:")
-    greedy = SamplingParams(temperature=0)
-    ids = r.tokenizer.encode("The capital of France is")
-    prefill = SeqChunk(0, ids[:-1], 0, [0, 1], True, greedy)
-    decode = SeqChunk(0, ids[-1:], len(ids) - 1, [0, 1], True, greedy)
-    with torch.inference_mode():
-        ctx = build_context([prefill], 16, kernels=r.ops.kernels)
-        r.model(torch.tensor(ids[:-1]), torch.arange(len(ids) - 1), ctx, r.kv_caches)
-        ids_t, pos = torch.tensor(ids[-1:]), torch.tensor([len(ids) - 1])
-        ctx = build_context([decode], 16, kernels=r.ops.kernels)
-        layer_by_layer = r.model.compute_logits(r.model(ids_t, pos, ctx, r.kv_caches))
-        ctx = build_context([decode], 16, kernels=r.ops.kernels)
-        scratch = torch.empty(r.fused.workspace_floats(1))
-        fused = r.fused.logits(ids_t, r.model.rotary(pos), ctx, scratch)
+    fused = decode_logits(r, "The capital of France is", fused=True)
+    layer_by_layer = decode_logits(r, "The capital of France is", fused=False)
     assert torch.equal(fused, layer_by_layer)
