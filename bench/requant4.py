@@ -7,7 +7,8 @@ every projection, and the LM head too unless the variant says "proj". A tied LM 
 its own requantized copy; the input embedding (a row lookup, no bandwidth to save) stays
 as the file has it. "+a8": the symmetric blocks go, exactly, into the w8a8 engine as
 int8 values and scales (engine/gguf_blocks.py's path for a file's own Q4_0 / Q5_0), so
-the activations are rounded to int8 too by the real kernels: what a w4a8 kernel computes.
+the activations are rounded to int8 too by the real kernels: what a w4a8 kernel computes;
+Q4_1 (no int8 form) gets the same rounding of each matmul's input in torch.
 Quality as bench/precision.py measures it: perplexity on its pydoc_data.topics slice,
 teacher-forced top-1 agreement, greedy agreement over its 8 prompts x 32 tokens.
 """
@@ -24,6 +25,7 @@ from typing import Any
 
 import common
 import engine_driver as ed
+import gguf_blocks
 import precision
 import torch
 
@@ -85,7 +87,7 @@ def requantize(weight: torch.Tensor, rule: BlockRule) -> Requantized:
 class Variant:
     rule: str | None  # None: the fp32 reference
     head: bool = True  # the LM head requantized too
-    int8_activations: bool = False  # symmetric rules only: through the w8a8 kernels
+    int8_activations: bool = False  # rounded per token in groups of 32, as w8a8 does
 
     @property
     def name(self) -> str:
@@ -105,24 +107,26 @@ VARIANTS = {
         Variant("q5_0"),
         Variant("q4_0", int8_activations=True),
         Variant("q5_0", int8_activations=True),
+        Variant("q4_1", int8_activations=True),
+        Variant("q4_1", head=False, int8_activations=True),
     )
 }
 
 
-def requantize_model(model: Any, v: Variant) -> None:
+def requantize_model(model: Any, v: Variant, as_blocks: bool) -> None:
     """Replace the model's matmul weights before it is packed: fp32 dequantized blocks,
-    or (int8 activations) the blocks themselves for w8a8 to take as a file's own."""
+    or (as_blocks) the blocks themselves for w8a8 to take as a file's own."""
     rule = RULES[v.rule]
     linears = [m for m in model._linears() if v.head or m is not model.lm_head]
     for lin in linears:
         r = requantize(lin.weight, rule)
-        if v.int8_activations:
+        if as_blocks:
             lin.blocks = r.int8(rule)
         else:  # a new tensor: the loaded one may map the weight cache's file
             lin.weight = torch.nn.Parameter(r.dequantize(), requires_grad=False)
     if v.head and model.lm_head is None:  # tied: the head's copy only
         r = requantize(model.embed_tokens.weight, rule)
-        if v.int8_activations:
+        if as_blocks:
             model.head_blocks = r.int8(rule)
         else:
             model.packed_head = model.ops.pack_weight(r.dequantize(), _batch_hint())
@@ -155,14 +159,21 @@ def loaded_with(transform: Callable[[Any], None]) -> Iterator[None]:
 
 
 def build(model: str, v: Variant) -> Any:
-    weights = "w8a8" if v.int8_activations else "fp32"
+    """The variant's engine: symmetric blocks with int8 activations on the w8a8 kernels,
+    Q4_1's (no int8 form) on the fp32 engine with each matmul's input rounded as w8a8
+    rounds it (bench/gguf_blocks.py) and decode steps through that forward, not fused."""
+    kernels = v.int8_activations and RULES[v.rule].symmetric
     make = lambda: ed.make_engine(  # noqa: E731
-        model=model, kv_cache_bytes=64 << 20, weights=weights, num_threads=1
+        model=model, kv_cache_bytes=64 << 20, weights="w8a8" if kernels else "fp32", num_threads=1
     )
     if v.rule is None:
         return make()
-    with loaded_with(lambda m: requantize_model(m, v)):
-        return make()
+    with loaded_with(lambda m: requantize_model(m, v, as_blocks=kernels)):
+        e = make()
+    if v.int8_activations and not kernels:
+        gguf_blocks.int8_activations(e)
+        e.runner.fused = None
+    return e
 
 
 def measure(model: str, names: list[str], ppl_chars: int) -> dict[str, Any]:
@@ -200,6 +211,7 @@ def main() -> None:
     p.add_argument("--model", default=common.MODEL, help="bundled name or .gguf")
     p.add_argument("--ppl-chars", type=int, default=8000, help="as bench/precision.py")
     p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated; fp32 first")
+    p.add_argument("--quick", action="store_true", help="(bench/run.py) the same run")
     args = p.parse_args()
     names = args.variants.split(",")
     if names[0] != "fp32" or any(n not in VARIANTS for n in names):
@@ -223,7 +235,8 @@ def main() -> None:
     }
     print(json.dumps(payload, indent=2))
     print(table(quality))
-    common.write_result(f"requant4_{Path(args.model).name.removesuffix('.gguf')}", payload)
+    model = Path(args.model).name.removesuffix(".gguf")
+    common.write_result("requant4" if args.model == common.MODEL else f"requant4_{model}", payload)
 
 
 def table(quality: dict[str, Any]) -> str:

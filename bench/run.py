@@ -29,6 +29,7 @@ BENCHMARKS = [
     "cache_lookup",
     "cache_replay",
     "precision",
+    "requant4",
     "kv_utilization",
     "prefix_sharing",
     "fuzz",
