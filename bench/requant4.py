@@ -163,13 +163,11 @@ def build(model: str, v: Variant) -> Any:
     Q4_1's (no int8 form) on the fp32 engine with each matmul's input rounded as w8a8
     rounds it (bench/gguf_blocks.py) and decode steps through that forward, not fused."""
     kernels = v.int8_activations and RULES[v.rule].symmetric
-    make = lambda: ed.make_engine(  # noqa: E731
-        model=model, kv_cache_bytes=64 << 20, weights="w8a8" if kernels else "fp32", num_threads=1
-    )
-    if v.rule is None:
-        return make()
-    with loaded_with(lambda m: requantize_model(m, v, as_blocks=kernels)):
-        e = make()
+    weights = "w8a8" if kernels else "fp32"
+    with contextlib.ExitStack() as stack:
+        if v.rule is not None:
+            stack.enter_context(loaded_with(lambda m: requantize_model(m, v, as_blocks=kernels)))
+        e = ed.make_engine(model=model, kv_cache_bytes=64 << 20, weights=weights, num_threads=1)
     if v.int8_activations and not kernels:
         gguf_blocks.int8_activations(e)
         e.runner.fused = None
