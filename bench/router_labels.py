@@ -39,3 +39,6 @@ TARGETS: dict[str, Callable[[dict], float]] = {
     "rate": rate_label,
     "gap": gap,
 }
+# What the shipped examples are trained on, chosen by 5-fold CV on the train split
+# (bench/router_label_cv.py); bench/router_eval.py defaults to it.
+SHIPPED_TARGET = "gap"

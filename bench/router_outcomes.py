@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.router_answers import TIERS, Sampling, tier_answers  # noqa: E402
-from bench.router_labels import TARGETS  # noqa: E402
+from bench.router_labels import SHIPPED_TARGET, TARGETS  # noqa: E402
 from bench.router_tasks import Task, build_tasks, is_correct  # noqa: E402
 
 DATA = ROOT / "bench" / "data"
@@ -102,7 +102,7 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=0, help="N tasks spread over all (a look)")
     parser.add_argument("--out", type=Path, help=f"default {RATES.name} ({OUTCOMES.name} at 1)")
     parser.add_argument("--examples", type=Path, default=EXAMPLES)
-    parser.add_argument("--target", choices=list(TARGETS), default="gap")
+    parser.add_argument("--target", choices=list(TARGETS), default=SHIPPED_TARGET)
     parser.add_argument("--tiers", nargs="+", default=list(TIERS), choices=list(TIERS))
     args = parser.parse_args()
     torch.set_num_threads(1)
