@@ -27,7 +27,7 @@ def quality(row: dict, tier: str) -> float:
 
 
 def gap(row: dict) -> float:
-    return max(0.0, quality(row, "large") - quality(row, "small"))
+    return round(max(0.0, quality(row, "large") - quality(row, "small")), 4)
 
 
 def rate_label(row: dict) -> float:

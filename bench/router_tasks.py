@@ -254,7 +254,8 @@ def sequence(rng: random.Random, i: int) -> Task:
     elif rule == "grow":
         terms = [start + step * n * (n + 1) // 2 for n in range(6)]
     else:
-        terms = [start * rng.choice([2, 3]) ** n for n in range(6)]
+        ratios = [rng.choice([2, 3]) for _ in range(6)]  # one is used; six keep the draws
+        terms = [start * ratios[0] ** n for n in range(6)]
     shown = ", ".join(map(str, terms[:5]))
     prompt = rng.choice(["What number comes next: {}, ?", "Continue the sequence {}, ..."])
     return Task(f"seq-{i}", "sequence", prompt.format(shown), str(terms[5]), "number")
