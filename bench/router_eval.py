@@ -17,7 +17,8 @@ split, in the same run:
   large share that recovers that part of the accuracy gap between all-small and all-large.
 - The same figures on the first outcomes (`bench/data/router_outcomes.jsonl`: one greedy
   fp32 answer per tier, label "small wrong, large right") for the same held-out tasks, and
-  the classifier trained on those first labels (`difficulty_greedy_trained`) next to ours.
+  the classifier trained on those first labels (`difficulty_greedy_trained`) next to ours;
+  and this run's labels on those tasks alone (`first_tasks`: the later families left out).
 - Scoring latency beyond the embedding (features, signals, blend): p50 / p99.
 
 `--outcomes bench/data/router_outcomes.jsonl --target greedy --label greedy` reproduces the
@@ -277,6 +278,9 @@ def main() -> None:
             "file": args.greedy_outcomes.name,
             **evaluate(old_scores, old_test, TARGETS["greedy"], prices),
         }
+        # This run's labels on those tasks only: the later task families left out.
+        first_test = [test[i] for i in keep]
+        report["first_tasks"] = evaluate(old_scores, first_test, label, prices)
     RESULT.parent.mkdir(parents=True, exist_ok=True)
     RESULT.write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps(_without_curves(report), indent=1))
