@@ -21,8 +21,8 @@ split, in the same run:
   and this run's labels on those tasks alone (`first_tasks`: the later families left out).
 - Scoring latency beyond the embedding (features, signals, blend): p50 / p99.
 
-`--outcomes bench/data/router_outcomes.jsonl --target greedy --label greedy` reproduces the
-first figures.
+`--outcomes bench/data/router_outcomes.jsonl --target greedy --label greedy
+--regularization 30` reproduces the first figures.
 Writes bench/results/router_eval.json.
 """
 
@@ -234,10 +234,14 @@ def main() -> None:
     parser.add_argument("--target", choices=list(TARGETS), default=SHIPPED_TARGET)
     parser.add_argument("--label", choices=["rate", "greedy"], default="rate")
     parser.add_argument("--greedy-outcomes", type=Path, default=OUTCOMES)
+    parser.add_argument("--regularization", type=float, help="C; default: the policy's")
     args = parser.parse_args()
     rows = [json.loads(line) for line in args.outcomes.read_text().splitlines()]
     test = [r for r in rows if r["split"] == "heldout"]
     policy = load_policy(args.policy)
+    if args.regularization is not None:
+        c = {"regularization": args.regularization}
+        policy = policy.model_copy(update={"difficulty": policy.difficulty.model_copy(update=c)})
     embedder = Embedder(policy.embedder.model)
     start = time.perf_counter()
     scorer = trained_scorer(policy, rows, args.target, embedder.embed_many)
