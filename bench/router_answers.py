@@ -1,9 +1,10 @@
 """Both local tiers' answers to the router's checkable tasks, one or several per task.
 
 Answer 0 of each task is greedy; answers 1.. are sampled at a temperature with a seed fixed
-by (task id, answer index), so a rerun (or a run resumed after a kill) gives the same text
-whatever else shares the batch. Each finished answer is appended to the tier's answer file
-at once; a later run reads the file and generates only the (task, answer) pairs it lacks.
+by (task id, answer index), so a rerun (or a run resumed after a kill) draws the same
+samples. Each finished answer is appended to the tier's answer file at once; a later run
+reads the file and generates only the (task, answer) pairs it lacks (an answer recorded
+for another prompt under the same task id counts as lacking).
 """
 
 import hashlib
@@ -38,17 +39,24 @@ def answer_params(task: Task, index: int, temperature: float) -> SamplingParams:
     return SamplingParams(temperature=temperature, seed=seed, max_tokens=task.max_tokens)
 
 
-def read_answers(path: Path) -> dict[tuple[str, int], dict]:
-    """(task id, answer index) -> answer; a torn last line (a killed run) is skipped."""
+def prompt_digest(task: Task) -> str:
+    return hashlib.sha256(f"{task.system}\n{task.prompt}".encode()).hexdigest()[:12]
+
+
+def read_answers(path: Path, tasks: list[Task]) -> dict[tuple[str, int], dict]:
+    """(task id, answer index) -> answer, for answers to these tasks' current prompts (rows
+    from before digests were kept count as current); a torn line (a killed run) is skipped."""
     if not path.exists():
         return {}
+    digests = {t.id: prompt_digest(t) for t in tasks}
     out = {}
     for line in path.read_text().splitlines():
         try:
             row = json.loads(line)
         except json.JSONDecodeError:
             continue
-        out[(row["id"], row.get("sample", 0))] = row
+        if row.get("prompt_sha", digests.get(row["id"])) == digests.get(row["id"]):
+            out[(row["id"], row.get("sample", 0))] = row
     return out
 
 
@@ -56,7 +64,7 @@ def tier_answers(
     tier: str, tasks: list[Task], sampling: Sampling, path: Path
 ) -> dict[tuple[str, int], dict]:
     """Every task's `sampling.samples` answers from this tier, generating only the missing."""
-    kept = read_answers(path)
+    kept = read_answers(path, tasks)
     wanted = [(t, i) for t in tasks for i in range(sampling.samples) if (t.id, i) not in kept]
     if wanted:
         start = time.process_time()
@@ -81,6 +89,7 @@ def _generate(
         )
     )
     template = engine.tokenizer.apply_chat_template
+    digests = {task.id: prompt_digest(task) for task, _ in wanted}
     for task, index in wanted:
         messages = [
             {"role": "system", "content": task.system},
@@ -99,6 +108,7 @@ def _generate(
             row = {
                 "id": task_id,
                 "sample": int(index),
+                "prompt_sha": digests[task_id],
                 "text": "".join(texts.pop(out.request_id)),
                 "prompt_tokens": out.prompt_tokens,
                 "completion_tokens": out.completion_tokens,
