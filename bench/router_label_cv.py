@@ -5,7 +5,8 @@ read here.
     python bench/router_label_cv.py [--outcomes bench/data/router_rates.jsonl]
 
 Per (target, C), on each fold: ROC AUC against the `rate` label (large right-answer share
-beats small's by >= 0.5: the label the eval reports) and against the `greedy` label, and
+beats small's by >= 0.5: the label the eval reports; whole and length-matched as the eval
+does) and against the `greedy` label, and
 CPT(50%) on the right-answer rates (needs no label). Writes bench/results/router_label_cv.json.
 """
 
@@ -20,7 +21,7 @@ from sklearn.model_selection import StratifiedKFold
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.router_eval import auc, cpt, cpu_model  # noqa: E402
+from bench.router_eval import auc, cpt, cpu_model, length_matched  # noqa: E402
 from bench.router_labels import TARGETS, quality, rate_label  # noqa: E402
 from bench.router_outcomes import RATES  # noqa: E402
 from gateway.cache.embedder import Embedder  # noqa: E402
@@ -42,6 +43,7 @@ def cross_validate(x: np.ndarray, rows: list[dict], target: str, c: float) -> di
     y = np.array([TARGETS[target](r) for r in rows])
     rate = np.array([rate_label(r) for r in rows])
     greedy = np.array([TARGETS["greedy"](r) for r in rows])
+    lengths = np.array([len(r["prompt"]) for r in rows], dtype=float)
     small = np.array([quality(r, "small") for r in rows])
     large = np.array([quality(r, "large") for r in rows])
     folds = StratifiedKFold(FOLDS, shuffle=True, random_state=SEED).split(x, rate)
@@ -49,16 +51,23 @@ def cross_validate(x: np.ndarray, rows: list[dict], target: str, c: float) -> di
     for fit, test in folds:
         clf = train_classifier(x[fit, :384], x[fit, 384:], y[fit], c)
         p = probabilities(clf, x[test])
+        matched = length_matched(lengths[test], rate[test])
         per_fold.append(
-            (auc(rate[test], p), auc(greedy[test], p), cpt(p, small[test], large[test], 0.5))
+            (
+                auc(rate[test], p),
+                auc(rate[test][matched], p[matched]),
+                auc(greedy[test], p),
+                cpt(p, small[test], large[test], 0.5),
+            )
         )
     mean = np.array(per_fold).mean(axis=0)
     return {
         "target": target,
         "C": c,
         "auc_rate_label": round(float(mean[0]), 4),
-        "auc_greedy_label": round(float(mean[1]), 4),
-        "cpt50": round(float(mean[2]), 4),
+        "auc_rate_label_length_matched": round(float(mean[1]), 4),
+        "auc_greedy_label": round(float(mean[2]), 4),
+        "cpt50": round(float(mean[3]), 4),
     }
 
 
