@@ -2,19 +2,27 @@
 
     python bench/router_eval.py [--policy router_policies/default.yaml]
 
-Reads `bench/data/router_outcomes.jsonl` (bench/router_outcomes.py: both local tiers'
-answers to checkable tasks) and trains the policy's classifier on the `train` split, exactly
-as the gateway does at load. On the `heldout` split, in the same run:
+Reads `bench/data/router_rates.jsonl` (bench/router_outcomes.py: five answers per task from
+each local tier) and trains the policy's classifier on the `train` split with the shipped
+target (bench/router_labels.py), exactly as the gateway does at load. On the `heldout`
+split, in the same run:
 
-- ROC AUC for "needs the large tier" (small wrong, large right) of our score, of prompt
-  length alone and of LiteLLM's complexity router heuristic; on the whole split and on a
-  length-matched subset (per length band, as many positives as negatives, seeded sample).
+- ROC AUC for "needs the large tier" (`--label rate`: the large tier's right-answer share
+  beats the small one's by >= 0.5) of our score, of prompt length alone and of LiteLLM's
+  complexity router heuristic; on the whole split and on a length-matched subset (per
+  length band, as many positives as negatives, seeded sample).
 - Routing by each score at every share of large-tier calls, against all-small, all-large
-  and random routing at the same share (its expectation): accuracy, cost at the policy's
-  prices, and CPT(50%) / CPT(80%): the least large share that recovers that part of the
-  accuracy gap between all-small and all-large.
+  and random routing at the same share (its expectation): accuracy (each tier's
+  right-answer share), cost at the policy's prices, and CPT(50%) / CPT(80%): the least
+  large share that recovers that part of the accuracy gap between all-small and all-large.
+- The same figures on the first outcomes (`bench/data/router_outcomes.jsonl`: one greedy
+  fp32 answer per tier, label "small wrong, large right") for the same held-out tasks, and
+  the classifier trained on those first labels (`difficulty_greedy_trained`) next to ours;
+  and this run's labels on those tasks alone (`first_tasks`: the later families left out).
 - Scoring latency beyond the embedding (features, signals, blend): p50 / p99.
 
+`--outcomes bench/data/router_outcomes.jsonl --target greedy --label greedy
+--regularization 30` reproduces the first figures.
 Writes bench/results/router_eval.json.
 """
 
@@ -33,7 +41,8 @@ from sklearn.metrics import roc_auc_score
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.router_outcomes import OUTCOMES, needs_large  # noqa: E402
+from bench.router_labels import SHIPPED_TARGET, TARGETS, quality  # noqa: E402
+from bench.router_outcomes import OUTCOMES, RATES  # noqa: E402
 from gateway.cache.embedder import Embedder  # noqa: E402
 from gateway.policy import ExamplePrompt, load_policy  # noqa: E402
 from gateway.routing.difficulty import build_scorer, example_signals  # noqa: E402
@@ -148,12 +157,14 @@ def scoring_latency(scorer, prompts: list[str], vectors: np.ndarray) -> dict:
     }
 
 
-def at_threshold(policy, scores, small_ok, large_ok, small_cost, large_cost) -> dict | None:
+def at_threshold(policy, scores: np.ndarray, rows: list[dict], prices) -> dict | None:
     """Routing by the policy's own first min_score rule (the calibrated threshold)."""
     rules = [r for route in policy.routes.values() for r in route.rules if r.min_score]
     if not rules:
         return None
     to_large = scores >= rules[0].min_score
+    small_ok, large_ok = (np.array([quality(r, t) for r in rows]) for t in ("small", "large"))
+    small_cost, large_cost = (np.array([_cost(r[t], prices[t]) for r in rows]) for t in prices)
     return {
         "min_score": rules[0].min_score,
         "large_share": round(float(to_large.mean()), 4),
@@ -162,51 +173,18 @@ def at_threshold(policy, scores, small_ok, large_ok, small_cost, large_cost) -> 
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--policy", default=str(ROOT / "router_policies" / "default.yaml"))
-    parser.add_argument("--outcomes", type=Path, default=OUTCOMES)
-    args = parser.parse_args()
-    rows = [json.loads(line) for line in args.outcomes.read_text().splitlines()]
-    train = [r for r in rows if r["split"] == "train"]
-    test = [r for r in rows if r["split"] == "heldout"]
-    base = load_policy(args.policy)
-    # Train on the train split of these outcomes, whatever file the policy points to.
-    examples = [ExamplePrompt(prompt=r["prompt"], label=needs_large(r)) for r in train]
-    difficulty = base.difficulty.model_copy(update={"examples": examples})
-    policy = base.model_copy(update={"difficulty": difficulty})
-    embedder = Embedder(policy.embedder.model)
-    start = time.perf_counter()
-    scorer = build_scorer(policy, embedder.embed_many)
-    train_s = time.perf_counter() - start
-
-    prompts = [r["prompt"] for r in test]
-    labels = np.array([needs_large(r) for r in test])
-    vectors = embedder.embed_many(prompts)
-    ours = np.array(
-        [
-            scorer.score_embedded(v, example_signals(p)).score
-            for v, p in zip(vectors, prompts, strict=True)
-        ]
-    )
-    lengths = np.array([len(p) for p in prompts], dtype=float)
-    litellm = litellm_scores(prompts)
+def evaluate(scores: dict[str, np.ndarray], rows: list[dict], label, prices) -> dict:
+    """AUC (whole and length-matched), accuracy and cost curves and CPT of each score on
+    `rows`, for the label function `label` and each tier's right-answer share."""
+    labels = np.array([label(r) for r in rows])
+    lengths = np.array([len(r["prompt"]) for r in rows], dtype=float)
     matched = length_matched(lengths, labels)
-    scores = {"difficulty": ours, "length": lengths, "litellm_complexity": litellm}
-
-    prices = {t: policy.tiers[t].price for t in ("small", "large")}
-    small_ok = np.array([r["small"]["correct"] for r in test], dtype=float)
-    large_ok = np.array([r["large"]["correct"] for r in test], dtype=float)
-    small_cost, large_cost = (
-        np.array([_cost(r[t], prices[t]) for r in test]) for t in ("small", "large")
-    )
+    small_ok, large_ok = (np.array([quality(r, t) for r in rows]) for t in ("small", "large"))
+    small_cost, large_cost = (np.array([_cost(r[t], prices[t]) for r in rows]) for t in prices)
     report = {
-        "cpu": cpu_model(),
-        "train_examples": len(train),
-        "heldout": len(test),
-        "heldout_positive_share": round(float(labels.mean()), 4),
+        "heldout": len(rows),
+        "positive_share": round(float(labels.mean()), 4),
         "matched_subset": len(matched),
-        "train_seconds": round(train_s, 2),
         "auc": {n: auc(labels, s) for n, s in scores.items()},
         "auc_length_matched": {n: auc(labels[matched], s[matched]) for n, s in scores.items()},
         "all_small": {"accuracy": round(float(small_ok.mean()), 4), "cost_usd": small_cost.sum()},
@@ -219,28 +197,113 @@ def main() -> None:
             n: routed_curve(s, small_ok, large_ok, small_cost, large_cost)
             for n, s in scores.items()
         },
-        "scoring_latency": scoring_latency(scorer, prompts, vectors),
     }
     report["curves"]["random"] = random_curve(small_ok, large_ok, small_cost, large_cost)
-    report["at_policy_threshold"] = at_threshold(
-        policy, ours, small_ok, large_ok, small_cost, large_cost
-    )
-    ours_curve, rand_curve = report["curves"]["difficulty"], report["curves"]["random"]
-    report["beats_random_at_every_share"] = all(
-        o["accuracy"] >= r["accuracy"]
-        for o, r in zip(ours_curve[1:-1], rand_curve[1:-1], strict=True)
-    )
+    rand_curve = report["curves"]["random"]
+    report["beats_random_at_every_share"] = {
+        n: all(
+            o["accuracy"] >= r["accuracy"]
+            for o, r in zip(report["curves"][n][1:-1], rand_curve[1:-1], strict=True)
+        )
+        for n in scores
+    }
+    return report
+
+
+def trained_scorer(policy, rows: list[dict], target: str, embed_many):
+    """The policy's classifier trained on `rows` with `target`, whatever file it points to."""
+    key = "score" if target == "gap" else "label"
+    examples = [
+        ExamplePrompt(prompt=r["prompt"], **{key: TARGETS[target](r)})
+        for r in rows
+        if r["split"] == "train"
+    ]
+    difficulty = policy.difficulty.model_copy(update={"examples": examples})
+    return build_scorer(policy.model_copy(update={"difficulty": difficulty}), embed_many)
+
+
+def scores_of(scorer, prompts: list[str], vectors: np.ndarray) -> np.ndarray:
+    pairs = zip(vectors, prompts, strict=True)
+    return np.array([scorer.score_embedded(v, example_signals(p)).score for v, p in pairs])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--policy", default=str(ROOT / "router_policies" / "default.yaml"))
+    parser.add_argument("--outcomes", type=Path, default=RATES)
+    parser.add_argument("--target", choices=list(TARGETS), default=SHIPPED_TARGET)
+    parser.add_argument("--label", choices=["rate", "greedy"], default="rate")
+    parser.add_argument("--greedy-outcomes", type=Path, default=OUTCOMES)
+    parser.add_argument("--regularization", type=float, help="C; default: the policy's")
+    args = parser.parse_args()
+    rows = [json.loads(line) for line in args.outcomes.read_text().splitlines()]
+    test = [r for r in rows if r["split"] == "heldout"]
+    policy = load_policy(args.policy)
+    if args.regularization is not None:
+        c = {"regularization": args.regularization}
+        policy = policy.model_copy(update={"difficulty": policy.difficulty.model_copy(update=c)})
+    embedder = Embedder(policy.embedder.model)
+    start = time.perf_counter()
+    scorer = trained_scorer(policy, rows, args.target, embedder.embed_many)
+    train_s = time.perf_counter() - start
+
+    prompts = [r["prompt"] for r in test]
+    vectors = embedder.embed_many(prompts)
+    scores = {
+        "difficulty": scores_of(scorer, prompts, vectors),
+        "length": np.array([len(p) for p in prompts], dtype=float),
+        "litellm_complexity": litellm_scores(prompts),
+    }
+    old_rows = {}
+    if args.greedy_outcomes.exists() and args.greedy_outcomes.resolve() != args.outcomes.resolve():
+        old_rows = {r["id"]: r for r in map(json.loads, args.greedy_outcomes.open())}
+        # The first shipped classifier (one greedy fp32 answer per tier), for comparison.
+        old = trained_scorer(policy, list(old_rows.values()), "greedy", embedder.embed_many)
+        scores["difficulty_greedy_trained"] = scores_of(old, prompts, vectors)
+    prices = {t: policy.tiers[t].price for t in ("small", "large")}
+    label = TARGETS[args.label]
+    report = {
+        "cpu": cpu_model(),
+        "outcomes": args.outcomes.name,
+        "train_target": args.target,
+        "label": args.label,
+        "train_examples": len(rows) - len(test),
+        "train_seconds": round(train_s, 2),
+        **evaluate(scores, test, label, prices),
+        "scoring_latency": scoring_latency(scorer, prompts, vectors),
+        "at_policy_threshold": at_threshold(policy, scores["difficulty"], test, prices),
+    }
+    if old_rows:
+        # The same held-out tasks, labelled and scored for quality by the first outcomes.
+        keep = [i for i, r in enumerate(test) if r["id"] in old_rows]
+        old_test = [old_rows[test[i]["id"]] for i in keep]
+        old_scores = {n: s[keep] for n, s in scores.items()}
+        report["greedy_outcomes"] = {
+            "file": args.greedy_outcomes.name,
+            **evaluate(old_scores, old_test, TARGETS["greedy"], prices),
+        }
+        # This run's labels on those tasks only: the later task families left out.
+        first_test = [test[i] for i in keep]
+        report["first_tasks"] = evaluate(old_scores, first_test, label, prices)
     RESULT.parent.mkdir(parents=True, exist_ok=True)
     RESULT.write_text(json.dumps(report, indent=1) + "\n")
-    summary = {k: v for k, v in report.items() if k != "curves"}
-    print(json.dumps(summary, indent=1))
+    print(json.dumps(_without_curves(report), indent=1))
     print(f"-> {RESULT}")
+
+
+def _without_curves(report: dict) -> dict:
+    return {
+        k: _without_curves(v) if isinstance(v, dict) else v
+        for k, v in report.items()
+        if k != "curves"
+    }
 
 
 def _cost(answer: dict, price) -> float:
     from engine.protocol import Usage
 
-    return cost_usd(Usage.of(answer["prompt_tokens"], answer["completion_tokens"]), price)
+    tokens = Usage.of(answer["prompt_tokens"], round(answer["completion_tokens"]))
+    return cost_usd(tokens, price)
 
 
 if __name__ == "__main__":

@@ -225,6 +225,42 @@ def word_problem(rng: random.Random, i: int) -> Task:
     return Task(f"word-{i}", "word_problem", prompt, str(value), "number")
 
 
+# --- multi-step code traces (added with the rate labels) -------------------------------
+
+
+def code_trace(rng: random.Random, i: int) -> Task:
+    """Five lines of the same shape; `steps` of the three middle lines feed the printed
+    value (0: it is read straight off a line), so only the dependency chain varies."""
+    a, b, k = rng.randint(2, 9), rng.randint(2, 9), rng.randint(2, 5)
+    steps = rng.choice([0, 1, 2, 3])
+    chained = [f"c = a + {k}", "a = c * b", f"b = a - {k}"][:steps]
+    unrelated = [f"d = {k} + {b}", f"e = {a} * {k}", f"f = {b} - 1"]
+    lines = [f"a = {a}", f"b = {b}", *chained, *unrelated[steps:]]
+    lines.append("print({})".format(["a", "c", "a", "b"][steps]))
+    code = "\n".join(lines)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(code, {})  # our own generated snippet, never user input
+    prompt = f"What does this Python code print?\n```python\n{code}\n```"
+    return Task(f"trace-{i}", "code_trace", prompt, out.getvalue().strip(), "number")
+
+
+def sequence(rng: random.Random, i: int) -> Task:
+    """Next term of five: a constant step, a growing step, or a ratio; same length."""
+    start, step = rng.randint(1, 20), rng.randint(2, 9)
+    rule = rng.choice(["add", "add", "grow", "times"])
+    if rule == "add":
+        terms = [start + step * n for n in range(6)]
+    elif rule == "grow":
+        terms = [start + step * n * (n + 1) // 2 for n in range(6)]
+    else:
+        ratios = [rng.choice([2, 3]) for _ in range(6)]  # one is used; six keep the draws
+        terms = [start * ratios[0] ** n for n in range(6)]
+    shown = ", ".join(map(str, terms[:5]))
+    prompt = rng.choice(["What number comes next: {}, ?", "Continue the sequence {}, ..."])
+    return Task(f"seq-{i}", "sequence", prompt.format(shown), str(terms[5]), "number")
+
+
 # --- GSM8K ----------------------------------------------------------------------------
 
 
@@ -260,11 +296,17 @@ FAMILIES: dict[str, tuple[Callable[[random.Random, int], Task], int]] = {
     "word_problem": (word_problem, 260),
 }
 GSM8K_COUNT = 60
+# Drawn after GSM8K from the same rng, so the tasks above (and their ids) stay as they were.
+LATER_FAMILIES: dict[str, tuple[Callable[[random.Random, int], Task], int]] = {
+    "code_trace": (code_trace, 200),
+    "sequence": (sequence, 200),
+}
 
 
 def build_tasks(seed: int = 10) -> list[Task]:
     rng = random.Random(seed)
     tasks = [make(rng, i) for make, count in FAMILIES.values() for i in range(count)]
     tasks += gsm8k(rng, GSM8K_COUNT)
+    tasks += [make(rng, i) for make, count in LATER_FAMILIES.values() for i in range(count)]
     unique = {t.prompt: t for t in tasks}  # duplicates would leak between the splits
     return list(unique.values())
