@@ -127,7 +127,8 @@ def breakdown(steps: Steps) -> dict[str, Any]:
 
 
 def lm_head_ms(runner: Any, repeats: int = 30) -> float:
-    """One row through the packed LM head (the kernel decode_step ends with), median ms."""
+    """One row through the packed LM head (the kernel decode_step ends with), median ms; a
+    head smaller than the last-level cache (SmolLM2's 28 MiB) may be read from it."""
     import torch
 
     model = runner.model
@@ -140,6 +141,32 @@ def lm_head_ms(runner: Any, repeats: int = 30) -> float:
             model.compute_logits(h)
             times.append(time.perf_counter() - start)
     return round(1e3 * common.median(times), 3)
+
+
+def step_weight_bytes(runner: Any) -> int:
+    """Bytes of the projection and LM-head weights one decode step reads (values and scales)."""
+    model = runner.model
+    weights = [model.packed_head]
+    for layer in model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        weights += [p.packed for p in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
+    return sum(w.nbytes for w in weights)
+
+
+def read_gb_per_s(mib: int = 384, repeats: int = 3) -> float:
+    """What one thread streams from memory in a plain sum (torch, best of a few): the
+    ceiling for a GEMV that reads each weight byte once."""
+    import torch
+
+    data = torch.ones(mib << 18)  # fp32: mib MiB
+    best = min(_seconds(data.sum) for _ in range(repeats))
+    return round(data.nbytes / best / 1e9, 1)
+
+
+def _seconds(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
 
 
 def gemvs_ms(runner: Any, repeats: int = 10) -> float:
@@ -270,8 +297,12 @@ def main() -> None:
     ed.warm_up(engine, items[0].prompt_ids)
     plain, stages = in_process(engine, items)
     head, gemvs = lm_head_ms(engine.runner), gemvs_ms(engine.runner)
+    step_bytes, read_rate = step_weight_bytes(engine.runner), read_gb_per_s()
+    fused_rate = step_bytes / stages["ms"][FUSED] / 1e6
     print(f"in process: {plain['decode_tokens_per_s']} tok/s; LM head alone {head} ms,")
     print(f"  every GEMV of a step (layers + head) alone {gemvs} ms")
+    print(f"  weights read per step {step_bytes / 2**20:.0f} MiB: the fused call streams")
+    print(f"  {fused_rate:.1f} GB/s, a plain one-thread sum {read_rate} GB/s")
     for name, ms in stages["ms"].items():
         print(f"  {name:40s} {ms:8.3f} ms  {100 * stages['share'][name]:5.1f}%")
     config = EngineConfig(model=args.model, num_threads=args.threads, weights=args.weights)
@@ -297,6 +328,9 @@ def main() -> None:
         "step_breakdown": stages,
         "lm_head_one_row_ms": head,
         "all_gemvs_one_row_ms": gemvs,
+        "step_weight_bytes": step_bytes,
+        "fused_call_gb_per_s": round(fused_rate, 1),
+        "one_thread_sum_gb_per_s": read_rate,
         "async_engine": hop,
         "http_sse": http,
     }
