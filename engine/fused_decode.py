@@ -135,14 +135,18 @@ class FusedDecode:
         rope: tuple[torch.Tensor, torch.Tensor],
         ctx: AttentionContext,
         workspace: torch.Tensor,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Logits [B, vocab] for B decodes (ctx built with the kernels, decodes only)."""
+        """Logits [B, vocab] for B decodes (ctx built with the kernels, decodes only), in
+        `out` when given (contiguous fp32 [B, vocab]), else in a new tensor."""
         rows = ctx.decode_rows
         assert rows is not None and not ctx.prefills and not ctx.prefix_rows
         s, b = self.spec, input_ids.shape[0]
         cos, sin = rope
         assert workspace.numel() >= self.workspace_floats(b), "workspace too small"
-        logits = torch.empty(b, s.vocab)
+        logits = torch.empty(b, s.vocab) if out is None else out
+        assert logits.shape == (b, s.vocab) and logits.is_contiguous()
+        assert logits.dtype == torch.float32
         failed = self.kernels.decode_step(
             ctypes.byref(s),
             input_ids.data_ptr(),

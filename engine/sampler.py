@@ -41,7 +41,7 @@ def sample(
     generators: list[torch.Generator | None],
 ) -> list[int]:
     """logits [N, V] (fp32) -> one token id per row."""
-    out = logits.argmax(dim=-1)
+    out = greedy_tokens(logits)
     rows = [i for i, p in enumerate(params) if not p.greedy]
     if not rows:
         return out.tolist()
@@ -58,6 +58,12 @@ def sample(
         gens = [generators[rows[j]] for j in filtered]
         out[[rows[j] for j in filtered]] = _sample_filtered(scaled[filtered], sub, gens)
     return out.tolist()
+
+
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's argmax, as torch.argmax picks it (the first of equal maxima; a NaN wins),
+    by numpy: torch's takes 128 us over Qwen's 151,936 logits on one thread, numpy's 18."""
+    return torch.from_numpy(logits.detach().numpy().argmax(axis=-1))
 
 
 def _sample_filtered(

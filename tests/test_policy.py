@@ -171,7 +171,12 @@ def test_default_policy_uses_bundled_local_models() -> None:
     text = (ROOT / "router_policies" / "default.yaml").read_text()
     policy = parse_policy(text, env={})
     assert policy.auth.keys[0].key == "sk-tiergate-local"
-    assert set(policy.local_engines()) == {"smollm2-135m", "qwen2.5-coder-0.5b"}
+    engines = policy.local_engines()
+    assert set(engines) == {"smollm2-135m", "qwen2.5-coder-0.5b"}
+    # `make run` takes the fastest weight format within the quality bound, not fp32, and
+    # twice the KV tokens per budget (bf16)
+    configs = [s.to_config(name) for name, s in engines.items()]
+    assert {(c.weights, c.kv_dtype) for c in configs} == {("auto", "bf16")}
     assert policy.tiers["large"].fallback == "small"
     assert policy.cache.enabled and policy.cache.verifier == "strict"  # on by default
     assert policy.routes["auto"].rules[0].min_score is not None  # routed by difficulty

@@ -192,7 +192,12 @@ def test_fused_decode_step_equals_the_layer_by_layer_forward(runner: ModelRunner
     scratch = torch.empty(runner.fused.workspace_floats(len(decodes)))
     with torch.inference_mode():
         fused = runner.fused.logits(ids, runner.model.rotary(pos), ctx, scratch)
+        # into a caller's buffer (the runner keeps one): every value written, same logits
+        buffer = torch.full((len(decodes) + 2, fused.shape[1]), float("nan"))
+        into = runner.fused.logits(ids, runner.model.rotary(pos), ctx, scratch, buffer[1:-1])
     assert torch.equal(fused, layer_by_layer)
+    assert torch.equal(into, fused) and into.data_ptr() == buffer[1].data_ptr()
+    assert buffer[0].isnan().all() and buffer[-1].isnan().all()
 
 
 def _mapped_file(address: int) -> str | None:

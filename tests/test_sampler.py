@@ -2,7 +2,7 @@
 
 import torch
 
-from engine.sampler import make_generator, sample
+from engine.sampler import greedy_tokens, make_generator, sample
 from engine.sampling_params import SamplingParams
 
 V = 50
@@ -21,6 +21,28 @@ def test_greedy_is_argmax() -> None:
     logits = _logits(4)
     for p in (SamplingParams(temperature=0), SamplingParams(temperature=0.7, top_k=1)):
         assert sample(logits, [p] * 4, [None] * 4) == logits.argmax(-1).tolist()
+
+
+def test_greedy_picks_as_torch_argmax_does() -> None:
+    """numpy's argmax stands in for torch's: the same token on ties (the first), NaN (wins),
+    a row all -inf (the first), +inf, and on strided or row-picked logits."""
+    inf, nan = float("inf"), float("nan")
+    edge = torch.tensor(
+        [
+            [1.0, 3.0, 3.0, 2.0],
+            [-inf, -inf, -inf, -inf],
+            [1.0, nan, 5.0, nan],
+            [inf, 1.0, inf, 0.0],
+            [-2.0, -1.0, -1.0, -3.0],
+        ]
+    )
+    big = _logits(8, seed=3).repeat(1, 3000)  # 150,000 columns, the maximum repeated
+    cases = [edge, edge.t().contiguous().t(), edge[[4, 0, 2]], big, big[::3], big[:, ::7]]
+    for logits in cases:
+        assert greedy_tokens(logits).tolist() == logits.argmax(dim=-1).tolist()
+    with torch.inference_mode():  # how the runner calls it
+        logits = _logits(4, seed=5)
+        assert greedy_tokens(logits).tolist() == logits.argmax(dim=-1).tolist()
 
 
 def test_seed_is_reproducible_and_independent_of_batch() -> None:

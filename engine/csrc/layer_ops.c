@@ -1,7 +1,10 @@
 /* The small per-layer steps around the matmuls, fused: each is one pass over its rows
    instead of several torch ops (each a dispatch, an OpenMP fork/join and a temporary).
    fp32, rows contiguous. Parallel over rows only when there are enough of them: at a
-   decode step's few dozen rows the fork/join costs more than the work. */
+   decode step's few dozen rows the fork/join costs more than the work. Fewer rows take a
+   plain loop, not an OpenMP region with an `if` clause: entering a region costs ~5 us
+   even on one thread once a decode step's weight stream has evicted libgomp from the
+   caches (7% of a SmolLM2 single-stream step went to region entries, py-spy --native). */
 
 #include <math.h>
 #include <stdint.h>
@@ -11,48 +14,89 @@
 
 #define PARALLEL_FLOATS 65536
 
+static void add_rms_norm_row(float *o, float *r, const float *a, const float *weight,
+                             int64_t dim, float eps) {
+    vec sq = {0};
+    int64_t d = 0;
+    for (; d + LANES <= dim; d += LANES) {
+        vec v = load(r + d);
+        if (a) {
+            v += load(a + d);
+            store(r + d, v);
+        }
+        sq += v * v;
+    }
+    float ss = sum_lanes(sq);
+    for (; d < dim; d++) {
+        if (a) r[d] += a[d];
+        ss += r[d] * r[d];
+    }
+    const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
+    for (d = 0; d + LANES <= dim; d += LANES)
+        store(o + d, load(r + d) * splat(inv) * load(weight + d));
+    for (; d < dim; d++) o[d] = r[d] * inv * weight[d];
+}
+
 /* residual += x (when x is not NULL), then out = residual / rms(residual) * weight */
 void add_rms_norm(float *out, float *residual, const float *x, const float *weight,
                   int64_t rows, int64_t dim, float eps) {
-#pragma omp parallel for if (rows * dim >= PARALLEL_FLOATS)
-    for (int64_t t = 0; t < rows; t++) {
-        float *r = residual + t * dim, *o = out + t * dim;
-        const float *a = x ? x + t * dim : 0;
-        vec sq = {0};
-        int64_t d = 0;
-        for (; d + LANES <= dim; d += LANES) {
-            vec v = load(r + d);
-            if (a) {
-                v += load(a + d);
-                store(r + d, v);
-            }
-            sq += v * v;
-        }
-        float ss = sum_lanes(sq);
-        for (; d < dim; d++) {
-            if (a) r[d] += a[d];
-            ss += r[d] * r[d];
-        }
-        const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
-        for (d = 0; d + LANES <= dim; d += LANES)
-            store(o + d, load(r + d) * splat(inv) * load(weight + d));
-        for (; d < dim; d++) o[d] = r[d] * inv * weight[d];
+    if (rows * dim < PARALLEL_FLOATS) { /* no OpenMP region: see the top */
+        for (int64_t t = 0; t < rows; t++)
+            add_rms_norm_row(out + t * dim, residual + t * dim, x ? x + t * dim : 0, weight, dim,
+                             eps);
+        return;
     }
+#pragma omp parallel for
+    for (int64_t t = 0; t < rows; t++)
+        add_rms_norm_row(out + t * dim, residual + t * dim, x ? x + t * dim : 0, weight, dim, eps);
+}
+
+static void silu_mul_row(float *o, const float *g, int64_t inter) {
+    const float *u = g + inter;
+    int64_t i = 0;
+    for (; i + LANES <= inter; i += LANES) {
+        vec x = load(g + i);
+        store(o + i, x / (splat(1.0f) + vexp(-x)) * load(u + i));
+    }
+    for (; i < inter; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
 /* out[t] = silu(gate[t]) * up[t], gate_up[t] = [gate (inter) | up (inter)] */
 void silu_mul(float *out, const float *gate_up, int64_t rows, int64_t inter) {
-#pragma omp parallel for if (rows * inter >= PARALLEL_FLOATS)
-    for (int64_t t = 0; t < rows; t++) {
-        const float *g = gate_up + t * 2 * inter, *u = g + inter;
-        float *o = out + t * inter;
-        int64_t i = 0;
-        for (; i + LANES <= inter; i += LANES) {
-            vec x = load(g + i);
-            store(o + i, x / (splat(1.0f) + vexp(-x)) * load(u + i));
-        }
-        for (; i < inter; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    if (rows * inter < PARALLEL_FLOATS) { /* no OpenMP region: see the top */
+        for (int64_t t = 0; t < rows; t++)
+            silu_mul_row(out + t * inter, gate_up + t * 2 * inter, inter);
+        return;
     }
+#pragma omp parallel for
+    for (int64_t t = 0; t < rows; t++) silu_mul_row(out + t * inter, gate_up + t * 2 * inter, inter);
+}
+
+static void rope_store_kv_row(float *row, const float *c, const float *s, int64_t heads,
+                              int64_t kv_heads, int64_t head_dim, void *k_pool, void *v_pool,
+                              int64_t page_size, int64_t at, int64_t page, int64_t kv_bf16) {
+    const int64_t half = head_dim / 2;
+    for (int64_t h = 0; h < heads + kv_heads; h++) {
+        float *x1 = row + h * head_dim, *x2 = x1 + half;
+        for (int64_t i = 0; i < half; i++) {
+            const float a = x1[i], b = x2[i];
+            x1[i] = a * c[i] - b * s[i];
+            x2[i] = b * c[i] + a * s[i];
+        }
+    }
+    const float *k = row + heads * head_dim, *v = k + kv_heads * head_dim;
+    for (int64_t h = 0; h < kv_heads; h++)
+        for (int64_t d = 0; d < head_dim; d++) {
+            const int64_t ki = page + (h * head_dim + d) * page_size + at;
+            const int64_t vi = page + (h * page_size + at) * head_dim + d;
+            if (kv_bf16) {
+                ((uint16_t *)k_pool)[ki] = f32_to_bf16(k[h * head_dim + d]);
+                ((uint16_t *)v_pool)[vi] = f32_to_bf16(v[h * head_dim + d]);
+            } else {
+                ((float *)k_pool)[ki] = k[h * head_dim + d];
+                ((float *)v_pool)[vi] = v[h * head_dim + d];
+            }
+        }
 }
 
 /* Rotate the Q and K heads of qkv in place (half-split / NEOX rotary embedding with the
@@ -66,31 +110,15 @@ void rope_store_kv(float *qkv, const float *cos, const float *sin, int64_t rows,
                    int64_t page_stride, int64_t page_size, const int64_t *slot_pages,
                    const int64_t *slot_offsets, int64_t kv_bf16) {
     const int64_t half = head_dim / 2, width = (heads + 2 * kv_heads) * head_dim;
-#pragma omp parallel for if (rows * width >= PARALLEL_FLOATS)
-    for (int64_t t = 0; t < rows; t++) {
-        float *row = qkv + t * width;
-        const float *c = cos + t * half, *s = sin + t * half;
-        for (int64_t h = 0; h < heads + kv_heads; h++) {
-            float *x1 = row + h * head_dim, *x2 = x1 + half;
-            for (int64_t i = 0; i < half; i++) {
-                const float a = x1[i], b = x2[i];
-                x1[i] = a * c[i] - b * s[i];
-                x2[i] = b * c[i] + a * s[i];
-            }
-        }
-        const float *k = row + heads * head_dim, *v = k + kv_heads * head_dim;
-        const int64_t at = slot_offsets[t], page = slot_pages[t] * page_stride;
-        for (int64_t h = 0; h < kv_heads; h++)
-            for (int64_t d = 0; d < head_dim; d++) {
-                const int64_t ki = page + (h * head_dim + d) * page_size + at;
-                const int64_t vi = page + (h * page_size + at) * head_dim + d;
-                if (kv_bf16) {
-                    ((uint16_t *)k_pool)[ki] = f32_to_bf16(k[h * head_dim + d]);
-                    ((uint16_t *)v_pool)[vi] = f32_to_bf16(v[h * head_dim + d]);
-                } else {
-                    ((float *)k_pool)[ki] = k[h * head_dim + d];
-                    ((float *)v_pool)[vi] = v[h * head_dim + d];
-                }
-            }
+#define ROPE_ROW(t)                                                                         \
+    rope_store_kv_row(qkv + (t) * width, cos + (t) * half, sin + (t) * half, heads, kv_heads, \
+                      head_dim, k_pool, v_pool, page_size, slot_offsets[t],                 \
+                      slot_pages[t] * page_stride, kv_bf16)
+    if (rows * width < PARALLEL_FLOATS) { /* no OpenMP region: see the top */
+        for (int64_t t = 0; t < rows; t++) ROPE_ROW(t);
+        return;
     }
+#pragma omp parallel for
+    for (int64_t t = 0; t < rows; t++) ROPE_ROW(t);
+#undef ROPE_ROW
 }

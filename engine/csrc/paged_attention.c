@@ -164,12 +164,37 @@ static void longest_first(int64_t *order, const int32_t *context_lens, int64_t b
     for (int64_t i = 0; i < batch; i++) order[i] &= 0xffffffff;
 }
 
+/* Rows order[first], order[first + stride], ... of the batch (one thread's share); 1 when
+   its scratch could not be had. */
+static int attend_share(float *out, const float *q, int64_t q_stride, const kv_t *k_pool,
+                        const kv_t *v_pool, int64_t page_stride, const int32_t *page_table,
+                        int64_t table_width, const int32_t *context_lens, int64_t batch,
+                        int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t page_size,
+                        float scale, const int64_t *order, int64_t padded, int64_t first,
+                        int64_t stride) {
+    float *work = malloc(sizeof(float) * heads * (padded + head_dim));
+    if (work == NULL) return 1;
+    for (int64_t i = first; i < batch; i += stride) {
+        const int64_t b = order[i];
+        const int32_t *next = 0;
+        int64_t next_n = 0;
+        if (i + stride < batch) {
+            next = page_table + order[i + stride] * table_width;
+            next_n = context_lens[order[i + stride]];
+        }
+        attend_seq(out + b * heads * head_dim, q + b * q_stride, k_pool, v_pool, page_stride,
+                   page_table + b * table_width, context_lens[b], kv_heads, heads / kv_heads,
+                   head_dim, page_size, scale, work, work + heads * padded, next, next_n);
+    }
+    free(work);
+    return 0;
+}
+
 int ENTRY(float *out, const float *q, int64_t q_stride, const kv_t *k_pool, const kv_t *v_pool,
           int64_t page_stride,
                            const int32_t *page_table, int64_t table_width,
                            const int32_t *context_lens, int64_t batch, int64_t heads,
                            int64_t kv_heads, int64_t head_dim, int64_t page_size, float scale) {
-    const int64_t group = heads / kv_heads;
     int64_t *order = malloc(sizeof(int64_t) * batch);
     if (order == NULL) return 1;
     longest_first(order, context_lens, batch);
@@ -177,28 +202,19 @@ int ENTRY(float *out, const float *q, int64_t q_stride, const kv_t *k_pool, cons
     const int64_t padded = (longest + page_size - 1) / page_size * page_size;
     int failed = 0;
     /* Longest first, dealt round-robin: the threads' loads come out even, and each
-       thread knows which sequence it takes next (to prefetch it). */
+       thread knows which sequence it takes next (to prefetch it). One sequence (a single
+       stream's decode) or one thread: no OpenMP region, whose entry costs ~5 us once a
+       decode step's weight stream has evicted libgomp from the caches (layer_ops.c). */
+    if (batch == 1 || omp_get_max_threads() == 1) {
+        failed = attend_share(out, q, q_stride, k_pool, v_pool, page_stride, page_table,
+                              table_width, context_lens, batch, heads, kv_heads, head_dim,
+                              page_size, scale, order, padded, 0, 1);
+    } else {
 #pragma omp parallel
-    {
-        float *work = malloc(sizeof(float) * heads * (padded + head_dim));
-        if (work == NULL) failed = 1;
-        const int64_t threads = omp_get_num_threads();
-#pragma omp for schedule(static, 1)
-        for (int64_t i = 0; i < batch; i++) {
-            if (work == NULL) continue;
-            const int64_t b = order[i];
-            const int32_t *next = 0;
-            int64_t next_n = 0;
-            if (i + threads < batch) {
-                next = page_table + order[i + threads] * table_width;
-                next_n = context_lens[order[i + threads]];
-            }
-            attend_seq(out + b * heads * head_dim, q + b * q_stride, k_pool, v_pool,
-                       page_stride, page_table + b * table_width, context_lens[b], kv_heads,
-                       group, head_dim, page_size, scale, work, work + heads * padded, next,
-                       next_n);
-        }
-        free(work);
+        if (attend_share(out, q, q_stride, k_pool, v_pool, page_stride, page_table, table_width,
+                         context_lens, batch, heads, kv_heads, head_dim, page_size, scale, order,
+                         padded, omp_get_thread_num(), omp_get_num_threads()))
+            failed = 1;
     }
     free(order);
     return failed;
