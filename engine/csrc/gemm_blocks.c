@@ -120,18 +120,19 @@ VNNI_TARGET INLINE __m512i bcast4(const int8_t *p) {
     return _mm512_set1_epi32(v);
 }
 
-/* MR rows, one panel: every record's codes are unpacked once for all MR rows. Q8_0
+/* MR rows, one panel: every record's codes are unpacked once for all MR rows (8 at a
+   decode batch's width: the unpacking is then a small share of the dot products). Q8_0
    enters vpdpbusd (unsigned first) as q + 128, its sums starting at -128 * sum(xq) */
 VNNI_TARGET INLINE void vnni_rows(ROW_ARGS, const int type, const int MR) {
     const int64_t groups = K / G, size = RECORD[type];
     const __m512i low4 = _mm512_set1_epi8(15), sixteen = _mm512_set1_epi8(16);
     const __m512i flip = _mm512_set1_epi8((char)0x80);
-    __m512 f[4];
+    __m512 f[8];
     for (int m = 0; m < MR; m++) f[m] = _mm512_setzero_ps();
     for (int64_t g = 0; g < groups; g++) {
         const uint8_t *r = rec + g * size;
         const int8_t *a = xq + g * G;
-        __m512i c[4];
+        __m512i c[8];
         for (int m = 0; m < MR; m++)
             c[m] = _mm512_set1_epi32((type == Q8_0 ? -128 : OFFSET[type]) * xsum[m * groups + g]);
         if (type == Q8_0) {
@@ -176,6 +177,7 @@ VNNI_TARGET INLINE void vnni_rows(ROW_ARGS, const int type, const int MR) {
 }
 
 #define VNNI(T, MR) VNNI_TARGET WRAP(vnni_rows, vnni_##T##_##MR, T, MR)
+VNNI(Q4_0, 8) VNNI(Q4_1, 8) VNNI(Q5_0, 8) VNNI(Q8_0, 8)
 VNNI(Q4_0, 4) VNNI(Q4_1, 4) VNNI(Q5_0, 4) VNNI(Q8_0, 4)
 VNNI(Q4_0, 1) VNNI(Q4_1, 1) VNNI(Q5_0, 1) VNNI(Q8_0, 1)
 
@@ -264,20 +266,20 @@ AVX2_TARGET INLINE void avx2_row(ROW_ARGS, const int type) {
 #define AVX2(T) AVX2_TARGET WRAP(avx2_row, avx2_##T, T)
 AVX2(Q4_0) AVX2(Q4_1) AVX2(Q5_0) AVX2(Q8_0)
 
-/* [path][type][wide, narrow] kernels and the rows each takes */
-static const rows_fn ROWS[3][4][2] = {
-    {{generic_q4_0, generic_q4_0}, {generic_q4_1, generic_q4_1},
-     {generic_q5_0, generic_q5_0}, {generic_q8_0, generic_q8_0}},
-    {{avx2_Q4_0, avx2_Q4_0}, {avx2_Q4_1, avx2_Q4_1}, {avx2_Q5_0, avx2_Q5_0}, {avx2_Q8_0, avx2_Q8_0}},
-    {{vnni_Q4_0_4, vnni_Q4_0_1}, {vnni_Q4_1_4, vnni_Q4_1_1},
-     {vnni_Q5_0_4, vnni_Q5_0_1}, {vnni_Q8_0_4, vnni_Q8_0_1}},
+/* [path][type][widest .. narrowest] kernels and the rows each takes */
+#define SAME3(f) {f, f, f}
+static const rows_fn ROWS[3][4][3] = {
+    {SAME3(generic_q4_0), SAME3(generic_q4_1), SAME3(generic_q5_0), SAME3(generic_q8_0)},
+    {SAME3(avx2_Q4_0), SAME3(avx2_Q4_1), SAME3(avx2_Q5_0), SAME3(avx2_Q8_0)},
+    {{vnni_Q4_0_8, vnni_Q4_0_4, vnni_Q4_0_1}, {vnni_Q4_1_8, vnni_Q4_1_4, vnni_Q4_1_1},
+     {vnni_Q5_0_8, vnni_Q5_0_4, vnni_Q5_0_1}, {vnni_Q8_0_8, vnni_Q8_0_4, vnni_Q8_0_1}},
 };
-static const int64_t ROWS_M[3][2] = {{1, 1}, {1, 1}, {4, 1}};
+static const int64_t ROWS_M[3][3] = {{1, 1, 1}, {1, 1, 1}, {8, 4, 1}};
 #else
-#define GENERIC {{generic_q4_0, generic_q4_0}, {generic_q4_1, generic_q4_1}, \
-                 {generic_q5_0, generic_q5_0}, {generic_q8_0, generic_q8_0}}
-static const rows_fn ROWS[3][4][2] = {GENERIC, GENERIC, GENERIC};
-static const int64_t ROWS_M[3][2] = {{1, 1}, {1, 1}, {1, 1}};
+#define SAME3(f) {f, f, f}
+#define GENERIC {SAME3(generic_q4_0), SAME3(generic_q4_1), SAME3(generic_q5_0), SAME3(generic_q8_0)}
+static const rows_fn ROWS[3][4][3] = {GENERIC, GENERIC, GENERIC};
+static const int64_t ROWS_M[3][3] = {{1, 1, 1}, {1, 1, 1}, {1, 1, 1}};
 #endif
 
 int gemm_blocks(float *out, const float *x, const uint8_t *data, const int64_t *panels,
@@ -300,7 +302,7 @@ int gemm_blocks(float *out, const float *x, const uint8_t *data, const int64_t *
         const uint8_t *rec = data + (panels[p] >> 4);
         const float *b = bias ? bias + p * 16 : 0;
         int64_t m = 0;
-        for (int i = 0; i < 2; i++)
+        for (int i = 0; i < 3; i++)
             for (const int64_t mr = ROWS_M[p_][i]; m + mr <= M; m += mr)
                 ROWS[p_][type][i](out + m * N + p * 16, N, xq + m * K, xs + m * groups,
                                   xsum + m * groups, K, rec, b);
