@@ -82,11 +82,17 @@ def test_blocks_model_keeps_the_files_blocks(
     assert not torch.equal(got, want)  # int8 activations really in use
     assert torch.cosine_similarity(got, want, dim=1).min() > 0.995
     assert ((got - want).abs().max() / want.abs().max()) < 0.05
-    # a second start maps the cached records: no GGUF parse, the same results
-    monkeypatch.setattr(weights, "_file_blocks", None)  # called: a TypeError
-    _, again = load_model(resolved, select_ops("blocks"))
-    again.pack_weights(batch_hint=8)
-    assert torch.equal(one_pass_logits(again, IDS, 4), got)
+    # a corrupt records cache is rebuilt, never fatal; then a start maps the cached
+    # records (no GGUF parse) to the same results
+    (cached,) = (tmp_path / "cache" / "weights").glob("*.records.safetensors")
+    cached.write_bytes(b"not a safetensors file")
+    for parse in (True, False):
+        if not parse:
+            monkeypatch.setattr(weights, "_file_blocks", None)  # called: a TypeError
+        _, again = load_model(resolved, select_ops("blocks"))
+        again.pack_weights(batch_hint=8)
+        assert torch.equal(one_pass_logits(again, IDS, 4), got)
+    assert cached.stat().st_size > 1000
 
 
 def test_blocks_engine_fused_decode_and_kernel_info() -> None:
