@@ -17,7 +17,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from engine.block_weights import FILE_TYPES, BlockWeight, FileBlocks
+from engine.block_weights import FILE_TYPES, RECORDS_VERSION, BlockWeight, FileBlocks
 from engine.cache_files import atomic_path, cache_path
 from engine.gguf_blocks import attach_blocks, attach_records, int8_blocks, model_records
 from engine.model_registry import ResolvedModel
@@ -171,7 +171,7 @@ def _gguf_blocks(path: Path, config: ModelConfig) -> dict[str, Int8Weight]:
 def _records(path: Path, config: ModelConfig, model: torch.nn.Module) -> dict[str, BlockWeight]:
     """model_records of the file, cached as _kept_blocks' are: a later start maps one file
     instead of parsing the GGUF and re-laying every block (~15 s for Qwen2.5-0.5B)."""
-    cached = cache_path(path, "weights", ".records.safetensors")
+    cached = cache_path(path, "weights", f".records{RECORDS_VERSION}.safetensors")
     if cached.is_file():
         try:
             flat = load_file(cached)

@@ -1,4 +1,4 @@
-""" "blocks" weights (a GGUF's Q4_0 / Q4_1 / Q5_0 / Q8_0 blocks kept compact, int8
+""" "blocks" weights (a GGUF's Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K blocks kept compact, int8
 activations): the records hold exactly the file's values; the C kernel on every path this
 CPU runs matches the torch reference, and gives w8a8's results bit for bit on the same
 blocks expanded to int8 (Q4_0, Q5_0, Q8_0: the offsets go into the exact int32 sums); the
@@ -23,8 +23,8 @@ from engine.ops import NativeOps, TorchOps
 from engine.quant import W8A8_GROUP, Int8Weight, w8a8_panels
 
 _NEEDS = {"generic": (), "avx2": ("avx2", "fma"), "vnni": ("avx512f", "avx512bw", "avx512_vnni")}
-TYPES = [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q8_0]
-N, K = 96, 224  # 6 panels of 16 rows (3 of w8a8's panel pairs), 7 groups of 32
+TYPES = [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q8_0, QT.Q4_K]
+N, K = 96, 256  # 6 panels of 16 rows (3 of w8a8's panel pairs), one Q4_K super-block
 
 
 def _ops(path: str, weights: str = "blocks") -> NativeOps:
@@ -43,7 +43,28 @@ def _weight(seed: int, rows: int = N) -> torch.Tensor:
 
 
 def _file(qtype: QT, w: torch.Tensor) -> tuple[QT, np.ndarray]:
-    return qtype, quantize(w.numpy(), qtype)
+    return qtype, (_q4_k(w.numpy()) if qtype == QT.Q4_K else quantize(w.numpy(), qtype))
+
+
+def _q4_k(w: np.ndarray) -> np.ndarray:
+    """Rows as Q4_K blocks (gguf's Python cannot write them): a plain min / max rounding,
+    enough for valid blocks whose values gguf's own dequantization then defines."""
+    x = w.reshape(-1, 8, 32).astype(np.float32)
+    lo, hi = np.minimum(x.min(axis=2), 0), x.max(axis=2)
+    d, dmin = (hi - lo).max(axis=1) / 15 / 63, -lo.min(axis=1) / 63
+    d, dmin = (np.where(v > 0, v, 1).astype(np.float16) for v in (d, dmin))
+    sc = np.clip(np.round((hi - lo) / 15 / d[:, None].astype(np.float32)), 1, 63).astype(np.uint8)
+    mn = np.clip(np.round(-lo / dmin[:, None].astype(np.float32)), 0, 63).astype(np.uint8)
+    step = (d[:, None].astype(np.float32) * sc)[..., None]
+    q = np.clip(np.round((x + (dmin[:, None].astype(np.float32) * mn)[..., None]) / step), 0, 15)
+    q = q.astype(np.uint8).reshape(-1, 4, 2, 32)
+    scales = np.concatenate(
+        [sc[:, :4] | (sc[:, 4:] >> 4) << 6, mn[:, :4] | (mn[:, 4:] >> 4) << 6,
+         (sc[:, 4:] & 15) | (mn[:, 4:] & 15) << 4], axis=1
+    )  # fmt: skip
+    qs = (q[:, :, 0] | q[:, :, 1] << 4).reshape(-1, 128)
+    halves = [d.reshape(-1, 1).view(np.uint8), dmin.reshape(-1, 1).view(np.uint8)]
+    return np.concatenate([*halves, scales, qs], axis=1).reshape(w.shape[0], -1)
 
 
 @pytest.mark.parametrize("qtype", TYPES)
@@ -51,8 +72,12 @@ def test_records_hold_the_files_values(qtype: QT) -> None:
     w = _weight(0)
     blocks = from_parts([_file(qtype, w)], [N], w)
     assert blocks.shape == (N, K) and blocks.type_counts() == {qtype.name.lower(): N}
-    assert blocks.data.numel() == quantize(w.numpy(), qtype).size  # the file's bytes, no more
-    assert np.array_equal(blocks.dequantize().numpy(), dequantize(_file(qtype, w)[1], qtype))
+    raw = _file(qtype, w)[1]
+    if qtype == QT.Q4_K:  # scale and min per 32 widened to fp32: 6 bits a weight, not 4.5
+        assert raw.size == N * K * 4.5 / 8 and blocks.data.numel() == N * K * 6 / 8
+    else:
+        assert blocks.data.numel() == raw.size  # the file's bytes, no more
+    assert np.array_equal(blocks.dequantize().numpy(), dequantize(raw, qtype))
 
 
 def test_parts_mix_types_and_requantize_what_the_file_holds_otherwise() -> None:
@@ -68,7 +93,7 @@ def test_parts_mix_types_and_requantize_what_the_file_holds_otherwise() -> None:
 def _mixed(seed: int) -> BlockWeight:
     w = _weight(seed)
     parts = [_file(t, w[16 * i : 16 * i + 16]) for i, t in enumerate(TYPES)] + [None]
-    return from_parts(parts, [16, 16, 16, 16, 32], w)
+    return from_parts(parts, [16] * 6, w)
 
 
 @pytest.mark.parametrize("path", ["generic", "avx2", "vnni"])

@@ -7,6 +7,9 @@
      Q4_1  d[16] fp16, m[16] fp16, codes (4 bits)        320 bytes, w = d * q + m
      Q5_0  d[16] fp16, high bits[8] u64, codes (4 bits)  352 bytes, w = d * (q - 16)
      Q8_0  d[16] fp16, codes (int8)                      544 bytes, w = d * q
+     Q4_K  d[16] fp32, m[16] fp32, codes (4 bits)        384 bytes, w = d * q + m
+           (a Q4_K sub-block of 32: d = super-block d * 6-bit scale, m = -dmin * 6-bit
+           min, both exact in fp32)
    4-bit codes: four 64-byte chunks of 8 k each, byte [j][t] = q(k + t) | q(k + 4 + t) << 4
    for column j: the low nibbles are 4 k values of 16 columns, what one AVX512-VNNI
    vpdpbusd multiplies, and so are the high ones. Q5_0's fifth bits: one 64-bit mask per
@@ -29,9 +32,9 @@
 #include "kernels.h"
 
 #define G 32
-enum { Q4_0, Q4_1, Q5_0, Q8_0 };
-static const int64_t RECORD[4] = {288, 320, 352, 544};
-static const int32_t OFFSET[4] = {-8, 0, -16, 0}; /* integer part of m / d */
+enum { Q4_0, Q4_1, Q5_0, Q8_0, Q4_K };
+static const int64_t RECORD[5] = {288, 320, 352, 544, 384};
+static const int32_t OFFSET[5] = {-8, 0, -16, 0, 0}; /* integer part of m / d */
 
 /* out rows (stride ldo), quantized rows (xq [rows][K], xs and xsum [rows][K / G]), K,
    one panel's records and its bias (16 or none) */
@@ -89,13 +92,21 @@ static inline __attribute__((always_inline)) void generic_row(ROW_ARGS, const in
         int32_t q[16][G];
         codes(q, r, type);
         for (int j = 0; j < 16; j++) {
-            uint16_t h[2];
-            memcpy(h, r + 2 * j, 2);
-            memcpy(h + 1, r + 32 + 2 * j, 2);
+            float d, m = 0.0f;
+            if (type == Q4_K) {
+                memcpy(&d, r + 4 * j, 4);
+                memcpy(&m, r + 64 + 4 * j, 4);
+            } else {
+                uint16_t h[2];
+                memcpy(h, r + 2 * j, 2);
+                memcpy(h + 1, r + 32 + 2 * j, 2);
+                d = half_to_float(h[0]);
+                m = type == Q4_1 ? half_to_float(h[1]) : 0.0f;
+            }
             int32_t dot = OFFSET[type] * xsum[g];
             for (int k = 0; k < G; k++) dot += q[j][k] * xq[g * G + k];
-            acc[j] += (float)dot * (xs[g] * half_to_float(h[0]));
-            if (type == Q4_1) acc[j] += (xs[g] * (float)xsum[g]) * half_to_float(h[1]);
+            acc[j] += (float)dot * (xs[g] * d);
+            if (type == Q4_1 || type == Q4_K) acc[j] += (xs[g] * (float)xsum[g]) * m;
         }
     }
     for (int j = 0; j < 16; j++) out[j] = acc[j] + (bias ? bias[j] : 0);
@@ -107,6 +118,7 @@ WRAP(generic_row, generic_q4_0, Q4_0)
 WRAP(generic_row, generic_q4_1, Q4_1)
 WRAP(generic_row, generic_q5_0, Q5_0)
 WRAP(generic_row, generic_q8_0, Q8_0)
+WRAP(generic_row, generic_q4_k, Q4_K)
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -159,13 +171,16 @@ VNNI_TARGET INLINE void vnni_rows(ROW_ARGS, const int type, const int MR) {
                 }
             }
         }
-        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)r));
+        const __m512 d = type == Q4_K ? _mm512_loadu_ps(r)
+                                      : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)r));
         for (int m = 0; m < MR; m++) {
             const __m512 s = _mm512_set1_ps(xs[m * groups + g]);
             f[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c[m]), _mm512_mul_ps(s, d), f[m]);
         }
-        if (type == Q4_1) {
-            const __m512 mins = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(r + 32)));
+        if (type == Q4_1 || type == Q4_K) {
+            const __m512 mins = type == Q4_K
+                                    ? _mm512_loadu_ps(r + 64)
+                                    : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(r + 32)));
             for (int m = 0; m < MR; m++) {
                 const float sum = xs[m * groups + g] * (float)xsum[m * groups + g];
                 f[m] = _mm512_fmadd_ps(_mm512_set1_ps(sum), mins, f[m]);
@@ -177,9 +192,9 @@ VNNI_TARGET INLINE void vnni_rows(ROW_ARGS, const int type, const int MR) {
 }
 
 #define VNNI(T, MR) VNNI_TARGET WRAP(vnni_rows, vnni_##T##_##MR, T, MR)
-VNNI(Q4_0, 8) VNNI(Q4_1, 8) VNNI(Q5_0, 8) VNNI(Q8_0, 8)
-VNNI(Q4_0, 4) VNNI(Q4_1, 4) VNNI(Q5_0, 4) VNNI(Q8_0, 4)
-VNNI(Q4_0, 1) VNNI(Q4_1, 1) VNNI(Q5_0, 1) VNNI(Q8_0, 1)
+VNNI(Q4_0, 8) VNNI(Q4_1, 8) VNNI(Q5_0, 8) VNNI(Q8_0, 8) VNNI(Q4_K, 8)
+VNNI(Q4_0, 4) VNNI(Q4_1, 4) VNNI(Q5_0, 4) VNNI(Q8_0, 4) VNNI(Q4_K, 4)
+VNNI(Q4_0, 1) VNNI(Q4_1, 1) VNNI(Q5_0, 1) VNNI(Q8_0, 1) VNNI(Q4_K, 1)
 
 #define AVX2_TARGET __attribute__((target("avx2,fma,f16c")))
 
@@ -249,10 +264,15 @@ AVX2_TARGET INLINE void avx2_row(ROW_ARGS, const int type) {
         }
         const __m256 s = _mm256_set1_ps(xs[g]);
         for (int h = 0; h < 2; h++) {
-            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r + 16 * h)));
+            const __m256 d = type == Q4_K
+                                 ? _mm256_loadu_ps((const float *)r + 8 * h)
+                                 : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r + 16 * h)));
             f[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(c[h]), _mm256_mul_ps(s, d), f[h]);
-            if (type == Q4_1) {
-                const __m256 mins = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r + 32 + 16 * h)));
+            if (type == Q4_1 || type == Q4_K) {
+                const __m256 mins =
+                    type == Q4_K
+                        ? _mm256_loadu_ps((const float *)(r + 64) + 8 * h)
+                        : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r + 32 + 16 * h)));
                 f[h] = _mm256_fmadd_ps(_mm256_set1_ps(xs[g] * (float)xsum[g]), mins, f[h]);
             }
         }
@@ -264,21 +284,24 @@ AVX2_TARGET INLINE void avx2_row(ROW_ARGS, const int type) {
 }
 
 #define AVX2(T) AVX2_TARGET WRAP(avx2_row, avx2_##T, T)
-AVX2(Q4_0) AVX2(Q4_1) AVX2(Q5_0) AVX2(Q8_0)
+AVX2(Q4_0) AVX2(Q4_1) AVX2(Q5_0) AVX2(Q8_0) AVX2(Q4_K)
 
 /* [path][type][widest .. narrowest] kernels and the rows each takes */
 #define SAME3(f) {f, f, f}
-static const rows_fn ROWS[3][4][3] = {
-    {SAME3(generic_q4_0), SAME3(generic_q4_1), SAME3(generic_q5_0), SAME3(generic_q8_0)},
-    {SAME3(avx2_Q4_0), SAME3(avx2_Q4_1), SAME3(avx2_Q5_0), SAME3(avx2_Q8_0)},
+static const rows_fn ROWS[3][5][3] = {
+    {SAME3(generic_q4_0), SAME3(generic_q4_1), SAME3(generic_q5_0), SAME3(generic_q8_0),
+     SAME3(generic_q4_k)},
+    {SAME3(avx2_Q4_0), SAME3(avx2_Q4_1), SAME3(avx2_Q5_0), SAME3(avx2_Q8_0), SAME3(avx2_Q4_K)},
     {{vnni_Q4_0_8, vnni_Q4_0_4, vnni_Q4_0_1}, {vnni_Q4_1_8, vnni_Q4_1_4, vnni_Q4_1_1},
-     {vnni_Q5_0_8, vnni_Q5_0_4, vnni_Q5_0_1}, {vnni_Q8_0_8, vnni_Q8_0_4, vnni_Q8_0_1}},
+     {vnni_Q5_0_8, vnni_Q5_0_4, vnni_Q5_0_1}, {vnni_Q8_0_8, vnni_Q8_0_4, vnni_Q8_0_1},
+     {vnni_Q4_K_8, vnni_Q4_K_4, vnni_Q4_K_1}},
 };
 static const int64_t ROWS_M[3][3] = {{1, 1, 1}, {1, 1, 1}, {8, 4, 1}};
 #else
 #define SAME3(f) {f, f, f}
-#define GENERIC {SAME3(generic_q4_0), SAME3(generic_q4_1), SAME3(generic_q5_0), SAME3(generic_q8_0)}
-static const rows_fn ROWS[3][4][3] = {GENERIC, GENERIC, GENERIC};
+#define GENERIC {SAME3(generic_q4_0), SAME3(generic_q4_1), SAME3(generic_q5_0), \
+                 SAME3(generic_q8_0), SAME3(generic_q4_k)}
+static const rows_fn ROWS[3][5][3] = {GENERIC, GENERIC, GENERIC};
 static const int64_t ROWS_M[3][3] = {{1, 1, 1}, {1, 1, 1}, {1, 1, 1}};
 #endif
 
