@@ -7,7 +7,7 @@ fp32 dequantization. Other types (Q4_1's offsets, the K-quants' 16-value sub-sca
 no exact w8a8 form and are requantized as before. Groups run along the input dim, so the
 fused projections (q|k|v, gate|up: rows concatenated) keep every block whole.
 
-`weights: blocks` keeps Q4_1 too, and the 4- and 5-bit codes compact
+`weights: blocks` keeps Q4_1 and Q4_K too, and the 4- and 5-bit codes compact
 (engine/block_weights.py): model_records / attach_records below.
 """
 

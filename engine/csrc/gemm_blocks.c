@@ -2,7 +2,7 @@
 
    W is stored per panel of 16 output columns, each panel with its own block type, in
    records of one group of G = 32 k values (engine/block_weights.py builds them; a record
-   holds exactly the file's bytes for those 16 x 32 weights, re-laid):
+   holds exactly the file's bytes for those 16 x 32 weights, re-laid, Q4_K's widened):
      Q4_0  d[16] fp16, codes (4 bits)                    288 bytes, w = d * (q - 8)
      Q4_1  d[16] fp16, m[16] fp16, codes (4 bits)        320 bytes, w = d * q + m
      Q5_0  d[16] fp16, high bits[8] u64, codes (4 bits)  352 bytes, w = d * (q - 16)
