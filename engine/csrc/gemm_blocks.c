@@ -60,8 +60,9 @@ static float half_to_float(uint16_t h) {
     return f;
 }
 
-/* one record's 16 x 32 codes (unsigned, Q8_0 signed) as q[j][k] */
-static void codes(int32_t q[16][G], const uint8_t *rec, int type) {
+/* one record's 16 x 32 codes (0..31, Q8_0 signed: all fit int8) as q[j][k] */
+static inline __attribute__((always_inline)) void codes(int8_t q[16][G], const uint8_t *rec,
+                                                        const int type) {
     if (type == Q8_0) {
         const int8_t *c = (const int8_t *)(rec + 32);
         for (int ch = 0; ch < 8; ch++)
@@ -77,19 +78,20 @@ static void codes(int32_t q[16][G], const uint8_t *rec, int type) {
             for (int t = 0; t < 4; t++) {
                 const uint8_t b = c[ch * 64 + j * 4 + t];
                 const int bit = j * 4 + t;
-                q[j][ch * 8 + t] = (b & 15) | (int)(high[2 * ch] >> bit & 1) << 4;
-                q[j][ch * 8 + 4 + t] = (b >> 4) | (int)(high[2 * ch + 1] >> bit & 1) << 4;
+                q[j][ch * 8 + t] = (int8_t)((b & 15) | (int)(high[2 * ch] >> bit & 1) << 4);
+                q[j][ch * 8 + 4 + t] = (int8_t)((b >> 4) | (int)(high[2 * ch + 1] >> bit & 1) << 4);
             }
 }
 
-/* one row, the portable path: the same sums and float operations as the vector paths */
-static inline __attribute__((always_inline)) void generic_row(ROW_ARGS, const int type) {
-    (void)ldo;
+/* MR rows, the portable path: the same sums and float operations as the vector paths,
+   each record's codes unpacked once for all MR rows */
+static inline __attribute__((always_inline)) void generic_rows(ROW_ARGS, const int type,
+                                                               const int MR) {
     const int64_t groups = K / G;
-    float acc[16] = {0};
+    float acc[4][16] = {{0}};
     for (int64_t g = 0; g < groups; g++) {
         const uint8_t *r = rec + g * RECORD[type];
-        int32_t q[16][G];
+        int8_t q[16][G];
         codes(q, r, type);
         for (int j = 0; j < 16; j++) {
             float d, m = 0.0f;
@@ -103,22 +105,25 @@ static inline __attribute__((always_inline)) void generic_row(ROW_ARGS, const in
                 d = half_to_float(h[0]);
                 m = type == Q4_1 ? half_to_float(h[1]) : 0.0f;
             }
-            int32_t dot = OFFSET[type] * xsum[g];
-            for (int k = 0; k < G; k++) dot += q[j][k] * xq[g * G + k];
-            acc[j] += (float)dot * (xs[g] * d);
-            if (type == Q4_1 || type == Q4_K) acc[j] += (xs[g] * (float)xsum[g]) * m;
+            for (int row = 0; row < MR; row++) {
+                const int64_t rg = row * groups + g;
+                const int8_t *a = xq + row * K + g * G;
+                int32_t dot = OFFSET[type] * xsum[rg];
+                for (int k = 0; k < G; k++) dot += q[j][k] * a[k];
+                acc[row][j] += (float)dot * (xs[rg] * d);
+                if (type == Q4_1 || type == Q4_K) acc[row][j] += (xs[rg] * (float)xsum[rg]) * m;
+            }
         }
     }
-    for (int j = 0; j < 16; j++) out[j] = acc[j] + (bias ? bias[j] : 0);
+    for (int row = 0; row < MR; row++)
+        for (int j = 0; j < 16; j++) out[row * ldo + j] = acc[row][j] + (bias ? bias[j] : 0);
 }
 
 #define WRAP(body, name, T, ...)                                                           \
     static void name(ROW_ARGS) { body(out, ldo, xq, xs, xsum, K, rec, bias, T, ##__VA_ARGS__); }
-WRAP(generic_row, generic_q4_0, Q4_0)
-WRAP(generic_row, generic_q4_1, Q4_1)
-WRAP(generic_row, generic_q5_0, Q5_0)
-WRAP(generic_row, generic_q8_0, Q8_0)
-WRAP(generic_row, generic_q4_k, Q4_K)
+#define GENERIC_MR(T, MR) WRAP(generic_rows, generic_##T##_##MR, T, MR)
+#define GENERIC_ALL(T) GENERIC_MR(T, 4) GENERIC_MR(T, 2) GENERIC_MR(T, 1)
+GENERIC_ALL(Q4_0) GENERIC_ALL(Q4_1) GENERIC_ALL(Q5_0) GENERIC_ALL(Q8_0) GENERIC_ALL(Q4_K)
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -224,29 +229,29 @@ AVX2_TARGET INLINE __m256i sdot4(__m256i q, __m256i x) {
     return udot4(_mm256_abs_epi8(q), _mm256_sign_epi8(x, q));
 }
 
-/* one row, one panel as two 8-column halves */
-AVX2_TARGET INLINE void avx2_row(ROW_ARGS, const int type) {
-    (void)ldo;
+/* MR rows, one panel as two 8-column halves, each half's codes unpacked once */
+AVX2_TARGET INLINE void avx2_rows(ROW_ARGS, const int type, const int MR) {
     const int64_t groups = K / G, size = RECORD[type];
     const __m256i low4 = _mm256_set1_epi8(15);
-    __m256 f[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    __m256 f[4][2];
+    for (int m = 0; m < MR; m++) f[m][0] = f[m][1] = _mm256_setzero_ps();
     for (int64_t g = 0; g < groups; g++) {
         const uint8_t *r = rec + g * size;
         const int8_t *a = xq + g * G;
-        __m256i c[2];
-        for (int h = 0; h < 2; h++) c[h] = _mm256_set1_epi32(OFFSET[type] * xsum[g]);
+        __m256i c[4][2];
+        for (int m = 0; m < MR; m++)
+            c[m][0] = c[m][1] = _mm256_set1_epi32(OFFSET[type] * xsum[m * groups + g]);
         if (type == Q8_0) {
-            for (int ch = 0; ch < 8; ch++) {
-                const __m256i av = bcast4_256(a + ch * 4);
+            for (int ch = 0; ch < 8; ch++)
                 for (int h = 0; h < 2; h++) {
-                    const __m256i w = _mm256_loadu_si256((const __m256i *)(r + 32 + ch * 64 + h * 32));
-                    c[h] = _mm256_add_epi32(c[h], sdot4(w, av));
+                    const __m256i w =
+                        _mm256_loadu_si256((const __m256i *)(r + 32 + ch * 64 + h * 32));
+                    for (int m = 0; m < MR; m++)
+                        c[m][h] = _mm256_add_epi32(c[m][h], sdot4(w, bcast4_256(a + m * K + ch * 4)));
                 }
-            }
         } else {
             const uint8_t *cd = r + size - 256;
             for (int ch = 0; ch < 4; ch++) {
-                const __m256i a_lo = bcast4_256(a + ch * 8), a_hi = bcast4_256(a + ch * 8 + 4);
                 uint64_t bits[2];
                 if (type == Q5_0) memcpy(bits, r + 32 + ch * 16, 16);
                 for (int h = 0; h < 2; h++) {
@@ -257,52 +262,60 @@ AVX2_TARGET INLINE void avx2_row(ROW_ARGS, const int type) {
                         lo = _mm256_add_epi8(lo, sixteens((uint32_t)(bits[0] >> (32 * h))));
                         hi = _mm256_add_epi8(hi, sixteens((uint32_t)(bits[1] >> (32 * h))));
                     }
-                    c[h] = _mm256_add_epi32(c[h], udot4(lo, a_lo));
-                    c[h] = _mm256_add_epi32(c[h], udot4(hi, a_hi));
+                    for (int m = 0; m < MR; m++) {
+                        const int8_t *am = a + m * K + ch * 8;
+                        c[m][h] = _mm256_add_epi32(c[m][h], udot4(lo, bcast4_256(am)));
+                        c[m][h] = _mm256_add_epi32(c[m][h], udot4(hi, bcast4_256(am + 4)));
+                    }
                 }
             }
         }
-        const __m256 s = _mm256_set1_ps(xs[g]);
         for (int h = 0; h < 2; h++) {
             const __m256 d = type == Q4_K
                                  ? _mm256_loadu_ps((const float *)r + 8 * h)
                                  : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r + 16 * h)));
-            f[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(c[h]), _mm256_mul_ps(s, d), f[h]);
-            if (type == Q4_1 || type == Q4_K) {
-                const __m256 mins =
-                    type == Q4_K
-                        ? _mm256_loadu_ps((const float *)(r + 64) + 8 * h)
-                        : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r + 32 + 16 * h)));
-                f[h] = _mm256_fmadd_ps(_mm256_set1_ps(xs[g] * (float)xsum[g]), mins, f[h]);
+            __m256 mins = _mm256_setzero_ps();
+            if (type == Q4_1 || type == Q4_K)
+                mins = type == Q4_K
+                           ? _mm256_loadu_ps((const float *)(r + 64) + 8 * h)
+                           : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r + 32 + 16 * h)));
+            for (int m = 0; m < MR; m++) {
+                const int64_t rg = m * groups + g;
+                const __m256 s = _mm256_set1_ps(xs[rg]);
+                f[m][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(c[m][h]), _mm256_mul_ps(s, d), f[m][h]);
+                if (type == Q4_1 || type == Q4_K)
+                    f[m][h] = _mm256_fmadd_ps(_mm256_set1_ps(xs[rg] * (float)xsum[rg]), mins, f[m][h]);
             }
         }
     }
     for (int h = 0; h < 2; h++) {
         const __m256 z = bias ? _mm256_loadu_ps(bias + 8 * h) : _mm256_setzero_ps();
-        _mm256_storeu_ps(out + 8 * h, _mm256_add_ps(f[h], z));
+        for (int m = 0; m < MR; m++) _mm256_storeu_ps(out + m * ldo + 8 * h, _mm256_add_ps(f[m][h], z));
     }
 }
 
-#define AVX2(T) AVX2_TARGET WRAP(avx2_row, avx2_##T, T)
-AVX2(Q4_0) AVX2(Q4_1) AVX2(Q5_0) AVX2(Q8_0) AVX2(Q4_K)
+#define AVX2(T, MR) AVX2_TARGET WRAP(avx2_rows, avx2_##T##_##MR, T, MR)
+#define AVX2_ALL(T) AVX2(T, 4) AVX2(T, 2) AVX2(T, 1)
+AVX2_ALL(Q4_0) AVX2_ALL(Q4_1) AVX2_ALL(Q5_0) AVX2_ALL(Q8_0) AVX2_ALL(Q4_K)
 
 /* [path][type][widest .. narrowest] kernels and the rows each takes */
-#define SAME3(f) {f, f, f}
+#define WIDTHS(p, T, a, b, c) {p##_##T##_##a, p##_##T##_##b, p##_##T##_##c}
+#define PORTABLE(p) {WIDTHS(p, Q4_0, 4, 2, 1), WIDTHS(p, Q4_1, 4, 2, 1), WIDTHS(p, Q5_0, 4, 2, 1), \
+                     WIDTHS(p, Q8_0, 4, 2, 1), WIDTHS(p, Q4_K, 4, 2, 1)}
 static const rows_fn ROWS[3][5][3] = {
-    {SAME3(generic_q4_0), SAME3(generic_q4_1), SAME3(generic_q5_0), SAME3(generic_q8_0),
-     SAME3(generic_q4_k)},
-    {SAME3(avx2_Q4_0), SAME3(avx2_Q4_1), SAME3(avx2_Q5_0), SAME3(avx2_Q8_0), SAME3(avx2_Q4_K)},
+    PORTABLE(generic),
+    PORTABLE(avx2),
     {{vnni_Q4_0_8, vnni_Q4_0_4, vnni_Q4_0_1}, {vnni_Q4_1_8, vnni_Q4_1_4, vnni_Q4_1_1},
      {vnni_Q5_0_8, vnni_Q5_0_4, vnni_Q5_0_1}, {vnni_Q8_0_8, vnni_Q8_0_4, vnni_Q8_0_1},
      {vnni_Q4_K_8, vnni_Q4_K_4, vnni_Q4_K_1}},
 };
-static const int64_t ROWS_M[3][3] = {{1, 1, 1}, {1, 1, 1}, {8, 4, 1}};
+static const int64_t ROWS_M[3][3] = {{4, 2, 1}, {4, 2, 1}, {8, 4, 1}};
 #else
-#define SAME3(f) {f, f, f}
-#define GENERIC {SAME3(generic_q4_0), SAME3(generic_q4_1), SAME3(generic_q5_0), \
-                 SAME3(generic_q8_0), SAME3(generic_q4_k)}
-static const rows_fn ROWS[3][5][3] = {GENERIC, GENERIC, GENERIC};
-static const int64_t ROWS_M[3][3] = {{1, 1, 1}, {1, 1, 1}, {1, 1, 1}};
+#define WIDTHS(p, T, a, b, c) {p##_##T##_##a, p##_##T##_##b, p##_##T##_##c}
+#define PORTABLE(p) {WIDTHS(p, Q4_0, 4, 2, 1), WIDTHS(p, Q4_1, 4, 2, 1), WIDTHS(p, Q5_0, 4, 2, 1), \
+                     WIDTHS(p, Q8_0, 4, 2, 1), WIDTHS(p, Q4_K, 4, 2, 1)}
+static const rows_fn ROWS[3][5][3] = {PORTABLE(generic), PORTABLE(generic), PORTABLE(generic)};
+static const int64_t ROWS_M[3][3] = {{4, 2, 1}, {4, 2, 1}, {4, 2, 1}};
 #endif
 
 int gemm_blocks(float *out, const float *x, const uint8_t *data, const int64_t *panels,
