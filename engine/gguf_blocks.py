@@ -84,7 +84,7 @@ def _rows_joined(parts: list[Int8Weight]) -> Int8Weight:
 
 def model_records(model: LlamaForCausalLM, files: dict[str, FileBlocks]) -> dict[str, BlockWeight]:
     """ "blocks" weights for each projection (fused parts stacked) and the LM head ("head")
-    the file holds, in part at least, as Q4_0 / Q4_1 / Q5_0 / Q8_0 blocks (files: Hugging
+    the file holds, in part at least, as Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K blocks (files: Hugging
     Face names -> type and raw rows); a projection with none stays out (w8a8)."""
     found = {}
     for i, layer in enumerate(model.layers):
