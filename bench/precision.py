@@ -1,4 +1,5 @@
-"""Weight formats of our engine (fp32, bf16, int8, w8a8, auto) on SmolLM2-135M, all in one run.
+"""Weight formats of our engine (fp32, bf16, int8, w8a8, auto; blocks with --formats) on
+SmolLM2-135M, all in one run.
 
 Quality: perplexity on a fixed slice of Python's own `pydoc_data.topics` text (offline,
 the same bytes on every machine with the same Python), teacher-forced top-1 agreement
@@ -56,14 +57,18 @@ def model_bytes(model: Any) -> int:
     """Bytes the model's tensors hold (each storage once): parameters, packed weights."""
     import torch
 
+    from engine.block_weights import BlockWeight
     from engine.quant import Int8Weight
+
+    def parts(w: Any) -> list[Any]:
+        if isinstance(w, Int8Weight):
+            return [w.q, w.scale]
+        return [w.data, w.panels] if isinstance(w, BlockWeight) else [w]
 
     tensors = [p for p in model.parameters()]
     for m in model.modules():
-        packed = getattr(m, "packed", None)
-        tensors += [packed.q, packed.scale] if isinstance(packed, Int8Weight) else [packed]
-    head = model.packed_head
-    tensors += [head.q, head.scale] if isinstance(head, Int8Weight) else [head]
+        tensors += parts(getattr(m, "packed", None))
+    tensors += parts(model.packed_head)
     seen: dict[int, int] = {}
     for t in tensors:
         if isinstance(t, torch.Tensor):

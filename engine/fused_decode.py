@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import torch
 
 from engine.attention import AttentionContext
+from engine.block_weights import BlockWeight
 from engine.models.llama import LlamaForCausalLM
 from engine.ops import NativeOps, Weight, is_panels
 from engine.quant import Int8Weight
@@ -38,20 +39,27 @@ class DecodeModel(ctypes.Structure):
 
 
 def _ptr(t: Weight | None) -> int:
-    """A tensor's address (int8 weights: their values'); 0 for None."""
+    """A tensor's address (int8 weights: their values'; blocks: their records'); 0 for None."""
     if isinstance(t, Int8Weight):
         return t.q.data_ptr()
+    if isinstance(t, BlockWeight):
+        return t.data.data_ptr()
     return 0 if t is None else t.data_ptr()
 
 
 def _scale_ptr(t: Weight | None) -> int:
-    """int8 weights: their row scales' address; 0 for fp32 weights (decode_step's flag)."""
+    """int8 weights: their row scales' address; blocks: their panel index's; 0 for fp32
+    weights (decode_step's flag)."""
+    if isinstance(t, BlockWeight):
+        return t.panels.data_ptr()
     return t.scale.data_ptr() if isinstance(t, Int8Weight) else 0
 
 
 def _group(t: Weight | None) -> int:
     """decode_step's flag: a w8a8 weight's group (gemm_w8a8_panels), -1 for bf16 panels
-    (gemm_bf16_panels), else 0."""
+    (gemm_bf16_panels), -2 for blocks (gemm_blocks), else 0."""
+    if isinstance(t, BlockWeight):
+        return -2
     if isinstance(t, Int8Weight):
         return t.group
     return -1 if t is not None and t.dtype == torch.bfloat16 else 0

@@ -6,12 +6,17 @@ so `weights: w8a8` can multiply by the file's own weights instead of requantizin
 fp32 dequantization. Other types (Q4_1's offsets, the K-quants' 16-value sub-scales) have
 no exact w8a8 form and are requantized as before. Groups run along the input dim, so the
 fused projections (q|k|v, gate|up: rows concatenated) keep every block whole.
+
+`weights: blocks` keeps Q4_1 and Q4_K too, and the 4- and 5-bit codes compact
+(engine/block_weights.py): model_records / attach_records below.
 """
 
 import numpy as np
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from engine.block_weights import PANEL, BlockWeight, FileBlocks, from_parts
+from engine.models.config import ModelConfig
 from engine.models.llama import Linear, LlamaForCausalLM
 from engine.quant import W8A8_GROUP, Int8Weight
 
@@ -75,3 +80,41 @@ def _rows_joined(parts: list[Int8Weight]) -> Int8Weight:
         return parts[0]
     q = torch.cat([p.q for p in parts])
     return Int8Weight(q, torch.cat([p.scale for p in parts]), W8A8_GROUP)
+
+
+def model_records(model: LlamaForCausalLM, files: dict[str, FileBlocks]) -> dict[str, BlockWeight]:
+    """ "blocks" weights for each projection (fused parts stacked) and the LM head ("head")
+    the file holds, in part at least, as Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K blocks (files: Hugging
+    Face names -> type and raw rows); a projection with none stays out (w8a8)."""
+    found = {}
+    for i, layer in enumerate(model.layers):
+        for name, lin in layer.named_modules():
+            if not isinstance(lin, Linear):
+                continue
+            parts = [files.get(f"layers.{i}.{p}.weight") for p in _FUSED.get(name, (name,))]
+            rows = _part_rows(model.config, name, lin.out_features)
+            if any(p is not None for p in parts) and all(n % PANEL == 0 for n in rows):
+                found[f"layers.{i}.{name}"] = from_parts(parts, rows, lin.weight)
+    head = model.embed_tokens if model.lm_head is None else model.lm_head
+    blocks = files.get("embed_tokens.weight" if model.lm_head is None else "lm_head.weight")
+    if blocks is not None and head.weight.shape[0] % PANEL == 0:
+        found["head"] = from_parts([blocks], [head.weight.shape[0]], head.weight)
+    return found
+
+
+def _part_rows(cfg: ModelConfig, name: str, rows: int) -> list[int]:
+    """Output rows of each part of a (fused) projection, in the order they are stacked."""
+    if name == "self_attn.qkv_proj":
+        return [cfg.num_heads * cfg.head_dim] + [cfg.num_kv_heads * cfg.head_dim] * 2
+    return [cfg.intermediate_size] * 2 if name == "mlp.gate_up_proj" else [rows]
+
+
+def attach_records(model: LlamaForCausalLM, records: dict[str, BlockWeight]) -> None:
+    """model_records' weights onto their projections, for pack_weights to use."""
+    for name, lin in model.named_modules():
+        if isinstance(lin, Linear) and name.startswith("layers."):
+            lin.blocks = records.get(name)
+    if model.lm_head is not None:
+        model.lm_head.blocks = records.get("head")
+    else:
+        model.head_blocks = records.get("head")

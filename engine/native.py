@@ -30,6 +30,7 @@ _C_FILES = (
     "gemm.c",
     "gemm_int8.c",
     "gemm_w8a8.c",
+    "gemm_blocks.c",
     "gemm_bf16.c",
     "decode_step.c",
 )
@@ -50,6 +51,7 @@ _SIGNATURES = {
     "gemm_panels": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64],
     "gemm_int8_panels": [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64],
     "gemm_w8a8_panels": [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64],
+    "gemm_blocks": [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64],
     "gemm_bf16_panels": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64],
     "rope_store_kv": [_ptr, _ptr, _ptr] + [_i64] * 4 + [_ptr, _ptr, _i64, _i64, _ptr, _ptr, _i64],
 }

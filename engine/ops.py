@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from engine import kernel_choice, native
 from engine.attention import AttentionContext, write_kv
+from engine.block_weights import BlockWeight, blocks_reference
 from engine.config import WEIGHT_FORMATS
 from engine.cpu_features import bf16_path, cpu_features, int8_path, w8a8_path
 from engine.packing import (
@@ -70,7 +71,7 @@ class TorchOps:
 
     kernels: ctypes.CDLL | None = None  # the C library, for attention and fused decode
     # where int8, w8a8 and bf16 weights are multiplied
-    int8_path = w8a8_path = bf16_path = "torch"
+    int8_path = w8a8_path = bf16_path = blocks_path = "torch"
 
     def __init__(self, weights: str = "fp32") -> None:
         if weights not in WEIGHT_FORMATS:
@@ -84,7 +85,7 @@ class TorchOps:
         unused), formats packed, and what won each measured comparison, counted per kind
         ("prefill_fp32=panels:5")."""
         wins = Counter(f"{k.split(':')[0]}={w}" for k, w in self.choices.items())
-        used = ("int8", "w8a8", "bf16")
+        used = ("int8", "w8a8", "bf16", "blocks")
         paths = {
             f"{f}_path": getattr(self, f"{f}_path") if self.formats[f] else "none" for f in used
         }
@@ -94,13 +95,19 @@ class TorchOps:
         }
 
     def pack_weight(
-        self, weight: torch.Tensor, batch_hint: int, blocks: Int8Weight | None = None
+        self, weight: torch.Tensor, batch_hint: int, blocks: Int8Weight | BlockWeight | None = None
     ) -> Weight:
         """weight [N, K] in the layout `linear` runs fastest on: oneDNN's blocked layout
         where torch has it, else the weight itself; int8 weights: plain int8 + scales.
         "auto" is fp32 here: int8 on this path is only the reference, and slower.
         blocks: the same weight as the GGUF's own int8 blocks (plain w8a8, exactly
-        `weight`), which w8a8 then uses instead of requantizing."""
+        `weight`), which w8a8 then uses instead of requantizing; "blocks" weights: the
+        file's compact blocks (engine/block_weights.py), or w8a8 for a tensor with none."""
+        if self.weights == "blocks":
+            kept = isinstance(blocks, BlockWeight)
+            packed = blocks if kept else quantize_w8a8(weight, panels=False)
+            self.formats[weight_format(packed)] += 1
+            return packed
         self.formats["fp32" if self.weights == "auto" else self.weights] += 1
         if self.weights == "int8":
             return quantize_int8(weight)
@@ -116,6 +123,8 @@ class TorchOps:
         self, x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
         """x [M, K] @ weight.T (+ bias); weight as pack_weight returned it (or plain)."""
+        if isinstance(weight, BlockWeight):
+            return blocks_reference(x, weight, bias)
         if isinstance(weight, Int8Weight) and weight.group:
             return w8a8_reference(x, weight, bias)
         if isinstance(weight, Int8Weight):  # the reference: fp32 on the dequantized weight
@@ -178,10 +187,11 @@ class NativeOps(TorchOps):
         self.int8_path = int8_path or _best_int8_path()
         self.w8a8_path = w8a8_path or _best_w8a8_path()
         self.bf16_path = bf16_path or _best_bf16_path()
+        self.blocks_path = self.w8a8_path  # gemm_blocks.c: the same instruction sets
         self._prefill_torch: set[tuple[str, int, int]] = set()  # (format, N, K) torch won
 
     def pack_weight(
-        self, weight: torch.Tensor, batch_hint: int, blocks: Int8Weight | None = None
+        self, weight: torch.Tensor, batch_hint: int, blocks: Int8Weight | BlockWeight | None = None
     ) -> Weight:
         """C GEMM panels [N / 16, K, 16] (3-D) when N is a whole number of panel pairs.
         weights "auto": the format (fp32, int8 or w8a8 panels) measured fastest at this
@@ -189,9 +199,13 @@ class NativeOps(TorchOps):
         (bench/precision.py: SmolLM2 int8 +0.41%, w8a8 +0.31% perplexity; bound +0.5%).
         blocks: as TorchOps.pack_weight's, re-laid into w8a8 panels."""
         n, k = weight.shape
+        if self.weights == "blocks" and isinstance(blocks, BlockWeight):
+            self.formats["blocks"] += 1
+            return blocks  # no prefill choice: torch would dequantize it per call
         if n % (2 * PANEL) != 0 or (self.weights != "fp32" and self.int8_path == "torch"):
             return super().pack_weight(weight, batch_hint, blocks)
-        wanted = AUTO_FORMATS if self.weights == "auto" else (self.weights,)
+        # blocks: a tensor the file holds in no kept type is w8a8
+        wanted = {"auto": AUTO_FORMATS, "blocks": ("w8a8",)}.get(self.weights, (self.weights,))
         names = [f for f in wanted if k % K_MULTIPLE.get(f, 1) == 0]
         if not names:  # w8a8 (bf16) with no whole groups (pairs) of k: the torch reference
             return super().pack_weight(weight, batch_hint, blocks)
@@ -254,6 +268,11 @@ class NativeOps(TorchOps):
         x = x.contiguous()
         out = x.new_empty(x.shape[0], n)
         bias_ptr = None if bias is None else bias.data_ptr()
+        if isinstance(weight, BlockWeight):
+            args = (out.data_ptr(), x.data_ptr(), weight.data.data_ptr(), weight.panels.data_ptr())
+            if self.kernels.gemm_blocks(*args, bias_ptr, x.shape[0], n, k, self.w8a8_code):
+                raise MemoryError("blocks GEMM: no memory for its buffer")
+            return out
         if is_bf16(weight):
             args = (out.data_ptr(), x.data_ptr(), weight.data_ptr(), bias_ptr)
             if self.kernels.gemm_bf16_panels(*args, x.shape[0], n, k, self.bf16_code):

@@ -4,16 +4,17 @@ build each from an fp32 weight, and how to tell them apart and read them back.""
 
 import torch
 
+from engine.block_weights import BlockWeight
 from engine.quant import W8A8_GROUP, Int8Weight, quantize_int8, quantize_w8a8
 
 PANEL = 16  # output columns per panel; gemm.c takes them in pairs
-Weight = torch.Tensor | Int8Weight  # what ops.pack_weight returns
+Weight = torch.Tensor | Int8Weight | BlockWeight  # what ops.pack_weight returns
 
 
 def is_panels(weight: Weight | None) -> bool:
     """True for weights in the C GEMM's panels (fp32 [N / 16, K, 16], bf16 [N / 16, K / 2,
     16, 2], or int8 panels)."""
-    if isinstance(weight, Int8Weight):
+    if isinstance(weight, (Int8Weight, BlockWeight)):
         return weight.is_panels
     return weight is not None and weight.dim() == (4 if is_bf16(weight) else 3)
 
@@ -54,6 +55,8 @@ AUTO_FORMATS = ("fp32", "int8", "w8a8")  # bf16 never won where w8a8 runs (READM
 
 
 def weight_format(weight: Weight) -> str:
+    if isinstance(weight, BlockWeight):
+        return "blocks"
     if isinstance(weight, Int8Weight):
         return "w8a8" if weight.group else "int8"
     return "bf16" if is_bf16(weight) else "fp32"
@@ -61,7 +64,7 @@ def weight_format(weight: Weight) -> str:
 
 def plain_shape(panels: Weight) -> tuple[int, int]:
     """[N, K] of a weight in panels (fp32, int8 or w8a8)."""
-    if isinstance(panels, Int8Weight):
+    if isinstance(panels, (Int8Weight, BlockWeight)):
         return panels.shape
     if is_bf16(panels):
         return panels.shape[0] * PANEL, panels.shape[1] * 2

@@ -3,7 +3,8 @@
 GGUF tensors are dequantised once; the built model's state dict (fused projections, fp32)
 and its config are cached as safetensors under cache_dir()/weights, keyed by the source
 file's path, size and mtime, so a repeat load only memory-maps one file. w8a8 weights
-take the file's own Q8_0 / Q5_0 / Q4_0 blocks as they are (engine/gguf_blocks.py).
+take the file's own Q8_0 / Q5_0 / Q4_0 blocks as they are (engine/gguf_blocks.py), "blocks"
+weights those, Q4_1 and Q4_K compact (engine/block_weights.py).
 """
 
 import contextlib
@@ -16,8 +17,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from engine.block_weights import FILE_TYPES, RECORDS_VERSION, BlockWeight, FileBlocks
 from engine.cache_files import atomic_path, cache_path
-from engine.gguf_blocks import attach_blocks, int8_blocks
+from engine.gguf_blocks import attach_blocks, attach_records, int8_blocks, model_records
 from engine.model_registry import ResolvedModel
 from engine.models import build_model
 from engine.models.config import ROPE_FREQS, ModelConfig, gguf_config, hf_config
@@ -48,6 +50,8 @@ def load_model(
             _save_cached(model, config, cached)
     if cached and ops is not None and ops.weights in BLOCK_FORMATS:
         attach_blocks(model, _kept_blocks(path, config))
+    if cached and ops is not None and ops.weights == "blocks":
+        attach_records(model, _records(path, config, model))
     return config, model.eval().requires_grad_(False)
 
 
@@ -162,6 +166,41 @@ def _gguf_blocks(path: Path, config: ModelConfig) -> dict[str, Int8Weight]:
             q, scale = (torch.from_numpy(np.array(_oriented(b, t.name, config))) for b in blocks)
             kept[_hf_name(t.name)] = Int8Weight(q, scale, W8A8_GROUP)
     return kept
+
+
+def _records(path: Path, config: ModelConfig, model: torch.nn.Module) -> dict[str, BlockWeight]:
+    """model_records of the file, cached as _kept_blocks' are: a later start maps one file
+    instead of parsing the GGUF and re-laying every block (~11 s for Qwen2.5-0.5B)."""
+    cached = cache_path(path, "weights", f".records{RECORDS_VERSION}.safetensors")
+    if cached.is_file():
+        try:
+            flat = load_file(cached)
+            names = [n.removesuffix(".data") for n in flat if n.endswith(".data")]
+            return {
+                n: BlockWeight(flat[f"{n}.data"], flat[f"{n}.panels"], int(flat[f"{n}.k"]))
+                for n in names
+            }
+        except Exception:  # a corrupt or foreign cache file is rebuilt, never fatal
+            cached.unlink(missing_ok=True)
+    found = model_records(model, _file_blocks(path, config))
+    flat = {}
+    for n, w in found.items():
+        flat |= {f"{n}.data": w.data, f"{n}.panels": w.panels, f"{n}.k": torch.tensor(w.k)}
+    with contextlib.suppress(OSError), atomic_path(cached) as tmp:
+        save_file(flat, tmp)
+    return found
+
+
+def _file_blocks(path: Path, config: ModelConfig) -> dict[str, FileBlocks]:
+    """The file's tensors in block types "blocks" weights keep (Hugging Face names)."""
+    from gguf import GGUFReader
+
+    found = {}
+    for t in GGUFReader(path).tensors:
+        if t.tensor_type in FILE_TYPES and (t.name != "token_embd.weight" or config.tie_embeddings):
+            rows = _oriented(np.asarray(t.data), t.name, config)
+            found[_hf_name(t.name)] = (t.tensor_type, np.ascontiguousarray(rows))
+    return found
 
 
 def _load_gguf(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:

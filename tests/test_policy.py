@@ -176,7 +176,7 @@ def test_default_policy_uses_bundled_local_models() -> None:
     # `make run` takes the fastest weight format within the quality bound, not fp32, and
     # twice the KV tokens per budget (bf16)
     configs = [s.to_config(name) for name, s in engines.items()]
-    assert {(c.weights, c.kv_dtype) for c in configs} == {("auto", "bf16")}
+    assert {(c.weights, c.kv_dtype) for c in configs} == {("blocks", "bf16")}
     assert policy.tiers["large"].fallback == "small"
     assert policy.cache.enabled and policy.cache.verifier == "strict"  # on by default
     assert policy.routes["auto"].rules[0].min_score is not None  # routed by difficulty

@@ -8,7 +8,8 @@
    Each projection and the LM head carry a scale pointer and a group: both 0 for fp32
    panels (gemm_panels), a scale for int8 weights (gemm_int8_panels on int8_path), both
    for w8a8 weights (gemm_w8a8_panels on w8a8_path), group -1 for bf16 panels
-   (gemm_bf16_panels on bf16_path); formats may mix (weights: auto). */
+   (gemm_bf16_panels on bf16_path), group -2 for a GGUF's compact blocks (gemm_blocks on
+   w8a8_path, the scale pointer its panel index); formats may mix (weights: auto, blocks). */
 
 #include <stdint.h>
 #include <string.h>
@@ -40,11 +41,13 @@ typedef struct {
 #define P(l, what) ((float *)(intptr_t)m->layer_ptrs[(l) * PER_LAYER + (what)])
 #define GROUP(l, what) (m->layer_ptrs[(l) * PER_LAYER + (what)])
 
-/* weights w: bf16 panels when group is -1, fp32 panels when scale is 0, else int8
-   panels with these scales, on int8 activations too when they have a group */
+/* weights w: blocks when group is -2, bf16 panels when -1, fp32 panels when scale is 0,
+   else int8 panels with these scales, on int8 activations too when they have a group */
 static int matmul(const DecodeModel *m, float *out, const float *x, const void *w,
                   const float *scale, int64_t group, const float *bias, int64_t M, int64_t N,
                   int64_t K) {
+    if (group == -2)
+        return gemm_blocks(out, x, w, (const int64_t *)scale, bias, M, N, K, m->w8a8_path);
     if (group < 0) return gemm_bf16_panels(out, x, w, bias, M, N, K, m->bf16_path);
     if (!scale) {
         gemm_panels(out, x, w, bias, M, N, K);

@@ -33,8 +33,8 @@
 
 typedef void (*rows_fn)(ROW_ARGS);
 
-static void quantize_rows(int8_t *xq, float *xs, int32_t *xsum, const float *x, int64_t M,
-                          int64_t K) {
+void w8a8_quantize_rows(int8_t *xq, float *xs, int32_t *xsum, const float *x, int64_t M,
+                        int64_t K) {
     const int64_t groups = K / G;
 #pragma omp parallel for schedule(static) if (M * K > (1 << 16))
     for (int64_t r = 0; r < M * groups; r++) {
@@ -178,7 +178,7 @@ int gemm_w8a8_panels(float *out, const float *x, const int8_t *panels, const flo
         free(xsum);
         return 1;
     }
-    quantize_rows(xq, xs, xsum, x, M, K);
+    w8a8_quantize_rows(xq, xs, xsum, x, M, K);
     const int p_ = path < 0 || path > 2 ? 0 : (int)path;
     const int64_t pairs = N / 32, pair_bytes = 2 * K * 16, panel_scales = groups * 16;
 #pragma omp parallel for schedule(static)

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from engine.attention import AttentionContext, paged_attention
+from engine.block_weights import BlockWeight
 from engine.models.config import ModelConfig
 from engine.models.rope import inv_frequencies
 from engine.ops import Rope, TorchOps, Weight, is_panels, unpack_panels
@@ -28,7 +29,8 @@ class Direct(nn.Module):
 
 class Linear(Direct, nn.Linear):
     packed: Weight | None = None  # the weight in ops.pack_weight's layout (and format)
-    blocks: Int8Weight | None = None  # the GGUF's own int8 blocks of it, until packed
+    # the GGUF's own blocks of it (w8a8's int8 ones, or "blocks" weights'), until packed
+    blocks: Int8Weight | BlockWeight | None = None
 
     def __init__(self, ops: TorchOps, in_features: int, out_features: int, bias: bool) -> None:
         super().__init__(in_features, out_features, bias=bias)
@@ -52,7 +54,7 @@ class Linear(Direct, nn.Linear):
         was dropped (int8: the dequantized weight)."""
         if self.weight is not None:
             return self.weight
-        if isinstance(self.packed, Int8Weight):
+        if isinstance(self.packed, (Int8Weight, BlockWeight)):
             return self.packed.dequantize()
         assert self.packed is not None
         return unpack_panels(self.packed)
@@ -159,7 +161,7 @@ class LlamaForCausalLM(nn.Module):
         self.norm = RMSNorm(ops, cfg.hidden_size, cfg.rms_eps)
         self.lm_head = None
         self.packed_head: torch.Tensor | None = None  # set by pack_weights
-        self.head_blocks: Int8Weight | None = None  # tied head: the embedding's GGUF blocks
+        self.head_blocks: Int8Weight | BlockWeight | None = None  # tied head: embedding's blocks
         if not cfg.tie_embeddings:
             self.lm_head = Linear(ops, cfg.hidden_size, cfg.vocab_size, bias=False)
 
