@@ -9,6 +9,7 @@ weights those, Q4_1 and Q4_K compact (engine/block_weights.py).
 
 import contextlib
 import json
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -139,18 +140,33 @@ def _kept_blocks(path: Path, config: ModelConfig) -> dict[str, Int8Weight]:
     """The file's kept blocks, cached beside the fp32 weights: reading them means parsing
     the whole GGUF (its vocabulary: ~9 s for Qwen2.5-0.5B), the cache only maps a file."""
     cached = cache_path(path, "weights", ".blocks.safetensors")
+    flat = _cached_tensors(cached, lambda: _flat(_gguf_blocks(path, config), ("q", "scale")))
+    names = [n.removesuffix(".q") for n in flat if n.endswith(".q")]
+    return {n: Int8Weight(flat[f"{n}.q"], flat[f"{n}.scale"], W8A8_GROUP) for n in names}
+
+
+def _flat(weights: dict, parts: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    return {
+        f"{n}.{part}": torch.as_tensor(getattr(w, part))
+        for n, w in weights.items()
+        for part in parts
+    }
+
+
+def _cached_tensors(
+    cached: Path, build: Callable[[], dict[str, torch.Tensor]]
+) -> dict[str, torch.Tensor]:
+    """The tensors saved at `cached`, or build() saved there first (a corrupt or foreign
+    cache file is rebuilt, never fatal; an unwritable cache folder only costs the saving)."""
     if cached.is_file():
         try:
-            flat = load_file(cached)
-            names = [n.removesuffix(".q") for n in flat if n.endswith(".q")]
-            return {n: Int8Weight(flat[f"{n}.q"], flat[f"{n}.scale"], W8A8_GROUP) for n in names}
-        except Exception:  # a corrupt or foreign cache file is rebuilt, never fatal
+            return load_file(cached)
+        except Exception:
             cached.unlink(missing_ok=True)
-    blocks = _gguf_blocks(path, config)
-    flat = {f"{n}.{part}": getattr(w, part) for n, w in blocks.items() for part in ("q", "scale")}
+    flat = build()
     with contextlib.suppress(OSError), atomic_path(cached) as tmp:
         save_file(flat, tmp)
-    return blocks
+    return flat
 
 
 def _gguf_blocks(path: Path, config: ModelConfig) -> dict[str, Int8Weight]:
@@ -172,23 +188,15 @@ def _records(path: Path, config: ModelConfig, model: torch.nn.Module) -> dict[st
     """model_records of the file, cached as _kept_blocks' are: a later start maps one file
     instead of parsing the GGUF and re-laying every block (~11 s for Qwen2.5-0.5B)."""
     cached = cache_path(path, "weights", f".records{RECORDS_VERSION}.safetensors")
-    if cached.is_file():
-        try:
-            flat = load_file(cached)
-            names = [n.removesuffix(".data") for n in flat if n.endswith(".data")]
-            return {
-                n: BlockWeight(flat[f"{n}.data"], flat[f"{n}.panels"], int(flat[f"{n}.k"]))
-                for n in names
-            }
-        except Exception:  # a corrupt or foreign cache file is rebuilt, never fatal
-            cached.unlink(missing_ok=True)
-    found = model_records(model, _file_blocks(path, config))
-    flat = {}
-    for n, w in found.items():
-        flat |= {f"{n}.data": w.data, f"{n}.panels": w.panels, f"{n}.k": torch.tensor(w.k)}
-    with contextlib.suppress(OSError), atomic_path(cached) as tmp:
-        save_file(flat, tmp)
-    return found
+
+    def build() -> dict[str, torch.Tensor]:
+        return _flat(model_records(model, _file_blocks(path, config)), ("data", "panels", "k"))
+
+    flat = _cached_tensors(cached, build)
+    names = [n.removesuffix(".data") for n in flat if n.endswith(".data")]
+    return {
+        n: BlockWeight(flat[f"{n}.data"], flat[f"{n}.panels"], int(flat[f"{n}.k"])) for n in names
+    }
 
 
 def _file_blocks(path: Path, config: ModelConfig) -> dict[str, FileBlocks]:
