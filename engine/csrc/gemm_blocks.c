@@ -321,16 +321,11 @@ static const int64_t ROWS_M[3][3] = {{4, 2, 1}, {4, 2, 1}, {4, 2, 1}};
 int gemm_blocks(float *out, const float *x, const uint8_t *data, const int64_t *panels,
                 const float *bias, int64_t M, int64_t N, int64_t K, int64_t path) {
     const int64_t groups = K / G;
-    int8_t *xq = malloc(M * K);
-    float *xs = malloc(M * groups * sizeof(float));
-    int32_t *xsum = malloc(M * groups * sizeof(int32_t));
-    if (!xq || !xs || !xsum) {
-        free(xq);
-        free(xs);
-        free(xsum);
+    float *xs;
+    int32_t *xsum;
+    int8_t *xq = w8a8_quantized(x, M, K, &xs, &xsum);
+    if (!xq)
         return 1;
-    }
-    w8a8_quantize_rows(xq, xs, xsum, x, M, K);
     const int p_ = path < 0 || path > 2 ? 0 : (int)path;
 #pragma omp parallel for schedule(static)
     for (int64_t p = 0; p < N / 16; p++) {
@@ -344,7 +339,5 @@ int gemm_blocks(float *out, const float *x, const uint8_t *data, const int64_t *
                                   xsum + m * groups, K, rec, b);
     }
     free(xq);
-    free(xs);
-    free(xsum);
     return 0;
 }

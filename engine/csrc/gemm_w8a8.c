@@ -33,8 +33,8 @@
 
 typedef void (*rows_fn)(ROW_ARGS);
 
-void w8a8_quantize_rows(int8_t *xq, float *xs, int32_t *xsum, const float *x, int64_t M,
-                        int64_t K) {
+static void w8a8_quantize_rows(int8_t *xq, float *xs, int32_t *xsum, const float *x,
+                               int64_t M, int64_t K) {
     const int64_t groups = K / G;
 #pragma omp parallel for schedule(static) if (M * K > (1 << 16))
     for (int64_t r = 0; r < M * groups; r++) {
@@ -166,19 +166,25 @@ static const rows_fn ROWS[3][2] = {{generic_1, generic_1}, {generic_1, generic_1
 static const int64_t ROWS_M[3][2] = {{1, 1}, {1, 1}, {1, 1}};
 #endif
 
+int8_t *w8a8_quantized(const float *x, int64_t M, int64_t K, float **xs, int32_t **xsum) {
+    const int64_t groups = K / G, q_bytes = (M * K + 63) & ~(int64_t)63;
+    int8_t *xq = malloc(q_bytes + M * groups * (sizeof(float) + sizeof(int32_t)));
+    if (!xq)
+        return 0;
+    *xs = (float *)(xq + q_bytes);
+    *xsum = (int32_t *)(*xs + M * groups);
+    w8a8_quantize_rows(xq, *xs, *xsum, x, M, K);
+    return xq;
+}
+
 int gemm_w8a8_panels(float *out, const float *x, const int8_t *panels, const float *scale,
                      const float *bias, int64_t M, int64_t N, int64_t K, int64_t path) {
     const int64_t groups = K / G;
-    int8_t *xq = malloc(M * K);
-    float *xs = malloc(M * groups * sizeof(float));
-    int32_t *xsum = malloc(M * groups * sizeof(int32_t));
-    if (!xq || !xs || !xsum) {
-        free(xq);
-        free(xs);
-        free(xsum);
+    float *xs;
+    int32_t *xsum;
+    int8_t *xq = w8a8_quantized(x, M, K, &xs, &xsum);
+    if (!xq)
         return 1;
-    }
-    w8a8_quantize_rows(xq, xs, xsum, x, M, K);
     const int p_ = path < 0 || path > 2 ? 0 : (int)path;
     const int64_t pairs = N / 32, pair_bytes = 2 * K * 16, panel_scales = groups * 16;
 #pragma omp parallel for schedule(static)
@@ -193,7 +199,5 @@ int gemm_w8a8_panels(float *out, const float *x, const int8_t *panels, const flo
                             xsum + m * groups, K, w, sc0, sc1, b);
     }
     free(xq);
-    free(xs);
-    free(xsum);
     return 0;
 }
