@@ -18,7 +18,7 @@ import argparse
 import asyncio
 import contextlib
 import functools
-import threading
+import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -27,6 +27,8 @@ from typing import Any
 import common
 import engine_driver as ed
 import single_stream
+
+sys.path.insert(0, str(common.ROOT))  # the server helper lives with the tests
 
 Steps = list[dict[str, float]]  # per step: seconds in each timed stage
 STEP = "step (all)"
@@ -219,34 +221,14 @@ def over_asyncio(engine: Any, items: list[common.ChatItem]) -> dict[str, Any]:
     return single_stream.summary(asyncio.run(run()))
 
 
-@contextlib.contextmanager
-def serving(app: Any) -> Iterator[str]:
-    import socket
-
-    import uvicorn
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-
-
 def over_http(engine: Any, items: list[common.ChatItem], served: str) -> dict[str, Any]:
     import openai
 
     from engine.entrypoints.server import create_engine_app
+    from tests.servers import run_uvicorn
 
-    with serving(create_engine_app(engine, served)) as url:
-        client = openai.OpenAI(base_url=url, api_key="none")
+    with run_uvicorn(create_engine_app(engine, served)) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none")
         timed_requests = []
         for item in items:
             start = time.perf_counter()
