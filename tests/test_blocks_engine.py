@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import transformers
 from gguf import GGMLQuantizationType as QT
 
 from engine import weights
@@ -21,7 +20,7 @@ from engine.runner import ModelRunner
 from engine.weights import load_model
 from tests.engine_steps import decode_logits
 from tests.test_model_reference import one_pass_logits
-from tests.tiny_gguf import write_llama_gguf
+from tests.tiny_gguf import tiny_llama, write_llama_gguf
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -38,13 +37,7 @@ WANT = {
 
 
 def _tiny_gguf(folder: Path) -> Path:
-    cfg = transformers.LlamaConfig(
-        vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-        tie_word_embeddings=True,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(cfg).eval()
+    model = tiny_llama(True)
     types = {"token_embd.weight": QT.Q8_0}
     for i in range(2):
         types |= {f"blk.{i}.{n}.weight": t for n, t in LAYER_TYPES.items()}

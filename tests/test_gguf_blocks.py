@@ -9,7 +9,6 @@ import gguf
 import numpy as np
 import pytest
 import torch
-import transformers
 from gguf import GGMLQuantizationType as QT
 from gguf.quants import dequantize, quantize
 
@@ -21,7 +20,7 @@ from engine.ops import select_ops
 from engine.quant import W8A8_GROUP, quantize_w8a8
 from engine.weights import load_model
 from tests.test_model_reference import one_pass_logits
-from tests.tiny_gguf import write_llama_gguf
+from tests.tiny_gguf import tiny_llama, write_llama_gguf
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -47,13 +46,7 @@ def test_other_block_types_are_not_kept() -> None:
 
 
 def _tiny_gguf(folder: Path, tied: bool) -> Path:
-    cfg = transformers.LlamaConfig(
-        vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-        tie_word_embeddings=tied,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(cfg).eval()
+    model = tiny_llama(tied)
     # as a llama.cpp "mostly Q5_0" file: Q8_0 and Q5_0 mixed inside the fused q|k|v rows,
     # a Q4_1 gate (no w8a8 form) beside a Q8_0 up, a Q8_0 head
     types = {"output.weight": QT.Q8_0, "token_embd.weight": QT.Q8_0 if tied else QT.F32}

@@ -8,6 +8,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import torch
+import transformers
 
 GGUFWriterStep = Callable[[gguf.GGUFWriter], None]
 
@@ -50,6 +51,18 @@ def llama3_rope_factors(head_dim: int, theta: float, rope: dict) -> np.ndarray:
             smooth = (old / wavelen - low) / (high - low)
             out.append(1 / ((1 - smooth) / factor + smooth))
     return np.array(out, dtype=np.float32)
+
+
+def tiny_llama(tied: bool) -> transformers.LlamaForCausalLM:
+    """A seeded two-layer llama small enough for block-layout tests (k = 64 and 96: whole
+    groups of 32)."""
+    cfg = transformers.LlamaConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+        tie_word_embeddings=tied,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(cfg).eval()
 
 
 def write_llama_gguf(
