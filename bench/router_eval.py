@@ -19,7 +19,20 @@ split, in the same run:
   fp32 answer per tier, label "small wrong, large right") for the same held-out tasks, and
   the classifier trained on those first labels (`difficulty_greedy_trained`) next to ours;
   and this run's labels on those tasks alone (`first_tasks`: the later families left out).
-- Scoring latency beyond the embedding (features, signals, blend): p50 / p99.
+- When the policy blends in terms from the examples (`blend.kernel`, `blend.neighbours`),
+  the same policy without them (`difficulty_classifier_only`: as before they existed), and
+  the classifier blended 1:1 with the mean of the 5 nearest examples
+  (`difficulty_neighbours`: the first such candidate).
+- Round 2 (tasks appended to bench/router_tasks.py later, `round: 2` in the outcomes): the
+  headline figures stay on round 1's held-out tasks, comparable with earlier runs;
+  `heldout_all` is the same on every held-out task of both rounds (a larger set, never
+  trained on), and `difficulty_round1_trained` is the policy trained on round 1's train
+  tasks only (the model shipped before round 2) next to ours.
+- Round 3 (new task families, `round: 3`): `difficulty_rounds12_trained` is the policy
+  trained on rounds 1 and 2 only (the model shipped before round 3), and
+  `heldout_rounds12` / `heldout_round3` the figures on the held-out tasks of rounds 1 and 2
+  / of round 3.
+- Scoring latency beyond the embedding (features, signals, neighbours, blend): p50 / p99.
 
 `--outcomes bench/data/router_outcomes.jsonl --target greedy --label greedy
 --regularization 30` reproduces the first figures.
@@ -29,7 +42,6 @@ Writes bench/results/router_eval.json.
 import argparse
 import json
 import os
-import platform
 import random
 import sys
 import time
@@ -41,6 +53,7 @@ from sklearn.metrics import roc_auc_score
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.common import cpu_model  # noqa: E402
 from bench.router_labels import SHIPPED_TARGET, TARGETS, quality  # noqa: E402
 from bench.router_outcomes import OUTCOMES, RATES  # noqa: E402
 from gateway.cache.embedder import Embedder  # noqa: E402
@@ -54,13 +67,6 @@ RESULT = ROOT / "bench" / "results" / "router_eval.json"
 SHARES = [round(s, 2) for s in np.arange(0.0, 1.0001, 0.05)]
 LENGTH_BANDS = 8
 SEED = 10
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
 
 
 def litellm_scores(prompts: list[str]) -> np.ndarray:
@@ -222,6 +228,12 @@ def trained_scorer(policy, rows: list[dict], target: str, embed_many):
     return build_scorer(policy.model_copy(update={"difficulty": difficulty}), embed_many)
 
 
+def with_blend(policy, weights: dict[str, float]):
+    blend = policy.difficulty.blend.model_copy(update=weights)
+    difficulty = policy.difficulty.model_copy(update={"blend": blend, "k_nearest": 5})
+    return policy.model_copy(update={"difficulty": difficulty})
+
+
 def scores_of(scorer, prompts: list[str], vectors: np.ndarray) -> np.ndarray:
     pairs = zip(vectors, prompts, strict=True)
     return np.array([scorer.score_embedded(v, example_signals(p)).score for v, p in pairs])
@@ -237,7 +249,9 @@ def main() -> None:
     parser.add_argument("--regularization", type=float, help="C; default: the policy's")
     args = parser.parse_args()
     rows = [json.loads(line) for line in args.outcomes.read_text().splitlines()]
-    test = [r for r in rows if r["split"] == "heldout"]
+    heldout = [r for r in rows if r["split"] == "heldout"]
+    first_round = [i for i, r in enumerate(heldout) if r.get("round", 1) == 1]
+    test = [heldout[i] for i in first_round]
     policy = load_policy(args.policy)
     if args.regularization is not None:
         c = {"regularization": args.regularization}
@@ -247,13 +261,34 @@ def main() -> None:
     scorer = trained_scorer(policy, rows, args.target, embedder.embed_many)
     train_s = time.perf_counter() - start
 
-    prompts = [r["prompt"] for r in test]
+    prompts = [r["prompt"] for r in heldout]
     vectors = embedder.embed_many(prompts)
     scores = {
         "difficulty": scores_of(scorer, prompts, vectors),
         "length": np.array([len(p) for p in prompts], dtype=float),
         "litellm_complexity": litellm_scores(prompts),
     }
+    if policy.difficulty.blend.neighbours or policy.difficulty.blend.kernel:
+        variants = {
+            "difficulty_classifier_only": {"neighbours": 0.0, "kernel": 0.0},
+            "difficulty_neighbours": {"classifier": 1.0, "neighbours": 1.0, "kernel": 0.0},
+        }
+        for name, weights in variants.items():
+            variant = trained_scorer(
+                with_blend(policy, weights), rows, args.target, embedder.embed_many
+            )
+            scores[name] = scores_of(variant, prompts, vectors)
+    if len(test) < len(heldout):
+        round_one = [r for r in rows if r.get("round", 1) == 1]
+        before = trained_scorer(policy, round_one, args.target, embedder.embed_many)
+        scores["difficulty_round1_trained"] = scores_of(before, prompts, vectors)
+    if any(r.get("round", 1) == 3 for r in rows):
+        rounds12 = [r for r in rows if r.get("round", 1) <= 2]
+        before = trained_scorer(policy, rounds12, args.target, embedder.embed_many)
+        scores["difficulty_rounds12_trained"] = scores_of(before, prompts, vectors)
+    all_scores = scores
+    scores = {n: s[first_round] for n, s in all_scores.items()}
+    prompts, vectors = [prompts[i] for i in first_round], vectors[first_round]
     old_rows = {}
     if args.greedy_outcomes.exists() and args.greedy_outcomes.resolve() != args.outcomes.resolve():
         old_rows = {r["id"]: r for r in map(json.loads, args.greedy_outcomes.open())}
@@ -267,12 +302,19 @@ def main() -> None:
         "outcomes": args.outcomes.name,
         "train_target": args.target,
         "label": args.label,
-        "train_examples": len(rows) - len(test),
+        "train_examples": sum(r["split"] == "train" for r in rows),
         "train_seconds": round(train_s, 2),
         **evaluate(scores, test, label, prices),
         "scoring_latency": scoring_latency(scorer, prompts, vectors),
         "at_policy_threshold": at_threshold(policy, scores["difficulty"], test, prices),
     }
+    if len(test) < len(heldout):
+        report["heldout_all"] = evaluate(all_scores, heldout, label, prices)
+    if "difficulty_rounds12_trained" in all_scores:
+        for name, rounds in (("heldout_rounds12", (1, 2)), ("heldout_round3", (3,))):
+            keep = [i for i, r in enumerate(heldout) if r.get("round", 1) in rounds]
+            kept = {n: s[keep] for n, s in all_scores.items()}
+            report[name] = evaluate(kept, [heldout[i] for i in keep], label, prices)
     if old_rows:
         # The same held-out tasks, labelled and scored for quality by the first outcomes.
         keep = [i for i, r in enumerate(test) if r["id"] in old_rows]

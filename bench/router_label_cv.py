@@ -7,7 +7,19 @@ read here.
 Per (target, C), on each fold: ROC AUC against the `rate` label (large right-answer share
 beats small's by >= 0.5: the label the eval reports; whole and length-matched as the eval
 does) and against the `greedy` label, and
-CPT(50%) on the right-answer rates (needs no label). Writes bench/results/router_label_cv.json.
+CPT(50%) on the right-answer rates (needs no label).
+
+`--part neighbours`: for the shipped target and C, the neighbours term (the mean target of
+the k most similar training examples, cosine) alone and blended with the classifier, per k
+and blend weight, on out-of-fold scores of three fold seeds. Besides the per-fold means it
+reports the length-matched AUC of the pooled out-of-fold scores (~500 tasks instead of ~50).
+The same for the kernel term (kernel ridge regression of the target on the embedding,
+kernel exp((cosine - 1) / width)), per width and ridge. Chosen: the best pooled matched AUC,
+ties (within 0.001) broken by the whole AUC. `--cs`, `--ks`, `--widths`, `--ridges` and
+`--weights` narrow (or widen) the grid; several C are compared on the same folds.
+
+Writes bench/results/router_label_cv.json (`--part targets`) or
+bench/results/router_neighbours_cv.json (`--part neighbours`).
 """
 
 import argparse
@@ -21,17 +33,24 @@ from sklearn.model_selection import StratifiedKFold
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.router_eval import auc, cpt, cpu_model, length_matched  # noqa: E402
-from bench.router_labels import TARGETS, quality, rate_label  # noqa: E402
+from bench.common import cpu_model  # noqa: E402
+from bench.router_eval import auc, cpt, length_matched  # noqa: E402
+from bench.router_labels import SHIPPED_TARGET, TARGETS, quality, rate_label  # noqa: E402
 from bench.router_outcomes import RATES  # noqa: E402
 from gateway.cache.embedder import Embedder  # noqa: E402
 from gateway.policy import load_policy  # noqa: E402
 from gateway.routing.difficulty import embeddings_of, example_signals, train_classifier  # noqa: E402
+from gateway.routing.nearest import Kernel, Neighbours  # noqa: E402
 
 RESULT = ROOT / "bench" / "results" / "router_label_cv.json"
+NEIGHBOURS_RESULT = ROOT / "bench" / "results" / "router_neighbours_cv.json"
 CS = (1.0, 3.0, 10.0, 30.0, 100.0)
 FOLDS = 5
 SEED = 10
+NEIGHBOUR_SEEDS = (10, 11, 12)
+KS = (3, 4, 5, 6, 7, 8, 10, 20, 40, 80)
+NEIGHBOUR_WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)  # the neighbours' share of the blend
+KERNELS = [(w, r) for w in (0.1, 0.2, 0.3, 0.5) for r in (0.1, 0.3, 1.0)]  # width, ridge
 
 
 def probabilities(classifier, x: np.ndarray) -> np.ndarray:
@@ -71,18 +90,126 @@ def cross_validate(x: np.ndarray, rows: list[dict], target: str, c: float) -> di
     }
 
 
+def terms() -> list[tuple]:
+    return [("neighbours", k) for k in KS] + [("kernel", *wr) for wr in KERNELS]
+
+
+def out_of_fold(x: np.ndarray, rows: list[dict], cs: tuple[float, ...], seed: int) -> dict:
+    """Out-of-fold classifier probabilities (per C), neighbour means (per k) and kernel
+    ridge predictions (per width and ridge) for one fold seed."""
+    y = np.array([TARGETS[SHIPPED_TARGET](r) for r in rows])
+    rate = np.array([rate_label(r) for r in rows])
+    vectors = x[:, :384].astype(np.float32)
+    names = [("classifier", c) for c in cs] + terms()
+    scores = {t: np.zeros(len(rows)) for t in names}
+    folds = list(StratifiedKFold(FOLDS, shuffle=True, random_state=seed).split(x, rate))
+    for fit, test in folds:
+        for c in cs:
+            clf = train_classifier(x[fit, :384], x[fit, 384:], y[fit], c)
+            scores[("classifier", c)][test] = probabilities(clf, x[test])
+        for k in KS:
+            neighbours = Neighbours(vectors[fit], y[fit], k)
+            scores[("neighbours", k)][test] = neighbours.predict_many(vectors[test])
+        for width, ridge in KERNELS:
+            predicted = Kernel.fit(vectors[fit], y[fit], width, ridge).predict_many(vectors[test])
+            scores[("kernel", width, ridge)][test] = predicted
+    return {"folds": folds, "scores": scores}
+
+
+def blend_figures(run: dict, c: float, term: tuple, w: float, rate, lengths, small, large):
+    """AUC, pooled length-matched AUC, per-fold matched AUC and CPT(50%) of one blend."""
+    p = (1 - w) * run["scores"][("classifier", c)] + w * run["scores"][term]
+    matched = length_matched(lengths, rate)
+    in_fold = [(t, length_matched(lengths[t], rate[t])) for _, t in run["folds"]]
+    per_fold = [auc(rate[t][m], p[t][m]) for t, m in in_fold]
+    return (
+        auc(rate, p),
+        auc(rate[matched], p[matched]),
+        np.mean(per_fold),
+        cpt(p, small, large, 0.5),
+    )
+
+
+def neighbours_study(x: np.ndarray, rows: list[dict], cs: tuple[float, ...]) -> list[dict]:
+    rate = np.array([rate_label(r) for r in rows])
+    lengths = np.array([len(r["prompt"]) for r in rows], dtype=float)
+    small = np.array([quality(r, "small") for r in rows])
+    large = np.array([quality(r, "large") for r in rows])
+    matched = length_matched(lengths, rate)
+    seeds = [out_of_fold(x, rows, cs, seed) for seed in NEIGHBOUR_SEEDS]
+    runs = []
+    for c, term, w in [(c, t, w) for c in cs for t in terms() for w in NEIGHBOUR_WEIGHTS]:
+        if w == 0 and term != terms()[0]:
+            continue  # the classifier alone: the term plays no part
+        if w == 1 and c != cs[0]:
+            continue  # the term alone: C plays no part
+        figures = [blend_figures(run, c, term, w, rate, lengths, small, large) for run in seeds]
+        mean = np.array(figures).mean(axis=0)
+        names = ("k",) if len(term) == 2 else ("width", "ridge")
+        runs.append(
+            {
+                "term": "classifier" if w == 0 else term[0],
+                "C": c,
+                **({} if w == 0 else dict(zip(names, term[1:], strict=True))),
+                "term_weight": w,
+                "auc_rate_label": round(float(mean[0]), 4),
+                "auc_length_matched_pooled": round(float(mean[1]), 4),
+                "auc_length_matched_per_fold": round(float(mean[2]), 4),
+                "cpt50": round(float(mean[3]), 4),
+                "matched_pooled_tasks": len(matched),
+            }
+        )
+        print(json.dumps(runs[-1]), flush=True)
+    return runs
+
+
+def grid(args: argparse.Namespace) -> None:
+    """A narrower (or wider) grid than the defaults, from the command line."""
+    global KS, KERNELS, NEIGHBOUR_WEIGHTS
+    KS, NEIGHBOUR_WEIGHTS = tuple(args.ks), tuple(args.weights)
+    widths = args.widths or sorted({w for w, _ in KERNELS})
+    ridges = args.ridges or sorted({r for _, r in KERNELS})
+    KERNELS = [(w, r) for w in widths for r in ridges]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--outcomes", type=Path, default=RATES)
     parser.add_argument("--policy", default=str(ROOT / "router_policies" / "default.yaml"))
+    parser.add_argument("--part", choices=["targets", "neighbours"], default="targets")
+    parser.add_argument("--cs", type=float, nargs="+", help="neighbours: C values (policy's)")
+    parser.add_argument("--ks", type=int, nargs="+", default=list(KS))
+    parser.add_argument("--widths", type=float, nargs="+", help="kernel widths (0.1 .. 0.5)")
+    parser.add_argument("--ridges", type=float, nargs="+", help="kernel ridges (0.1 .. 1)")
+    parser.add_argument("--weights", type=float, nargs="+", default=list(NEIGHBOUR_WEIGHTS))
     args = parser.parse_args()
+    grid(args)
     rows = [json.loads(line) for line in args.outcomes.read_text().splitlines()]
     train = [r for r in rows if r["split"] == "train"]
-    model = load_policy(args.policy).embedder.model
+    policy = load_policy(args.policy)
+    model = policy.embedder.model
     prompts = [r["prompt"] for r in train]
     vectors = embeddings_of(prompts, model, Embedder(model).embed_many)
     signals = np.stack([example_signals(p).vector() for p in prompts])
     x = np.hstack((vectors, signals)).astype(np.float64)
+    if args.part == "neighbours":
+        cs = tuple(args.cs or [policy.difficulty.regularization])
+        runs = neighbours_study(x, train, cs)
+        matched_auc = lambda r: r["auc_length_matched_pooled"]  # noqa: E731
+        report = {"cpu": cpu_model(), "train": len(train), "folds": FOLDS, "Cs": cs}
+        report |= {"ks": KS, "kernels": KERNELS, "term_weights": NEIGHBOUR_WEIGHTS}
+        report |= {"target": SHIPPED_TARGET, "seeds": NEIGHBOUR_SEEDS, "runs": runs}
+        for term in ("neighbours", "kernel"):
+            best = max((r for r in runs if r["term"] == term), key=matched_auc)
+            report[f"best_{term}"] = best
+            print(f"best {term}:", json.dumps(best))
+        top = max(map(matched_auc, runs))
+        tied = [r for r in runs if matched_auc(r) >= top - 0.001]
+        best = report["chosen"] = max(tied, key=lambda r: r["auc_rate_label"])
+        NEIGHBOURS_RESULT.parent.mkdir(parents=True, exist_ok=True)
+        NEIGHBOURS_RESULT.write_text(json.dumps(report, indent=1) + "\n")
+        print("chosen:", json.dumps(best), "->", NEIGHBOURS_RESULT)
+        return
     runs = [cross_validate(x, train, t, c) for t in ("rate", "gap", "greedy") for c in CS]
     for run in runs:
         print(json.dumps(run))

@@ -4,6 +4,10 @@
     python bench/router_outcomes.py --samples 5 --weights w8a8 --limit 40   # a quick look
     python bench/router_outcomes.py --samples 1 --weights fp32 --target greedy  # first labels
     python bench/router_outcomes.py --tiers small   # one tier (run two processes at once)
+    python bench/router_outcomes.py --samples 5 --weights w8a8 --first 2100  # in chunks
+
+`--first N` labels the first N tasks (round 1's, then a prefix of round 2's: see
+bench/router_tasks.py), so round 2 can be labelled in chunks, each complete for both tiers.
 
 Answers are kept per tier in `bench/data/router_answers_<tier>[_<weights>_t<temp>].jsonl`
 (bench/router_answers.py: answer 0 greedy, the rest sampled with fixed seeds) and reused:
@@ -52,7 +56,7 @@ def answers_path(tier: str, sampling: Sampling) -> Path:
 
 def tier_outcome(task: Task, answers: list[dict]) -> dict:
     """The greedy answer's correctness; with several answers, each one's and their rate."""
-    right = [is_correct(task.kind, task.expected, a["text"]) for a in answers]
+    right = [is_correct(task.kind, task.expected, a["text"], task.options) for a in answers]
     if len(answers) == 1:
         return {k: v for k, v in answers[0].items() if k not in ("id", "sample")} | {
             "correct": right[0]
@@ -67,12 +71,16 @@ def tier_outcome(task: Task, answers: list[dict]) -> dict:
 
 
 def outcome_rows(tasks: list[Task], answers: dict[str, dict], samples: int) -> list[dict]:
+    """`round`: 1 for the first tasks (bench/router_eval.py reports on their held-out split
+    apart, so figures stay comparable across rounds), 2 or 3 for those appended later."""
+    rounds = {t.id: r for r in (3, 2, 1) for t in build_tasks(rounds=r)}
     rows = []
     for task in tasks:
         row = {
             "id": task.id,
             "family": task.family,
             "split": split_of(task.id),
+            "round": rounds[task.id],
             "prompt": task.prompt,
             "expected": task.expected,
         }
@@ -100,6 +108,7 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=0.7, help="of answers 1..")
     parser.add_argument("--weights", default="w8a8", help="engine weight format")
     parser.add_argument("--limit", type=int, default=0, help="N tasks spread over all (a look)")
+    parser.add_argument("--first", type=int, default=0, help="only the first N tasks")
     parser.add_argument("--out", type=Path, help=f"default {RATES.name} ({OUTCOMES.name} at 1)")
     parser.add_argument("--examples", type=Path, default=EXAMPLES)
     parser.add_argument("--target", choices=list(TARGETS), default=SHIPPED_TARGET)
@@ -109,6 +118,8 @@ def main() -> None:
     sampling = Sampling(args.samples, args.temperature, args.weights)
     out = args.out or (OUTCOMES if args.samples == 1 else RATES)
     tasks = build_tasks()
+    if args.first:
+        tasks = tasks[: args.first]
     if args.limit:
         tasks = tasks[:: max(1, len(tasks) // args.limit)][: args.limit]
     answers = {}

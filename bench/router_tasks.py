@@ -29,6 +29,7 @@ class Task:
     kind: str  # "number" | "text"
     system: str = SHORT_SYSTEM
     max_tokens: int = 48
+    options: tuple[str, ...] = ()  # kind "choice": the names the answer picks among
 
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
@@ -42,8 +43,13 @@ def _numbers(text: str) -> list[float]:
     return out
 
 
-def is_correct(task_kind: str, expected: str, output: str) -> bool:
-    """Numbers: the last number written equals the answer. Text: the answer appears."""
+def is_correct(task_kind: str, expected: str, output: str, options: tuple[str, ...] = ()) -> bool:
+    """Numbers: the last number written equals the answer. Text: the answer appears.
+    Choice: the last of the options named is the answer (a reply may restate the others)."""
+    if task_kind == "choice":
+        named = re.finditer(r"\b(" + "|".join(map(re.escape, options)) + r")\b", output, re.I)
+        last = [m.group(1).lower() for m in named][-1:]
+        return last == [expected.lower()]
     if task_kind == "number":
         found = _numbers(output)
         return bool(found) and abs(found[-1] - float(expected)) < 1e-6
@@ -303,10 +309,64 @@ LATER_FAMILIES: dict[str, tuple[Callable[[random.Random, int], Task], int]] = {
 }
 
 
-def build_tasks(seed: int = 10) -> list[Task]:
-    rng = random.Random(seed)
+# Round 2 (the learning curve still rose: bench/router_learning_curve.py): more tasks of
+# the families where the tiers' right-answer rates differ most (arithmetic most), drawn
+# after round 1 from the same rng in this repeating pattern, so any prefix of them is a mix
+# (bench/router_outcomes.py --first labels a prefix). Ids go on from each family's count.
+MORE_PATTERN = ("arithmetic", "arithmetic", "word_problem", "conversion", "code_trace", "sequence")
+MORE_REPEATS = 400
+GENERATORS = {name: make for name, (make, _) in (FAMILIES | LATER_FAMILIES).items()}
+
+
+def _round_one(rng: random.Random) -> list[Task]:
     tasks = [make(rng, i) for make, count in FAMILIES.values() for i in range(count)]
     tasks += gsm8k(rng, GSM8K_COUNT)
     tasks += [make(rng, i) for make, count in LATER_FAMILIES.values() for i in range(count)]
     unique = {t.prompt: t for t in tasks}  # duplicates would leak between the splits
     return list(unique.values())
+
+
+def _round_two(rng: random.Random, seen: set[str]) -> list[Task]:
+    """The appended tasks; a prompt asked before is dropped (its first id keeps it)."""
+    drawn = {name: count for name, (_, count) in (FAMILIES | LATER_FAMILIES).items()}
+    tasks = []
+    for name in MORE_PATTERN * MORE_REPEATS:
+        task = GENERATORS[name](rng, drawn[name])
+        drawn[name] += 1
+        if task.prompt not in seen:
+            seen.add(task.prompt)
+            tasks.append(task)
+    return tasks
+
+
+def _round_three(rng: random.Random, seen: set[str]) -> list[Task]:
+    """New families (bench/router_tasks_round3.py), drawn after round 2; repeats dropped."""
+    from bench.router_tasks_round3 import (
+        ROUND3_DROPPED,
+        ROUND3_GENERATORS,
+        ROUND3_PATTERN,
+        ROUND3_REPEATS,
+    )
+
+    drawn = dict.fromkeys(ROUND3_PATTERN, 0)
+    tasks = []
+    for name in ROUND3_PATTERN * ROUND3_REPEATS:
+        task = ROUND3_GENERATORS[name](rng, drawn[name])
+        drawn[name] += 1
+        if task.prompt not in seen and name not in ROUND3_DROPPED:
+            seen.add(task.prompt)
+            tasks.append(task)
+    return tasks
+
+
+def build_tasks(seed: int = 10, rounds: int = 3) -> list[Task]:
+    """Round 1's tasks (the first labels; their ids and prompts never change), then, with
+    rounds=2, round 2's, with rounds=3 round 3's."""
+    rng = random.Random(seed)
+    tasks = _round_one(rng)
+    seen = {t.prompt for t in tasks}
+    if rounds >= 2:
+        tasks += _round_two(rng, seen)
+    if rounds >= 3:
+        tasks += _round_three(rng, seen)
+    return tasks

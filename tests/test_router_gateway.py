@@ -173,3 +173,36 @@ def test_the_default_policy_threshold_matches_its_shipped_examples(one_torch_thr
     assert len(prompts) >= 1000
     scores = score_prompts(policy, prompts, Embedder().embed_many)
     assert abs(float(np.mean(scores >= rule.min_score)) - 0.3) <= 0.02
+
+
+def test_the_shipped_examples_train_in_seconds_with_their_kernel(
+    one_torch_thread: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Training at policy load (the classifier and the kernel's examples x examples solve)
+    on the >= 1,000 shipped examples takes seconds once their vectors are on disk; a
+    generous deadline."""
+    import time
+
+    from gateway.cache.embedder import Embedder
+    from gateway.routing import difficulty
+    from gateway.routing.calibrate import read_prompts
+
+    root = Path(__file__).resolve().parent.parent / "router_policies"
+    policy = load_policy(root / "default.yaml")
+    assert policy.difficulty.blend.kernel > 0
+    prompts = read_prompts(root / "difficulty_examples.jsonl")
+    embed_many = Embedder().embed_many
+    difficulty.embeddings_of(prompts, policy.embedder.model, embed_many)
+    monkeypatch.setattr(difficulty, "_trained_cache", {})
+    start = time.perf_counter()
+    scorer = difficulty.build_scorer(policy, embed_many)
+    assert time.perf_counter() - start < 60
+    kernel = scorer.terms["kernel"]
+    assert kernel.vectors.shape == (len(prompts), 384) and kernel.width == 0.2
+    # On its own examples the kernel ranks the examples by their targets.
+    targets = np.array(
+        [json.loads(line)["score"] for line in (root / "difficulty_examples.jsonl").open()]
+    )
+    vectors = difficulty.embeddings_of(prompts, policy.embedder.model, embed_many)
+    predicted = np.array([kernel.predict(v) for v in vectors[:300]])
+    assert np.corrcoef(predicted, targets[:300])[0, 1] > 0.8

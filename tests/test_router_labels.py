@@ -10,7 +10,8 @@ import pytest
 
 from bench.router_answers import prompt_digest, read_answers
 from bench.router_labels import TARGETS, gap, quality, rate_label
-from bench.router_tasks import Task, build_tasks
+from bench.router_tasks import Task, build_tasks, is_correct
+from bench.router_tasks_round3 import ROUND3_DROPPED, ROUND3_GENERATORS, WEEKDAYS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -65,9 +66,66 @@ def test_first_tasks_keep_their_prompts_and_later_families_follow() -> None:
     """The first greedy outcomes stay comparable: every task id in them still has its prompt."""
     first = ROOT / "bench" / "data" / "router_outcomes.jsonl"
     old = {r["id"]: r["prompt"] for r in map(json.loads, first.read_text().splitlines())}
+    round_one = {t.id: t for t in build_tasks(rounds=1)}
+    assert all(round_one[i].prompt == prompt for i, prompt in old.items())
+    assert {t.family for t in round_one.values() if t.id not in old} == {"code_trace", "sequence"}
+
+
+def test_round_two_appends_new_ids_and_prompts() -> None:
+    """Round 2 leaves every round-1 task (id, prompt, order) as it was and asks nothing twice:
+    a repeated prompt would put one task in both splits under two ids."""
+    first, both = build_tasks(rounds=1), build_tasks(rounds=2)
+    assert [(t.id, t.prompt) for t in both[: len(first)]] == [(t.id, t.prompt) for t in first]
+    added = both[len(first) :]
+    assert len(added) > 500
+    assert len({t.id for t in both}) == len(both) == len({t.prompt for t in both})
+    assert {t.family for t in added} <= {t.family for t in first} - {"gsm8k", "fact"}
+
+
+def test_labelled_outcomes_match_the_current_tasks() -> None:
+    """Every labelled task in the shipped rates file still has its prompt and round."""
+    rates = ROOT / "bench" / "data" / "router_rates.jsonl"
     tasks = {t.id: t for t in build_tasks()}
-    assert all(tasks[i].prompt == prompt for i, prompt in old.items())
-    assert {t.family for t in tasks.values() if t.id not in old} == {"code_trace", "sequence"}
+    rounds = {t.id: r for r in (3, 2, 1) for t in build_tasks(rounds=r)}
+    for row in map(json.loads, rates.read_text().splitlines()):
+        assert tasks[row["id"]].prompt == row["prompt"]
+        assert row.get("round", 1) == rounds[row["id"]]
+
+
+def test_round_three_appends_new_families_after_round_two() -> None:
+    """Round 3 keeps rounds 1 and 2 (ids, prompts, order) and adds only its new families,
+    in a repeating pattern (so any prefix of it mixes them), asking nothing twice."""
+    two, three = build_tasks(rounds=2), build_tasks(rounds=3)
+    assert [(t.id, t.prompt) for t in three[: len(two)]] == [(t.id, t.prompt) for t in two]
+    added = three[len(two) :]
+    families = {t.family for t in added}
+    assert families == set(ROUND3_GENERATORS) - ROUND3_DROPPED
+    assert not families & {t.family for t in two}
+    assert {t.family for t in added[:60]} == families
+    assert len({t.id for t in three}) == len(three) == len({t.prompt for t in three})
+
+
+@pytest.mark.parametrize(
+    ("output", "right"),
+    [
+        ("Friday", True),
+        ("If today is Monday, in 4 days it will be Friday.", True),  # restates the start day
+        ("Friday. No wait, Saturday", False),  # the last one named counts
+        ("friday", True),
+        ("Fridays are nice", False),  # a name must stand as a word
+        ("I don't know", False),
+    ],
+)
+def test_a_choice_answer_is_the_last_option_named(output: str, right: bool) -> None:
+    assert is_correct("choice", "Friday", output, WEEKDAYS) is right
+
+
+def test_round_three_answers_check_out() -> None:
+    """Each round-3 task's own expected answer passes its checker; another option fails."""
+    for task in build_tasks()[len(build_tasks(rounds=2)) :]:
+        assert is_correct(task.kind, task.expected, task.expected, task.options), task
+        wrong = [o for o in task.options if o != task.expected][:1]
+        assert not any(is_correct(task.kind, task.expected, w, task.options) for w in wrong)
 
 
 def test_sequences_follow_one_rule() -> None:

@@ -10,6 +10,7 @@ from engine.entrypoints.openai_errors import OpenAIError
 from gateway.cli import main
 from gateway.policy import Blend, PolicyError, key_digest, load_policy, parse_policy
 from gateway.routing.difficulty import Classifier, DifficultyScorer
+from gateway.routing.nearest import Kernel, Neighbours
 from gateway.routing.router import Router, RoutingInput, Scored, extract_features
 from gateway.routing.signals import NAMES, compute_signals
 
@@ -119,6 +120,66 @@ async def test_difficulty_scorer_embeds_only_when_its_classifier_takes_part() ->
     assert scored.top[0][0] == "tokens"
 
 
+def unit(v: np.ndarray) -> np.ndarray:
+    return (v / np.linalg.norm(v, axis=-1, keepdims=True)).astype(np.float32)
+
+
+def test_neighbours_move_the_score_where_the_nearest_examples_agree() -> None:
+    """Two families of examples in two directions of the embedding: a prompt near the hard
+    family scores their mean target, whatever the signals say; k picks how many vote."""
+    rng = np.random.default_rng(0)
+    hard, easy = np.eye(8)[0], np.eye(8)[1]
+    vectors = unit(
+        np.vstack(
+            [hard + 0.1 * rng.standard_normal((6, 8)), easy + 0.1 * rng.standard_normal((6, 8))]
+        )
+    )
+    targets = np.array([1.0] * 5 + [0.0] + [0.0] * 6)  # one hard-family example disagrees
+    signals = compute_signals(extract_features([{"role": "user", "content": "x"}], None))
+    blend = Blend(classifier=0.0, neighbours=1.0, tokens=1.0)
+    near_hard, near_easy = unit(hard + 0.05 * easy), unit(easy + 0.05 * hard)
+    scorer = DifficultyScorer(None, blend, 8, {"neighbours": Neighbours(vectors, targets, k=5)})
+    signals_only = DifficultyScorer(None, Blend(classifier=0.0, tokens=1.0), 0)
+    assert scorer.needs_embedding and not signals_only.needs_embedding
+    base = signals_only.score_embedded(None, signals).score
+    high = scorer.score_embedded(near_hard, signals)
+    low = scorer.score_embedded(near_easy, signals)
+    # The five nearest to near_hard: the hard family's six minus one, mean 4/5 or 5/5.
+    assert high.score >= (0.8 + signals.tokens) / 2 - 1e-6 > base > low.score
+    assert low.score == pytest.approx(signals.tokens / 2, abs=1e-6)
+    assert high.top[0][0] == "neighbours" and high.top[0][1] > 0 > dict(low.top)["neighbours"]
+    everyone = DifficultyScorer(None, blend, 8, {"neighbours": Neighbours(vectors, targets, k=100)})
+    spread = everyone.score_embedded(near_hard, signals).score
+    assert spread == pytest.approx((targets.mean() + signals.tokens) / 2, abs=1e-6)
+
+
+def test_the_kernel_term_scores_a_prompt_as_the_examples_around_it() -> None:
+    """Kernel ridge on two families: near the hard one the term predicts near 1, near the
+    easy one near 0, far from both the mean target; with the classifier's blend weight 0
+    and the kernel's > 0 it moves the score, and names itself in the explanation."""
+    rng = np.random.default_rng(1)
+    hard, easy, far = np.eye(8)[0], np.eye(8)[1], np.eye(8)[2]
+    vectors = unit(
+        np.vstack(
+            [hard + 0.1 * rng.standard_normal((6, 8)), easy + 0.1 * rng.standard_normal((6, 8))]
+        )
+    )
+    targets = np.array([1.0] * 6 + [0.0] * 6)
+    kernel = Kernel.fit(vectors, targets, width=0.2, ridge=0.3)
+    assert kernel.predict(unit(hard)) > 0.8 and kernel.predict(unit(easy)) < 0.2
+    assert kernel.predict(far) == pytest.approx(0.5, abs=0.01)
+    signals = compute_signals(extract_features([{"role": "user", "content": "x"}], None))
+    blend = Blend(classifier=0.0, kernel=3.0, tokens=1.0)
+    scorer = DifficultyScorer(
+        None, blend, 8, {"kernel": kernel, "neighbours": Neighbours(vectors, targets, 5)}
+    )
+    assert list(scorer.terms) == ["kernel"]  # neighbours weigh 0: not computed
+    high = scorer.score_embedded(unit(hard), signals)
+    low = scorer.score_embedded(unit(easy), signals)
+    assert high.score > 0.6 > 0.15 > low.score
+    assert high.top[0][0] == "kernel" and dict(low.top)["kernel"] < 0
+
+
 async def test_a_broken_embedder_falls_back_to_the_other_rules() -> None:
     async def broken() -> np.ndarray:
         raise RuntimeError("embedder down")
@@ -205,3 +266,31 @@ def test_example_paths_resolve_beside_the_policy(tmp_path: Path) -> None:
     (tmp_path / "policy.yaml").write_text(textwrap.dedent(EXAMPLE_POLICY))
     policy = load_policy(tmp_path / "policy.yaml")
     assert policy.difficulty.examples == [str(tmp_path / "examples.jsonl")]
+
+
+@pytest.mark.parametrize(
+    ("knob", "where", "reason"),
+    [
+        ("k_nearest: 0", "difficulty.k_nearest", "must be greater than 0"),
+        ("k_nearest: many", "difficulty.k_nearest", "valid integer"),
+        ("blend: {neighbours: -1}", "difficulty.blend.neighbours", "must be 0 or greater"),
+        ("blend: {neighbors: 1}", "difficulty.blend.neighbors", "unknown key"),
+        ("blend: {kernel: -0.5}", "difficulty.blend.kernel", "must be 0 or greater"),
+        ("kernel_width: 0", "difficulty.kernel_width", "must be greater than 0"),
+        ("kernel_ridge: -1", "difficulty.kernel_ridge", "must be greater than 0"),
+    ],
+)
+def test_bad_example_term_knobs_are_policy_errors(knob: str, where: str, reason: str) -> None:
+    text = textwrap.dedent(EXAMPLE_POLICY).replace("difficulty:\n", f"difficulty:\n  {knob}\n")
+    with pytest.raises(PolicyError) as caught:
+        parse_policy(text, env={})
+    (issue,) = caught.value.issues
+    assert issue.path == where and reason in issue.message, str(issue)
+
+
+def test_the_kernel_refuses_more_examples_than_it_can_solve_for() -> None:
+    from gateway.routing.nearest import KERNEL_MAX_EXAMPLES
+
+    many = KERNEL_MAX_EXAMPLES + 1
+    with pytest.raises(ValueError, match=rf"difficulty.blend.kernel: {many} examples"):
+        Kernel.fit(np.zeros((many, 2), np.float32), np.zeros(many), width=0.2, ridge=0.3)

@@ -1,10 +1,12 @@
 """The difficulty score in [0, 1]: a classifier on the request embedding and prompt signals,
+and terms that score it by the examples most similar to it (gateway/routing/nearest.py),
 blended with the signals by the policy's weights.
 
 The classifier is a logistic regression trained when the policy loads, on the policy's
 labelled example prompts (embedded in one batch: seconds). At request time scoring is one
-dot product over 384 + 8 numbers: microseconds on top of the embedding, which the request
-pipeline computes once and shares with the semantic cache.
+dot product over 384 + 8 numbers and, for the example terms, one (examples x 384)
+product: well under a millisecond on top of the embedding, which the request pipeline
+computes once and shares with the semantic cache.
 """
 
 import asyncio
@@ -25,12 +27,14 @@ from gateway.policy import (
     PolicyIssue,
 )
 from gateway.routing.examples import policy_examples
+from gateway.routing.nearest import Kernel, Neighbours
 from gateway.routing.router import RoutingInput, Scored, extract_features
 from gateway.routing.signals import NAMES, Signals, compute_signals
 
 logger = logging.getLogger("tiergate.difficulty")
 
 EMBEDDING = "embedding"  # how explanations name the embedding's share of the classifier
+EXAMPLE_TERMS = ("neighbours", "kernel")  # blend weights (and explanation names) of nearest.py
 TOP_FEATURES = 3
 
 
@@ -50,20 +54,30 @@ class Classifier:
 
 
 class DifficultyScorer:
-    def __init__(self, classifier: Classifier | None, blend: Blend, dim: int) -> None:
+    def __init__(
+        self,
+        classifier: Classifier | None,
+        blend: Blend,
+        dim: int,
+        terms: dict[str, Neighbours | Kernel] | None = None,
+    ) -> None:
+        """`terms`: the example terms by their blend name; those absent weigh nothing."""
         self.classifier = classifier
+        self.terms = {n: t for n, t in (terms or {}).items() if getattr(blend, n) > 0}
         self.dim = dim
         signal_weights = np.array([getattr(blend, n) for n in NAMES], dtype=np.float64)
         classifier_weight = blend.classifier if classifier is not None else 0.0
-        total = classifier_weight + signal_weights.sum()
+        term_weights = {n: float(getattr(blend, n)) for n in self.terms}
+        total = classifier_weight + sum(term_weights.values()) + signal_weights.sum()
         if total <= 0:
             raise ValueError("difficulty.blend: every weight is 0 (or no examples to train on)")
         self._classifier_weight = classifier_weight / total
+        self._term_weights = {n: w / total for n, w in term_weights.items()}
         self._signal_weights = signal_weights / total
 
     @property
     def needs_embedding(self) -> bool:
-        return self._classifier_weight > 0
+        return self._classifier_weight > 0 or bool(self.terms)
 
     async def score(self, inp: RoutingInput, signals: Signals) -> Scored | None:
         """The router's Scorer: embeds (through the request's shared, memoised `embed`)
@@ -79,7 +93,13 @@ class DifficultyScorer:
         s = signals.vector().astype(np.float64)
         contributions = dict(zip(NAMES, self._signal_weights * s, strict=True))
         score = float(self._signal_weights @ s)
-        if self.needs_embedding:
+        for name, term in self.terms.items():
+            assert embedding is not None
+            predicted = term.predict(embedding)
+            score += self._term_weights[name] * predicted
+            # Around the examples' mean target, as the classifier's parts are.
+            contributions[name] = self._term_weights[name] * (predicted - term.center)
+        if self._classifier_weight > 0:
             assert embedding is not None and self.classifier is not None
             x = np.concatenate((embedding.astype(np.float64), s))
             base, parts = self.classifier.logit_parts(x, self.dim)
@@ -125,27 +145,47 @@ def build_scorer(policy: Policy, embed_many: EmbedMany | None) -> DifficultyScor
     """Train on the policy's examples (embedded with `embed_many`) and apply its blend."""
     settings = policy.difficulty
     examples = policy_examples(policy)
-    classifier = None
-    if examples and settings.blend.classifier > 0:
+    classifier, terms = None, {}
+    if examples and learns_from_examples(settings.blend):
         if embed_many is None:
             raise ValueError("the difficulty classifier needs the embedder")
-        key = (policy.embedder.model, settings.regularization)
-        classifier = _trained(examples, key, embed_many)
-    return DifficultyScorer(classifier, settings.blend, _dim(classifier))
+        kernel = (settings.kernel_width, settings.kernel_ridge) if settings.blend.kernel else None
+        key = (policy.embedder.model, settings.regularization, kernel)
+        trained = _trained(examples, key, embed_many)
+        classifier = trained.classifier
+        terms["neighbours"] = Neighbours(trained.vectors, trained.targets, settings.k_nearest)
+        if trained.kernel is not None:
+            terms["kernel"] = trained.kernel
+    return DifficultyScorer(classifier, settings.blend, _dim(classifier), terms)
+
+
+def learns_from_examples(blend: Blend) -> bool:
+    return blend.classifier > 0 or any(getattr(blend, n) > 0 for n in EXAMPLE_TERMS)
 
 
 def _dim(classifier: Classifier | None) -> int:
     return 0 if classifier is None else len(classifier.weights) - len(NAMES)
 
 
+@dataclass(frozen=True)
+class Trained:
+    classifier: Classifier
+    vectors: np.ndarray  # the examples' embeddings, for the neighbours term
+    targets: np.ndarray
+    kernel: Kernel | None  # fitted when the blend weighs it: it solves an n x n system
+
+
+TrainSettings = tuple[str, float, tuple[float, float] | None]  # model, C, kernel width, ridge
+
+
 # Reloads that leave the examples alone reuse the trained classifier.
-_trained_cache: dict[str, Classifier] = {}
+_trained_cache: dict[str, Trained] = {}
 
 
 def _trained(
-    examples: list[ExamplePrompt], settings: tuple[str, float], embed_many: EmbedMany
-) -> Classifier:
-    """`settings`: the embedder model and the regularization, part of the cache key."""
+    examples: list[ExamplePrompt], settings: TrainSettings, embed_many: EmbedMany
+) -> Trained:
+    """`settings`: part of the cache key."""
     digest = hashlib.sha256(repr((settings, [(e.prompt, e.target) for e in examples])).encode())
     key = digest.hexdigest()
     if key not in _trained_cache:
@@ -154,7 +194,9 @@ def _trained(
         signals = np.stack([example_signals(p).vector() for p in prompts])
         targets = np.array([e.target for e in examples], dtype=np.float64)
         _trained_cache.clear()  # one policy's classifier at a time is all a gateway serves
-        _trained_cache[key] = train_classifier(embeddings, signals, targets, settings[1])
+        classifier = train_classifier(embeddings, signals, targets, settings[1])
+        kernel = None if settings[2] is None else Kernel.fit(embeddings, targets, *settings[2])
+        _trained_cache[key] = Trained(classifier, embeddings, targets, kernel)
         logger.info("difficulty classifier trained on %d examples", len(examples))
     return _trained_cache[key]
 
@@ -210,7 +252,7 @@ def difficulty_scorer_factory(
         ):
             return None
         blend = policy.difficulty.blend
-        trains = bool(policy.difficulty.examples) and blend.classifier > 0
+        trains = bool(policy.difficulty.examples) and learns_from_examples(blend)
         if not trains and not any(getattr(blend, n) for n in NAMES):
             logger.warning("score rules without difficulty.examples or signal weights never match")
             return None
