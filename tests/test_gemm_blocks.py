@@ -1,4 +1,4 @@
-""" "blocks" weights (a GGUF's Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K blocks kept compact, int8
+""" "blocks" weights (a GGUF's Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K / Q6_K blocks kept compact, int8
 activations): the records hold exactly the file's values; the C kernel on every path this
 CPU runs matches the torch reference, and gives w8a8's results bit for bit on the same
 blocks expanded to int8 (Q4_0, Q5_0, Q8_0: the offsets go into the exact int32 sums); the
@@ -16,15 +16,18 @@ from gguf import GGMLQuantizationType as QT
 from gguf.quants import dequantize, quantize
 
 from engine import native
-from engine.block_weights import BlockWeight, blocks_reference, from_parts
 from engine.cpu_features import cpu_features
-from engine.gguf_blocks import int8_blocks
 from engine.ops import NativeOps, TorchOps
-from engine.quant import W8A8_GROUP, Int8Weight, w8a8_panels
+from engine.quantization.block_weights import BlockWeight, blocks_reference, from_parts
+from engine.quantization.gguf_blocks import int8_blocks
+from engine.quantization.quant import W8A8_GROUP, Int8Weight, w8a8_panels
+from tests.tiny_gguf import quantize_q6_k
 
 _NEEDS = {"generic": (), "avx2": ("avx2", "fma"), "vnni": ("avx512f", "avx512bw", "avx512_vnni")}
-TYPES = [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q8_0, QT.Q4_K]
-N, K = 96, 256  # 6 panels of 16 rows (3 of w8a8's panel pairs), one Q4_K super-block
+TYPES = [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q8_0, QT.Q4_K, QT.Q6_K]
+N, K = 128, 256  # 8 panels of 16 rows (4 of w8a8's panel pairs), one K-quant super-block
+# one panel each, Q6_K between Q5_0 and Q8_0 (as in Qwen's fused rows) and after a requantized one
+MIXED = [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q6_K, QT.Q8_0, QT.Q4_K, None, QT.Q6_K]
 
 
 def _ops(path: str, weights: str = "blocks") -> NativeOps:
@@ -43,7 +46,8 @@ def _weight(seed: int, rows: int = N) -> torch.Tensor:
 
 
 def _file(qtype: QT, w: torch.Tensor) -> tuple[QT, np.ndarray]:
-    return qtype, (_q4_k(w.numpy()) if qtype == QT.Q4_K else quantize(w.numpy(), qtype))
+    own = {QT.Q4_K: _q4_k, QT.Q6_K: quantize_q6_k}.get(qtype)  # gguf's Python cannot write them
+    return qtype, (own(w.numpy()) if own else quantize(w.numpy(), qtype))
 
 
 def _q4_k(w: np.ndarray) -> np.ndarray:
@@ -75,6 +79,8 @@ def test_records_hold_the_files_values(qtype: QT) -> None:
     raw = _file(qtype, w)[1]
     if qtype == QT.Q4_K:  # scale and min per 32 widened to fp32: 6 bits a weight, not 4.5
         assert raw.size == N * K * 4.5 / 8 and blocks.data.numel() == N * K * 6 / 8
+    elif qtype == QT.Q6_K:  # d repeated per 32: 7 bits a weight, not 6.5625 (Q8_0's 8.5 before)
+        assert raw.size == N * K * 6.5625 / 8 and blocks.data.numel() == N * K * 7 / 8
     else:
         assert blocks.data.numel() == raw.size  # the file's bytes, no more
     assert np.array_equal(blocks.dequantize().numpy(), dequantize(raw, qtype))
@@ -90,10 +96,24 @@ def test_parts_mix_types_and_requantize_what_the_file_holds_otherwise() -> None:
     assert np.array_equal(got[80:].numpy(), dequantize(quantize(w[80:].numpy(), QT.Q8_0), QT.Q8_0))
 
 
+def test_q6_k_rule_writes_blocks_gguf_reads_back() -> None:
+    """The test's own Q6_K writer against gguf's dequantizer: near the weights, with
+    negative sub-scales and both extreme codes in use (what the kernels must handle)."""
+    w = _weight(6).numpy()
+    raw = quantize_q6_k(w)
+    assert raw.shape == (N, K // 256 * 210)
+    back = dequantize(raw, QT.Q6_K)
+    assert np.linalg.norm(back - w) / np.linalg.norm(w) < 0.03
+    scales = raw.reshape(-1, 210)[:, 192:208].view(np.int8)
+    assert scales.min() < 0 < scales.max()
+    codes = from_parts([(QT.Q6_K, raw)], [N], torch.from_numpy(w)).dequantize().numpy()
+    assert np.array_equal(codes, back)
+
+
 def _mixed(seed: int) -> BlockWeight:
     w = _weight(seed)
-    parts = [_file(t, w[16 * i : 16 * i + 16]) for i, t in enumerate(TYPES)] + [None]
-    return from_parts(parts, [16] * 6, w)
+    parts = [t and _file(t, w[16 * i : 16 * i + 16]) for i, t in enumerate(MIXED)]
+    return from_parts(parts, [16] * len(MIXED), w)
 
 
 @pytest.mark.parametrize("path", ["generic", "avx2", "vnni"])
@@ -115,6 +135,24 @@ def test_blocks_gemm_matches_reference(path: str, kind: QT | str, rows: int) -> 
         assert torch.equal(TorchOps("blocks").linear(x, blocks, b), want)
         exact = F.linear(x, blocks.dequantize(), b)
         assert (got - exact).norm() / exact.norm() < 0.02  # int8 activations: near fp32
+
+
+@pytest.mark.parametrize("path", ["generic", "avx2", "vnni"])
+@pytest.mark.parametrize("rows", [2, 9])
+def test_q6_k_beside_other_types_at_odd_sizes(path: str, rows: int) -> None:
+    """Three panels (an odd count), k of 3 super-blocks: one weight's Q6_K rows beside
+    Q5_0 and Q8_0 ones, as Qwen's files mix them; 9 rows = VNNI's 8 + 1."""
+    ops = _ops(path)
+    w = torch.randn(48, 768, generator=torch.Generator().manual_seed(7))
+    w[:, 300:330] += 1.5  # a shifted sub-block: large codes on one side only
+    parts = [_file(t, w[16 * i : 16 * i + 16]) for i, t in enumerate([QT.Q5_0, QT.Q6_K, QT.Q8_0])]
+    blocks = from_parts(parts, [16] * 3, w)
+    assert blocks.type_counts() == {"q5_0": 16, "q6_k": 16, "q8_0": 16}
+    assert np.array_equal(blocks.dequantize()[16:32].numpy(), dequantize(parts[1][1], QT.Q6_K))
+    x = torch.randn(rows, 768, generator=torch.Generator().manual_seed(rows))
+    x[:, 5] *= 40  # int8 codes at +-127 beside 6-bit weight codes: no 16-bit saturation
+    got, want = ops.linear(x, blocks), blocks_reference(x, blocks, None)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=5e-4)
 
 
 @pytest.mark.parametrize("path", ["generic", "avx2", "vnni"])

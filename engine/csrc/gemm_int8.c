@@ -1,7 +1,7 @@
 /* Matmuls on int8 weights: out[M, N] = (x[M, K] @ Q[N, K]^T) * scale[N] (+ bias).
 
    Q is the weight requantized per output row at load (symmetric: W[n] ~ Q[n] * scale[n]),
-   packed like the fp32 panels, [N / 16][K][16] int8 (engine/quant.py). A decode step reads
+   packed like the fp32 panels, [N / 16][K][16] int8 (engine/quantization/quant.py). A decode step reads
    every weight once and is bound by memory bandwidth, so a quarter of fp32's bytes is the
    gain. Weights are widened to fp32 in registers and meet x in fp32 FMAs (fp32
    accumulation); the row scale factors out of the K sum and is applied once per output.

@@ -1,7 +1,7 @@
 /* Matmuls on int8 weights and int8 activations ("w8a8"): out[M, N] = x[M, K] @ W[N, K]^T.
 
    Both sides are quantized symmetric in groups of G = 32 consecutive k values, each group
-   with its own fp32 scale, as llama.cpp's Q8_0: the weights at load (engine/quant.py,
+   with its own fp32 scale, as llama.cpp's Q8_0: the weights at load (engine/quantization/quant.py,
    scales [N / 16][K / G][16]), each row of x on entry (xq = round(x * 127 / max|x|) per
    group, xs = max|x| / 127). One scale per whole row of x cost SmolLM2 +3.7% perplexity
    (a few outlier channels set every token's scale); groups of 32 on both sides +0.4%.
