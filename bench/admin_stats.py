@@ -14,8 +14,6 @@ The view runs on the event loop, so its time is time no request is served.
 """
 
 import argparse
-import platform
-import subprocess
 import sys
 import time
 from collections import deque
@@ -33,15 +31,6 @@ from gateway.stats_view import stats_view
 
 PRICE = Price(input=1.0, output=2.0)
 OUTCOMES = ("exact", "semantic", "miss", "bypass")
-
-
-def cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return platform.processor() or "unknown"
-    names = [line.split(":", 1)[1].strip() for line in out.splitlines() if "Model name" in line]
-    return names[0] if names else "unknown"
 
 
 def deep_size(obj: object, seen: set[int] | None = None) -> int:
@@ -110,7 +99,7 @@ def main() -> int:
         warm.append(time.perf_counter() - start)
 
     result = {
-        "cpu_model": cpu_model(),
+        "cpu_model": common.cpu_model(),
         "samples_per_snapshot": samples,
         "snapshots": snapshots,
         "ring_memory_mb": {

@@ -18,7 +18,6 @@ affinity each replica keeps its own four.
 import argparse
 import os
 import random
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,7 @@ import common
 import httpx
 from prefix_sharing import questions
 from prometheus_client.parser import text_string_to_metric_families
+from servers import free_port
 
 GOALS = {"throughput_ratio": 1.5}
 SYSTEM_CHARS = 4_000  # ~1,000 SmolLM2 tokens of English
@@ -46,19 +46,6 @@ def system_prompts(count: int = PROMPTS) -> list[str]:
         + text[i * SYSTEM_CHARS : (i + 1) * SYSTEM_CHARS]
         for i in range(count)
     ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
 
 
 def spawn(args: list[str], port: int, log: Path) -> subprocess.Popen:
@@ -199,7 +186,7 @@ def main() -> None:
     common.write_result(
         "affinity",
         {
-            "cpu_model": cpu_model(),
+            "cpu_model": common.cpu_model(),
             "settings": {
                 "replicas": 2,
                 "model": common.MODEL,

@@ -15,7 +15,6 @@ Writes bench/results/cache_eval.json.
 """
 
 import argparse
-import platform
 import sys
 import time
 from collections import Counter
@@ -31,16 +30,6 @@ from gateway.cache.verifier import DEFAULT_ARTIFACT, STRICTNESS, PairVerifier
 
 GOAL_WRONG, GOAL_HITS = 0.01, 0.70
 FLOORS = (0.0, 0.5, 0.6, 0.7)  # a similarity floor the cache may apply before verifying
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def rates(accepted: list[bool], pairs: list[dict]) -> dict[str, float]:
@@ -192,7 +181,7 @@ def main() -> None:
     args = parser.parse_args()
     verifier = PairVerifier.load(args.artifact)
     pairs = load_pairs(args.pairs)
-    result: dict[str, Any] = {"cpu_model": cpu_model(), "thresholds": verifier.thresholds}
+    result: dict[str, Any] = {"cpu_model": common.cpu_model(), "thresholds": verifier.thresholds}
     if args.live_cosines:
         result["live_cosines"] = live_cosines([p for p in pairs if p["split"] != "train"])
         print("live cosines", result["live_cosines"])

@@ -73,13 +73,6 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * resource.getpagesize()
 
 
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
-
-
 def ms_stats(samples: list[float]) -> dict:
     return {
         "p50_ms": round(common.percentile(samples, 50) * 1000, 3),
@@ -266,7 +259,7 @@ async def main() -> int:
     await embedder.close()
     largest = results[str(max(args.sizes))]
     payload = {
-        "cpu_model": cpu_model(),
+        "cpu_model": common.cpu_model(),
         "torch_threads": args.torch_threads,
         "embedder_backend": embedder.backend,
         "sizes": results,

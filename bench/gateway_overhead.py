@@ -19,20 +19,16 @@ import argparse
 import asyncio
 import contextlib
 import itertools
-import os
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import common
+from servers import free_port, server, tiergate_cmd, tree_cpu_seconds, wait_ready
 
 HERE = Path(__file__).resolve().parent
 KEY = "sk-bench-0123456789"  # the same bearer key for both gateways
@@ -52,76 +48,6 @@ class Target:
     model: str
     pid: int | None  # the server process whose CPU time is counted (None: not a gateway)
     unique: bool = False  # a new question each request (every one a cache miss)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-# ---------------------------------------------------------------- processes
-
-
-@contextlib.contextmanager
-def server(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> Iterator[int]:
-    """Start a server in its own session; stop that session (only it) on exit."""
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            cmd,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
-            start_new_session=True,
-        )
-    try:
-        yield proc.pid
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-
-
-async def wait_ready(url: str, deadline_s: float, headers: dict[str, str] | None = None) -> float:
-    """Poll url until it answers 200; returns seconds waited. Raises after the deadline."""
-    start = time.perf_counter()
-    async with aiohttp.ClientSession() as session:
-        while time.perf_counter() - start < deadline_s:
-            with contextlib.suppress(aiohttp.ClientError, OSError, asyncio.TimeoutError):
-                timeout = aiohttp.ClientTimeout(total=5)
-                async with session.get(url, headers=headers, timeout=timeout) as resp:
-                    if resp.status == 200:
-                        return time.perf_counter() - start
-            await asyncio.sleep(0.25)
-    raise TimeoutError(f"{url} not ready after {deadline_s} s")
-
-
-def tree_cpu_seconds(pid: int) -> float:
-    """user+system CPU of pid and its descendants, from /proc (clock ticks)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    children: dict[int, list[int]] = {}
-    stats: dict[int, list[str]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            raw = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = raw[raw.rindex(")") + 2 :].split()  # after "(comm)": state is field 3
-        stats[int(entry)] = fields
-        children.setdefault(int(fields[1]), []).append(int(entry))
-    total, todo = 0.0, [pid]
-    while todo:
-        p = todo.pop()
-        if p in stats:
-            total += (int(stats[p][11]) + int(stats[p][12])) / tick  # utime, stime
-        todo.extend(children.get(p, []))
-    return total
 
 
 # ---------------------------------------------------------------- configs
@@ -302,12 +228,6 @@ def parse_args() -> argparse.Namespace:
         help="also the cached gateway with its embedder on torch (tiergate-cache-torch)",
     )
     return p.parse_args()
-
-
-def tiergate_cmd(policy: Path, port: int) -> list[str]:
-    script = Path(sys.executable).with_name("tiergate")
-    head = [str(script)] if script.exists() else [sys.executable, "-m", "gateway.cli"]
-    return [*head, "serve", "--policy", str(policy), "--port", str(port)]
 
 
 def litellm_cmd(venv: common.Venv, config: Path, port: int) -> list[str]:

@@ -1,5 +1,5 @@
 """w8a8 on a GGUF's own Q8_0 / Q5_0 / Q4_0 blocks against w8a8 requantized from the fp32
-dequantization (the engine before engine/gguf_blocks.py) and fp32, all in one run.
+dequantization (the engine before engine/quantization/gguf_blocks.py) and fp32, all in one run.
 
 Perplexity and teacher-forced top-1 agreement with fp32 on bench/precision.py's text
 (a slice of Python's pydoc topics), one thread. Default model Qwen2.5-Coder-0.5B, whose
@@ -17,14 +17,14 @@ import precision
 
 
 def build(model: str, weights: str, keep_blocks: bool) -> object:
-    import engine.weights
+    from engine.quantization import file_blocks
 
-    kept = engine.weights.BLOCK_FORMATS
-    engine.weights.BLOCK_FORMATS = kept if keep_blocks else ()  # the old path: requantize
+    kept = file_blocks.BLOCK_FORMATS
+    file_blocks.BLOCK_FORMATS = kept if keep_blocks else ()  # the old path: requantize
     try:
         return ed.make_engine(model=model, kv_cache_bytes=64 << 20, weights=weights, num_threads=1)
     finally:
-        engine.weights.BLOCK_FORMATS = kept
+        file_blocks.BLOCK_FORMATS = kept
 
 
 def int8_activations(e: object) -> object:
@@ -33,7 +33,7 @@ def int8_activations(e: object) -> object:
     blocks would compute, measured before writing one."""
     import torch
 
-    from engine.quant import W8A8_GROUP, quantize_rows
+    from engine.quantization.quant import W8A8_GROUP, quantize_rows
 
     ops = e.runner.ops
     linear = ops.linear

@@ -15,7 +15,8 @@ from typing import Any
 
 import common
 import engine_driver as ed
-from precision import PROMPTS, _common_prefix, cpu_model, greedy_tokens, ppl_text
+from common import cpu_model
+from precision import PROMPTS, common_prefix, greedy_tokens, ppl_text
 
 KV_BYTES = 64 << 20  # the budget whose capacity is reported
 RUN_KV_BYTES = 512 << 20  # the engines': room for the speed batch without preemption
@@ -71,7 +72,7 @@ def main() -> None:
         r = e.runner
         pages = KV_BYTES // r.bytes_per_page(r.model_config, r.page_size, kv)
         pairs = list(zip(greedy[kv], greedy["fp32"], strict=True))
-        prefix = [_common_prefix(a, b) for a, b in pairs]
+        prefix = [common_prefix(a, b) for a, b in pairs]
         out[kv] = {
             "pages": pages,
             f"sequences_of_{SEQ_TOKENS}_tokens": pages // (SEQ_TOKENS // r.page_size),

@@ -13,7 +13,6 @@ import asyncio
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import common
@@ -113,7 +112,7 @@ def main() -> None:
         limits = asyncio.run(limiter_costs(n, redis_url))
     pieces = asyncio.run(drain_costs(n * 10))
     result = {
-        "cpu_model": cpu_model(),
+        "cpu_model": common.cpu_model(),
         "requests": n,
         "limiter": limits,
         "limiter_added_in_process_us": limits["in_process_us"] - limits["no_limits_us"],
@@ -124,13 +123,6 @@ def main() -> None:
     for key, value in result.items():
         print(f"{key}: {value}")
     common.write_result("limits_overhead", result)
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ tokens/s, no problems, pools free at rest, RSS growth after warm-up <= 5%.
 
 import argparse
 import asyncio
-import contextlib
 import sys
 import tempfile
 import time
@@ -29,18 +28,12 @@ from pathlib import Path
 from typing import Any
 
 import common
-from gateway_overhead import free_port, server, tree_cpu_seconds, wait_ready
+from servers import RssSampler, free_port, server, tree_cpu_seconds, wait_ready
 
 sys.path.insert(0, str(common.ROOT))  # the driver lives with the tests
 
-from tests.load_driver import (
-    LoadRun,
-    RssSampler,
-    Target,
-    make_jobs,
-    run_load,
-    wait_at_rest,
-)
+from tests.load_driver import LoadRun, Target, make_jobs, run_load
+from tests.pool_state import wait_at_rest
 
 KEY = "sk-load-0123456789"
 ADMIN_KEY = "sk-load-admin-0123456789"
@@ -59,14 +52,6 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--threads", type=int, help="engine torch threads (default: torch's)")
     p.add_argument("--only", choices=["engine", "gateway"], help="one target (no ratio)")
     return p.parse_args()
-
-
-def cpu_model() -> str:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return "unknown"
 
 
 def sharegpt_questions(limit: int = 400, max_chars: int = 1000) -> list[str]:
@@ -224,7 +209,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="tiergate-load-") as tmp:
         results = {n: measure(n, args, Path(tmp), (warmup, jobs), conc) for n in names}
     result = {
-        "cpu_model": cpu_model(),
+        "cpu_model": common.cpu_model(),
         "workload": {
             "requests": count,
             "warmup_requests": len(warmup),

@@ -9,12 +9,13 @@ Speed: decode tokens/s at one stream and at batch 32 (decode-only steps, median 
 the formats alternating round by round so a neighbour's burst hits both alike; and the
 GEMM alone on the LM head's shape. Memory and start-up: each format in a fresh process,
 engine build time (the fp32 weight cache warm) and RSS, and the bytes the model holds.
+`--formats ...,blocks_no_q6_k,blocks` measures `blocks` as it was before Q6_K records (a
+Q6_K tensor w8a8, a Q6_K part of a fused weight Q8_0) beside today's, in the same run.
 """
 
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -26,6 +27,7 @@ import common
 import engine_driver as ed
 
 FORMATS = ("fp32", "bf16", "int8", "w8a8", "auto")
+NO_Q6_K = "blocks_no_q6_k"  # blocks without the Q6_K record type (the baseline it replaced)
 PPL_WINDOW = 512
 PROMPTS = [
     "The capital of France is",
@@ -39,13 +41,6 @@ PROMPTS = [
 ]
 
 
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
-
-
 def ppl_text(chars: int) -> str:
     """The first `chars` characters of pydoc's topics, in sorted key order."""
     from pydoc_data.topics import topics
@@ -57,8 +52,8 @@ def model_bytes(model: Any) -> int:
     """Bytes the model's tensors hold (each storage once): parameters, packed weights."""
     import torch
 
-    from engine.block_weights import BlockWeight
-    from engine.quant import Int8Weight
+    from engine.quantization.block_weights import BlockWeight
+    from engine.quantization.quant import Int8Weight
 
     def parts(w: Any) -> list[Any]:
         if isinstance(w, Int8Weight):
@@ -77,23 +72,50 @@ def model_bytes(model: Any) -> int:
     return sum(seen.values())
 
 
-def perplexity(runner: Any, ids: list[int]) -> tuple[float, list[int]]:
-    """exp(mean NLL) over windows of PPL_WINDOW tokens, and each position's top-1 token."""
+def make_engine(model: str, weights: str, threads: int, kv_bytes: int) -> Any:
+    """ed.make_engine; NO_Q6_K builds blocks as if the file's Q6_K tensors were of a type
+    with no record (their own records cache file), as blocks did before Q6_K records."""
+    if weights != NO_Q6_K:
+        return ed.make_engine(
+            model=model, kv_cache_bytes=kv_bytes, weights=weights, num_threads=threads
+        )
+    from gguf import GGMLQuantizationType
+
+    from engine import weights as loader
+
+    saved = loader.FILE_TYPES, loader.RECORDS_VERSION
+    loader.FILE_TYPES = {t: k for t, k in saved[0].items() if t != GGMLQuantizationType.Q6_K}
+    loader.RECORDS_VERSION = f"{saved[1]}-no-q6k"
+    try:
+        return make_engine(model, "blocks", threads, kv_bytes)
+    finally:
+        loader.FILE_TYPES, loader.RECORDS_VERSION = saved
+
+
+def prefill_logits(runner: Any, x: list[int]) -> Any:
+    """Logits after each of x's tokens (at most PPL_WINDOW), x prefilled at once from
+    position 0 into the runner's first pages (an engine with no requests running)."""
     import torch
 
     from engine.attention import build_context
     from engine.batch import SeqChunk
 
-    nll, count, top1 = 0.0, 0, []
     pages = list(range(PPL_WINDOW // runner.page_size))
+    chunk = SeqChunk(0, x, 0, pages, True, ed.greedy(1))
+    with torch.inference_mode():
+        ctx = build_context([chunk], runner.page_size, kernels=runner.ops.kernels)
+        hidden = runner.model(torch.tensor(x), torch.arange(len(x)), ctx, runner.kv_caches)
+        return runner.model.compute_logits(hidden)
+
+
+def perplexity(runner: Any, ids: list[int]) -> tuple[float, list[int]]:
+    """exp(mean NLL) over windows of PPL_WINDOW tokens, and each position's top-1 token."""
+    import torch
+
+    nll, count, top1 = 0.0, 0, []
     for start in range(0, len(ids) - 1, PPL_WINDOW):
         window = ids[start : start + PPL_WINDOW + 1]
-        x, y = window[:-1], torch.tensor(window[1:])
-        chunk = SeqChunk(0, x, 0, pages, True, ed.greedy(1))
-        with torch.inference_mode():
-            ctx = build_context([chunk], runner.page_size, kernels=runner.ops.kernels)
-            hidden = runner.model(torch.tensor(x), torch.arange(len(x)), ctx, runner.kv_caches)
-            logits = runner.model.compute_logits(hidden)
+        logits, y = prefill_logits(runner, window[:-1]), torch.tensor(window[1:])
         nll += torch.nn.functional.cross_entropy(logits, y, reduction="sum").item()
         count += len(y)
         top1 += logits.argmax(-1).tolist()
@@ -131,9 +153,7 @@ def child(model: str, weights: str, threads: int) -> dict[str, Any]:
     torch.set_num_threads(threads)
     before = common_rss()
     start = time.perf_counter()
-    engine = ed.make_engine(
-        model=model, kv_cache_bytes=16 << 20, weights=weights, num_threads=threads
-    )
+    engine = make_engine(model, weights, threads, 16 << 20)
     build_s = time.perf_counter() - start
     return {
         "build_s": round(build_s, 2),
@@ -179,6 +199,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--memory-only", action="store_true", help="build time and memory only")
     p.add_argument("--skip-memory", action="store_true", help="no build-time / memory runs")
     p.add_argument("--formats", default=",".join(FORMATS), help="comma-separated; fp32 first")
+    p.add_argument("--result", help="bench/results/RESULT.json (default: precision[_MODEL])")
     return p.parse_args()
 
 
@@ -194,12 +215,7 @@ def main() -> None:
     memory = {} if skip or args.skip_memory else measure_memory(args)
     if args.memory_only:
         return print(json.dumps(memory, indent=2))
-    engines = {
-        w: ed.make_engine(
-            model=args.model, kv_cache_bytes=160 << 20, weights=w, num_threads=args.threads
-        )
-        for w in args.formats
-    }
+    engines = {w: make_engine(args.model, w, args.threads, 160 << 20) for w in args.formats}
     tok = engines["fp32"].tokenizer
     ids = tok.encode(ppl_text(args.ppl_chars))
     quality: dict[str, Any] = {}
@@ -212,7 +228,7 @@ def main() -> None:
     for w in args.formats:
         top1 = quality[w].pop("top1")
         same = [a == b for a, b in zip(greedy[w], greedy["fp32"], strict=True)]
-        prefix = [_common_prefix(a, b) for a, b in zip(greedy[w], greedy["fp32"], strict=True)]
+        prefix = [common_prefix(a, b) for a, b in zip(greedy[w], greedy["fp32"], strict=True)]
         quality[w] |= {
             "ppl_vs_fp32": round(quality[w]["perplexity"] / quality["fp32"]["perplexity"] - 1, 5),
             "teacher_forced_top1_agreement": round(
@@ -232,8 +248,11 @@ def main() -> None:
     }
     payload = {
         "model": args.model,
-        "cpu": cpu_model(),
+        "cpu": common.cpu_model(),
         "threads": args.threads,
+        "model_tensor_mib": {
+            w: round(model_bytes(e.runner.model) / 2**20, 1) for w, e in engines.items()
+        },
         "ppl_text": {"source": "pydoc_data.topics", "chars": args.ppl_chars, "tokens": len(ids)},
         "quality": quality,
         "speed": speed,
@@ -244,6 +263,7 @@ def main() -> None:
     print(json.dumps(payload, indent=2))
     model = Path(args.model).name.removesuffix(".gguf")
     name = "precision" if args.model == common.MODEL else f"precision_{model}"
+    name = args.result or name
     common.write_result(name, payload)
 
 
@@ -259,7 +279,7 @@ def measure_memory(args: Any) -> dict[str, Any]:
     return out
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
+def common_prefix(a: list[int], b: list[int]) -> int:
     n = 0
     while n < min(len(a), len(b)) and a[n] == b[n]:
         n += 1

@@ -24,7 +24,7 @@ from typing import Any
 import common
 import httpx
 import redis
-from gateway_overhead import free_port, server, tiergate_cmd, tree_cpu_seconds, wait_ready
+from servers import free_port, server, tiergate_cmd, tree_cpu_seconds, wait_ready
 
 sys.path.insert(0, str(common.ROOT))
 

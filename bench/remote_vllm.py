@@ -33,7 +33,7 @@ from typing import Any
 import common
 import httpx
 import remote_vllm_checks as checks
-from gateway_overhead import free_port, server, tiergate_cmd
+from servers import free_port, server, tiergate_cmd
 
 REMOTE_TIERS = {"remote-litellm": "litellm", "remote-direct": "auto"}
 MAX_MODEL_LEN = 2048

@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 
 import common
-from admin_stats import PRICE, cpu_model, traffic
+from admin_stats import PRICE, traffic
+from common import cpu_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 

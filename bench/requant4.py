@@ -6,7 +6,7 @@ before packing, so its figure is the weights' rounding alone (no kernel of ours 
 every projection, and the LM head too unless the variant says "proj". A tied LM head gets
 its own requantized copy; the input embedding (a row lookup, no bandwidth to save) stays
 as the file has it. "+a8": the symmetric blocks go, exactly, into the w8a8 engine as
-int8 values and scales (engine/gguf_blocks.py's path for a file's own Q4_0 / Q5_0), so
+int8 values and scales (engine/quantization/gguf_blocks.py's path for a file's own Q4_0 / Q5_0), so
 the activations are rounded to int8 too by the real kernels: what a w4a8 kernel computes;
 Q4_1 (no int8 form) gets the same rounding of each matmul's input in torch.
 Quality as bench/precision.py measures it: perplexity on its pydoc_data.topics slice,
@@ -54,7 +54,7 @@ class Requantized:
 
     def int8(self, rule: BlockRule) -> Any:
         """Symmetric blocks as w8a8's plain Int8Weight: the same values, exactly."""
-        from engine.quant import Int8Weight
+        from engine.quantization.quant import Int8Weight
 
         assert rule.symmetric
         q = (self.codes.to(torch.int16) - (1 << (rule.bits - 1))).to(torch.int8)
@@ -188,7 +188,7 @@ def measure(model: str, names: list[str], ppl_chars: int) -> dict[str, Any]:
         ref = ref or {"ppl": ppl, "top1": top1, "greedy": greedy}
         pairs = list(zip(greedy, ref["greedy"], strict=True))
         same = [a == b for a, b in pairs]
-        prefix = [precision._common_prefix(a, b) for a, b in pairs]
+        prefix = [precision.common_prefix(a, b) for a, b in pairs]
         agree = sum(a == b for a, b in zip(top1, ref["top1"], strict=True)) / len(top1)
         quality[name] = {
             "perplexity": round(ppl, 4),
@@ -224,7 +224,7 @@ def main() -> None:
     }
     payload = {
         "model": args.model,
-        "cpu": precision.cpu_model(),
+        "cpu": common.cpu_model(),
         "threads": 1,
         "group": GROUP,
         "ppl_text": {"source": "pydoc_data.topics", "chars": args.ppl_chars} | run,

@@ -9,8 +9,6 @@ the figure is the median ratio of adjusted to plain tokens/s.
 """
 
 import argparse
-import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,15 +24,6 @@ from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 
 PROMPTS = [f"Question {i}: explain why the sky is blue, in detail." for i in range(16)]
-
-
-def cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return platform.processor() or "unknown"
-    names = [line.split(":", 1)[1].strip() for line in out.splitlines() if "Model name" in line]
-    return names[0] if names else "unknown"
 
 
 def tokens_per_s(engine: LLMEngine, params: SamplingParams, batch: int) -> float:
@@ -71,7 +60,7 @@ def main() -> None:
         runs["adjusted"].append(tokens_per_s(engine, adjusted, batch))
     ratios = [a / p for a, p in zip(runs["adjusted"], runs["plain"], strict=True)]
     result = {
-        "cpu_model": cpu_model(),
+        "cpu_model": common.cpu_model(),
         "batch": batch,
         "output_tokens": tokens,
         "tokens_per_s": {k: [round(v, 1) for v in vs] for k, vs in runs.items()},

@@ -29,13 +29,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import jsonschema
 import torch
-from sampling_fields import cpu_model  # one lscpu reader for the benchmarks
+from common import cpu_model
 
-from engine import grammar, runner
+from engine import runner
 from engine.config import EngineConfig
-from engine.constraints import JsonConstraint, SchemaSource
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
+from engine.structured_output import grammar
+from engine.structured_output.constraints import JsonConstraint, SchemaSource
 
 PERSON = {
     "type": "object",

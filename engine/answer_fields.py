@@ -1,7 +1,7 @@
 """The request fields that shape what an answer may be: `tools`, `tool_choice` and
 `response_format` (OpenAI's shapes, pydantic only: the gateway validates with them too).
 
-engine/constraints.py turns them into what the output must match."""
+engine/structured_output/constraints.py turns them into what the output must match."""
 
 from typing import Any, Literal
 

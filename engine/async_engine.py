@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING
 
 from engine.config import EngineConfig
 from engine.errors import EngineDeadError, RequestFailedError
-from engine.grammar import GrammarState
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
+from engine.structured_output.grammar import GrammarState
 
 if TYPE_CHECKING:
     from engine.runner import ModelRunner

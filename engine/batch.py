@@ -4,10 +4,10 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.grammar import GrammarState
 from engine.logits_process import History
 from engine.sampler import SampledLogprobs
 from engine.sampling_params import SamplingParams
+from engine.structured_output.grammar import GrammarState
 
 
 @dataclass

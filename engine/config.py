@@ -23,9 +23,10 @@ class EngineConfig:
     # bf16 dot products with AVX512-BF16), "int8" (requantized at load, one scale
     # per output row; a quarter of the bytes a decode step streams), "w8a8" (int8 weights
     # and per-token int8 activations: int8 dot products), "blocks" (a GGUF's Q4_0 / Q4_1 /
-    # Q5_0 / Q8_0 / Q4_K blocks kept as the file has them, int8 activations:
-    # engine/block_weights.py; other tensors w8a8), or "auto" (the fastest per shape,
-    # measured: engine/kernel_choice.py).
+    # Q5_0 / Q8_0 / Q4_K / Q6_K blocks kept as the file has them, int8 activations:
+    # engine/quantization/block_weights.py; other tensors w8a8), or "auto" (per shape the
+    # fastest of those but bf16 as a decode step streams them, measured:
+    # engine/quantization/memory_roofline.py).
     weights: str = "fp32"
     # K/V pool element type: "fp32", or "bf16" (half the bytes a token's K/V take, so twice
     # the tokens in kv_cache_bytes; rounded to nearest even when stored).

@@ -67,26 +67,3 @@ def cpu_features() -> dict[str, bool]:
     found = features_from_flags(flags if x86 else set(), amx)
     log.info("CPU features: %s", " ".join(k for k, v in found.items() if v) or "none")
     return found
-
-
-def int8_path(features: dict[str, bool]) -> str:
-    """The int8 GEMM path for these features: "avx512", "avx2" or "torch" (the reference)."""
-    if features["avx512f"]:
-        return "avx512"
-    if features["avx2"] and features["fma"]:
-        return "avx2"
-    return "torch"
-
-
-def w8a8_path(features: dict[str, bool]) -> str:
-    """The int8-activation GEMM path (engine/csrc/gemm_w8a8.c): "vnni" (AVX512-VNNI
-    vpdpbusd), "avx2" (vpmaddubsw) or "generic" (portable C)."""
-    if features["avx512f"] and features["avx512bw"] and features["avx512_vnni"]:
-        return "vnni"
-    return "avx2" if features["avx2"] else "generic"
-
-
-def bf16_path(features: dict[str, bool]) -> str:
-    """The bf16-weight GEMM path (engine/csrc/gemm_bf16.c): "avx512_bf16" (vdpbf16ps, x
-    rounded to bf16 too) or "widen" (weights widened to fp32 in registers, x in fp32)."""
-    return "avx512_bf16" if features["avx512f"] and features["avx512_bf16"] else "widen"

@@ -12,10 +12,8 @@ from collections.abc import Sequence
 import torch
 
 from engine.attention import AttentionContext
-from engine.block_weights import BlockWeight
 from engine.models.llama import LlamaForCausalLM
-from engine.ops import NativeOps, Weight, is_panels
-from engine.quant import Int8Weight
+from engine.quantization.packing import is_panels
 
 _I64, _F32, _PTR = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 
@@ -38,31 +36,8 @@ class DecodeModel(ctypes.Structure):
     ]
 
 
-def _ptr(t: Weight | None) -> int:
-    """A tensor's address (int8 weights: their values'; blocks: their records'); 0 for None."""
-    if isinstance(t, Int8Weight):
-        return t.q.data_ptr()
-    if isinstance(t, BlockWeight):
-        return t.data.data_ptr()
+def _ptr(t: torch.Tensor | None) -> int:
     return 0 if t is None else t.data_ptr()
-
-
-def _scale_ptr(t: Weight | None) -> int:
-    """int8 weights: their row scales' address; blocks: their panel index's; 0 for fp32
-    weights (decode_step's flag)."""
-    if isinstance(t, BlockWeight):
-        return t.panels.data_ptr()
-    return t.scale.data_ptr() if isinstance(t, Int8Weight) else 0
-
-
-def _group(t: Weight | None) -> int:
-    """decode_step's flag: a w8a8 weight's group (gemm_w8a8_panels), -1 for bf16 panels
-    (gemm_bf16_panels), -2 for blocks (gemm_blocks), else 0."""
-    if isinstance(t, BlockWeight):
-        return -2
-    if isinstance(t, Int8Weight):
-        return t.group
-    return -1 if t is not None and t.dtype == torch.bfloat16 else 0
 
 
 class FusedDecode:
@@ -77,26 +52,17 @@ class FusedDecode:
         rows = []
         for layer, (k_pool, v_pool) in zip(model.layers, kv_caches, strict=True):
             attn, mlp = layer.self_attn, layer.mlp
-            projections = [p.packed for p in (attn.qkv_proj, attn.o_proj)]
-            projections += [p.packed for p in (mlp.gate_up_proj, mlp.down_proj)]
-            rows.append(
-                [
-                    _ptr(layer.input_layernorm.weight),
-                    _ptr(attn.qkv_proj.packed),
-                    _ptr(attn.qkv_proj.bias),
-                    _ptr(attn.o_proj.packed),
-                    _ptr(layer.post_attention_layernorm.weight),
-                    _ptr(mlp.gate_up_proj.packed),
-                    _ptr(mlp.down_proj.packed),
-                    _ptr(k_pool),
-                    _ptr(v_pool),
-                    *map(_scale_ptr, projections),
-                    *map(_group, projections),
-                ]
-            )
+            projections = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+            views = [model.ops.method_of(p.packed).decode_view(p.packed) for p in projections]
+            (qkv, o, gate_up, down), scales, kinds = zip(*views, strict=True)
+            norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
+            bias = _ptr(attn.qkv_proj.bias)
+            rows.append([_ptr(norms[0]), qkv, bias, o, _ptr(norms[1]), gate_up, down])
+            rows[-1] += [_ptr(k_pool), _ptr(v_pool), *scales, *kinds]
         self._layer_ptrs = torch.tensor(rows, dtype=torch.int64)
         self._keep = (model, kv_caches)  # the addresses above stay valid while we live
         _, kv_heads, page_size, head_dim = kv_caches[0][1].shape
+        head = model.ops.method_of(model.packed_head).decode_view(model.packed_head)
         self.spec = DecodeModel(
             layers=cfg.num_layers,
             hidden=cfg.hidden_size,
@@ -112,12 +78,12 @@ class FusedDecode:
             layer_ptrs=self._layer_ptrs.data_ptr(),
             embed=model.embed_tokens.weight.data_ptr(),
             final_norm=model.norm.weight.data_ptr(),
-            head=_ptr(model.packed_head),
-            head_scale=_scale_ptr(model.packed_head),
-            head_group=_group(model.packed_head),
-            int8_path=model.ops.int8_code if isinstance(model.ops, NativeOps) else -1,
-            w8a8_path=model.ops.w8a8_code if isinstance(model.ops, NativeOps) else 0,
-            bf16_path=model.ops.bf16_code if isinstance(model.ops, NativeOps) else 0,
+            head=head[0],
+            head_scale=head[1],
+            head_group=head[2],
+            int8_path=model.ops.methods["int8"].code,  # built with the kernels only
+            w8a8_path=model.ops.methods["w8a8"].code,
+            bf16_path=model.ops.methods["bf16"].code,
             kv_bf16=int(kv_caches[0][0].dtype == torch.bfloat16),
         )
 

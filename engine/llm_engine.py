@@ -17,7 +17,6 @@ from engine.errors import (
     QueueFullError,
     TenantQueueFullError,
 )
-from engine.grammar import GrammarCompiler, GrammarState
 from engine.kv.kv_manager import KVManager
 from engine.metrics import EngineMetrics
 from engine.outputs import RequestOutput
@@ -25,6 +24,7 @@ from engine.sampler import SampledLogprobs
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduled, Scheduler
 from engine.sequence import Sequence
+from engine.structured_output.grammar import GrammarCompiler, GrammarState
 from engine.token_names import TokenNames
 
 if TYPE_CHECKING:

@@ -63,6 +63,7 @@ _RETURNS_STATUS = {
     "gemm_int8_panels",
     "gemm_w8a8_panels",
     "gemm_bf16_panels",
+    "gemm_blocks",
 }
 
 

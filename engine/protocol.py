@@ -26,9 +26,9 @@ from engine.api_errors import ErrorBody as ErrorBody  # re-exported: the API's e
 from engine.api_errors import ErrorResponse as ErrorResponse
 from engine.api_errors import error_response_body as error_response_body
 from engine.api_errors import validation_error_message as validation_error_message
-from engine.constraints import constraint_of
 from engine.logprob_shapes import ChatLogprobs, CompletionLogprobs
 from engine.sampling_params import SamplingParams
+from engine.structured_output.constraints import constraint_of
 
 
 class TextPart(BaseModel):

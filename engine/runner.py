@@ -9,12 +9,12 @@ from engine.batch import SeqChunk
 from engine.config import KV_DTYPES, EngineConfig
 from engine.cpu_features import cpu_features
 from engine.fused_decode import FusedDecode
-from engine.grammar import mask_logits
 from engine.logits_process import adjust_logits
 from engine.model_registry import resolve_model
 from engine.models.config import ModelConfig
 from engine.ops import NativeOps, select_ops
 from engine.sampler import logprobs_of, sample
+from engine.structured_output.grammar import mask_logits
 from engine.tokenizer import load_tokenizer
 from engine.weights import load_model
 

@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass, field
 
-from engine.constraints import Constraint
+from engine.structured_output.constraints import Constraint
 
 
 @dataclass
@@ -22,7 +22,7 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
     min_tokens: int = 0  # EOS and stop_token_ids are banned until this many tokens are out
     logprobs: int | None = None  # None: none; k: the chosen token's and the top k's
-    constraint: Constraint | None = None  # what the output must match (engine/grammar.py)
+    constraint: Constraint | None = None  # what the output must match (structured_output/)
 
     def __post_init__(self) -> None:
         if self.temperature < 0:

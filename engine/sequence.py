@@ -6,9 +6,9 @@ from enum import Enum
 import torch
 
 from engine.detokenizer import IncrementalDetokenizer
-from engine.grammar import GrammarState
 from engine.outputs import TokenLogprobs
 from engine.sampling_params import SamplingParams
+from engine.structured_output.grammar import GrammarState
 
 
 class SeqStatus(Enum):

@@ -1,4 +1,5 @@
 """A bounded load driver: the shared core of tests/test_load.py and bench/load.py.
+(The engines' state at rest, read from /metrics, is tests/pool_state.py.)
 
 It sends a seeded mix of chat requests to an OpenAI-compatible server (the gateway or
 `tiergate engine` alone) at a fixed concurrency: whole and streamed answers through the
@@ -10,13 +11,12 @@ exactly `max_tokens` tokens and two servers given the same jobs do the same work
 """
 
 import asyncio
-import contextlib
 import json
 import random
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -338,87 +338,3 @@ async def run_load(target: Target, jobs: Sequence[Job], concurrency: int) -> Loa
     finally:
         await clients.aclose()
     return LoadRun(outcomes, time.perf_counter() - start)
-
-
-# ---------------------------------------------------------------- engine state at rest
-
-
-@dataclass
-class PoolState:
-    running: float = 0.0
-    waiting: float = 0.0
-    kv_usage: float = 0.0  # the largest over the engines
-    engines: int = 0
-    generated_tokens: float = 0.0  # over the engines' lifetime
-    requests_by_status: dict[str, float] = field(default_factory=dict)  # the gateway's
-
-    @property
-    def at_rest(self) -> bool:
-        return self.engines > 0 and self.running == 0 and self.waiting == 0 and self.kv_usage == 0
-
-
-async def pool_state(target: Target) -> PoolState:
-    """Engine gauges from /metrics (the gateway's or `tiergate engine`'s: same names)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    headers = {"Authorization": f"Bearer {target.metrics_key}"}
-    async with httpx.AsyncClient(base_url=target.base_url, timeout=30) as client:
-        r = await client.get("/metrics", headers=headers)
-    r.raise_for_status()
-    state = PoolState()
-    for family in text_string_to_metric_families(r.text):
-        for s in family.samples:
-            if s.name == "tiergate_engine_num_requests_running":
-                state.running += s.value
-                state.engines += 1
-            elif s.name == "tiergate_engine_num_requests_waiting":
-                state.waiting += s.value
-            elif s.name == "tiergate_engine_kv_cache_usage_perc":
-                state.kv_usage = max(state.kv_usage, s.value)
-            elif s.name == "tiergate_engine_generation_tokens_total":
-                state.generated_tokens += s.value
-            elif s.name == "tiergate_requests_total":
-                key = s.labels["status"]
-                state.requests_by_status[key] = state.requests_by_status.get(key, 0) + s.value
-    return state
-
-
-async def wait_at_rest(target: Target, deadline_s: float = 120.0) -> PoolState:
-    """Poll /metrics until the engines hold no request and no page (or the deadline)."""
-    end = time.monotonic() + deadline_s
-    state = await pool_state(target)
-    while not state.at_rest and time.monotonic() < end:
-        await asyncio.sleep(0.2)
-        state = await pool_state(target)
-    return state
-
-
-class RssSampler:
-    """Samples a process's resident set size (from /proc) every `interval_s` in a task."""
-
-    def __init__(self, pid: int, interval_s: float = 0.5) -> None:
-        self.pid, self.interval_s = pid, interval_s
-        self.samples: list[tuple[float, int]] = []  # (monotonic time, bytes)
-        self._task: asyncio.Task | None = None
-
-    def rss(self) -> int:
-        with open(f"/proc/{self.pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-        return 0
-
-    async def _run(self) -> None:
-        while True:
-            with contextlib.suppress(OSError):
-                self.samples.append((time.monotonic(), self.rss()))
-            await asyncio.sleep(self.interval_s)
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run())
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task

@@ -20,7 +20,8 @@ import httpx
 import openai
 import pytest
 
-from tests.load_driver import PoolState, Target, pool_state, wait_at_rest
+from tests.load_driver import Target
+from tests.pool_state import PoolState, pool_state, wait_at_rest
 from tests.servers import free_port
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -12,12 +12,12 @@ import torch
 from gguf import GGMLQuantizationType as QT
 from gguf.quants import dequantize, quantize
 
-from engine import weights
-from engine.gguf_blocks import int8_blocks
 from engine.model_registry import resolve_model
 from engine.models.llama import Linear
 from engine.ops import select_ops
-from engine.quant import W8A8_GROUP, quantize_w8a8
+from engine.quantization import file_blocks
+from engine.quantization.gguf_blocks import int8_blocks
+from engine.quantization.quant import W8A8_GROUP, quantize_w8a8
 from engine.weights import load_model
 from tests.test_model_reference import one_pass_logits
 from tests.tiny_gguf import tiny_llama, write_llama_gguf
@@ -104,7 +104,7 @@ def _check_w8a8_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tied: boo
     assert torch.cosine_similarity(got, want, dim=1).min() > 0.995
     assert ((got - want).abs().max() / want.abs().max()) < 0.05
     # a second start maps the cached blocks: no GGUF parse, the same panels
-    monkeypatch.setattr(weights, "_gguf_blocks", None)  # called: a TypeError
+    monkeypatch.setattr(file_blocks, "_gguf_blocks", None)  # called: a TypeError
     _, again = load_model(resolved, select_ops("w8a8"))
     again.pack_weights(batch_hint=8)
     assert torch.equal(one_pass_logits(again, IDS, 4), got)

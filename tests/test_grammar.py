@@ -1,4 +1,4 @@
-"""engine/grammar.py and engine/constraints.py without a model: what each compiled
+"""engine/structured_output/grammar.py and constraints.py without a model: what each compiled
 constraint lets through, token by token, with the real SmolLM2 and Qwen2.5 tokenizers,
 and how its bitmask lands on a batch of logits."""
 
@@ -8,16 +8,16 @@ from typing import Any
 import pytest
 import torch
 
-from engine.constraints import (
+from engine.errors import InvalidParamError
+from engine.model_registry import resolve_model
+from engine.protocol import ChatCompletionRequest
+from engine.structured_output.constraints import (
     JsonConstraint,
     SchemaSource,
     ToolCallConstraint,
     constraint_of,
 )
-from engine.errors import InvalidParamError
-from engine.grammar import GrammarCompiler, GrammarState, mask_logits
-from engine.model_registry import resolve_model
-from engine.protocol import ChatCompletionRequest
+from engine.structured_output.grammar import GrammarCompiler, GrammarState, mask_logits
 from engine.tokenizer import Tokenizer, load_tokenizer
 from tests.fake_runner import FakeTokenizer
 

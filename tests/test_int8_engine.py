@@ -10,7 +10,7 @@ from engine.batch import SeqChunk
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.models.llama import Linear
-from engine.quant import Int8Weight
+from engine.quantization.quant import Int8Weight
 from engine.runner import ModelRunner
 from engine.sampling_params import SamplingParams
 from gateway.cli import build_parser

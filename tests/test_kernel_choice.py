@@ -1,4 +1,4 @@
-"""Kernel choice by measurement (engine/kernel_choice.py): the faster path wins, the
+"""Kernel choice by measurement (engine/quantization/kernel_choice.py): the faster path wins, the
 decision is kept per CPU in the cache folder and read back without measuring, and the
 engine's ops use it for weights "auto" and for prefill-sized matmuls."""
 
@@ -12,11 +12,14 @@ import torch
 import torch.nn.functional as F
 from prometheus_client import generate_latest
 
-from engine import kernel_choice, native
+from engine import native
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.ops import PREFILL_ROWS, NativeOps, TorchOps
-from engine.quant import Int8Weight, w8a8_reference
+from engine.ops import NativeOps, TorchOps
+from engine.quantization import kernel_choice
+from engine.quantization.matmuls import PREFILL_ROWS
+from engine.quantization.packing import weight_format
+from engine.quantization.quant import Int8Weight, w8a8_reference
 from engine.runner import ModelRunner
 from gateway.cli import build_parser
 from gateway.policy import EngineSettings
@@ -133,12 +136,11 @@ def test_auto_runner_reports_its_choices_on_metrics() -> None:
     info = runner.kernel_info()
     assert info["weights"] == "auto" and runner.fused is not None
     formats = runner.ops.formats
-    held = Counter(
-        ("w8a8" if p.group else "int8") if isinstance(p, Int8Weight) else "fp32" for p in packed
-    )
-    assert formats == held
+    assert formats == Counter(weight_format(p) for p in packed)
     assert info["weight_formats"] == ",".join(f"{f}:{n}" for f, n in sorted(formats.items()))
-    assert info["measured"].count("format=") >= 1 and "prefill_" in info["measured"]
+    assert info["measured"].count("format=") >= 1
+    # blocks get no prefill choice (torch would dequantize them per call); panels do
+    assert ("prefill_" in info["measured"]) == any(f != "blocks" for f in formats)
     engine = LLMEngine(config, runner=runner)
     text = generate_latest(engine.metrics.registry).decode()
     line = next(x for x in text.splitlines() if x.startswith("tiergate_engine_kernel_info{"))

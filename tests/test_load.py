@@ -11,7 +11,8 @@ import pytest
 
 from gateway.app import create_app
 from gateway.policy import parse_policy
-from tests.load_driver import Target, make_jobs, run_load, wait_at_rest
+from tests.load_driver import Target, make_jobs, run_load
+from tests.pool_state import wait_at_rest
 from tests.servers import run_uvicorn
 
 KEY = "sk-load-0123456789"

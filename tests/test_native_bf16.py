@@ -8,9 +8,11 @@ import torch.nn.functional as F
 
 from engine import native
 from engine.config import EngineConfig
-from engine.cpu_features import bf16_path, cpu_features
+from engine.cpu_features import cpu_features
 from engine.models.llama import Linear
-from engine.ops import NativeOps, TorchOps, is_panels, unpack_panels
+from engine.ops import NativeOps, TorchOps
+from engine.quantization.bf16 import bf16_path
+from engine.quantization.packing import is_panels, unpack_panels
 from engine.runner import ModelRunner
 from tests.engine_steps import decode_logits
 

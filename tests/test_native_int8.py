@@ -8,9 +8,11 @@ import torch
 import torch.nn.functional as F
 
 from engine import native
-from engine.cpu_features import cpu_features, cpu_flags, features_from_flags, int8_path
-from engine.ops import NativeOps, TorchOps, is_panels, select_ops
-from engine.quant import Int8Weight, quantize_int8
+from engine.cpu_features import cpu_features, cpu_flags, features_from_flags
+from engine.ops import NativeOps, TorchOps, select_ops
+from engine.quantization.int8 import int8_path
+from engine.quantization.packing import is_panels
+from engine.quantization.quant import Int8Weight, quantize_int8
 
 _NEEDS = {"generic": (), "avx2": ("avx2", "fma"), "avx512": ("avx512f",)}
 

@@ -8,10 +8,18 @@ import torch.nn.functional as F
 
 from engine import native
 from engine.config import EngineConfig
-from engine.cpu_features import cpu_features, w8a8_path
+from engine.cpu_features import cpu_features
 from engine.models.llama import Linear
-from engine.ops import NativeOps, TorchOps, is_panels
-from engine.quant import W8A8_GROUP, Int8Weight, quantize_rows, quantize_w8a8, w8a8_reference
+from engine.ops import NativeOps, TorchOps
+from engine.quantization.packing import is_panels
+from engine.quantization.quant import (
+    W8A8_GROUP,
+    Int8Weight,
+    quantize_rows,
+    quantize_w8a8,
+    w8a8_reference,
+)
+from engine.quantization.w8a8 import w8a8_path
 from engine.runner import ModelRunner
 from tests.engine_steps import decode_logits
 

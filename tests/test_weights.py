@@ -8,9 +8,10 @@ import torch
 
 from engine import cache_files, weights
 from engine.cache_files import cache_path
+from engine.gguf_names import unpermute
 from engine.model_registry import resolve_model
 from engine.models.config import ModelConfig
-from engine.weights import _load_cached, _unpermute, load_model
+from engine.weights import _load_cached, load_model
 
 
 def _llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -24,7 +25,7 @@ def _llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 def test_unpermute_inverts_llama_cpp_permute() -> None:
     w = np.random.default_rng(0).standard_normal((3 * 64, 40)).astype(np.float32)
-    np.testing.assert_array_equal(_unpermute(_llama_cpp_permute(w, 3), 3), w)
+    np.testing.assert_array_equal(unpermute(_llama_cpp_permute(w, 3), 3), w)
 
 
 def test_cold_then_warm_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

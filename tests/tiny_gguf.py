@@ -53,11 +53,11 @@ def llama3_rope_factors(head_dim: int, theta: float, rope: dict) -> np.ndarray:
     return np.array(out, dtype=np.float32)
 
 
-def tiny_llama(tied: bool) -> transformers.LlamaForCausalLM:
+def tiny_llama(tied: bool, intermediate_size: int = 96) -> transformers.LlamaForCausalLM:
     """A seeded two-layer llama small enough for block-layout tests (k = 64 and 96: whole
-    groups of 32)."""
+    groups of 32; an intermediate_size of 256 gives ffn_down a K-quant super-block)."""
     cfg = transformers.LlamaConfig(
-        vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        vocab_size=256, hidden_size=64, intermediate_size=intermediate_size, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
         tie_word_embeddings=tied,
     )  # fmt: skip
@@ -96,12 +96,34 @@ def write_llama_gguf(
         if qtype is None:
             writer.add_tensor(name, w)
         else:
-            writer.add_tensor(name, gguf.quants.quantize(w, qtype), raw_dtype=qtype)
+            quantize = quantize_q6_k if qtype == gguf.GGMLQuantizationType.Q6_K else None
+            raw = quantize(w) if quantize else gguf.quants.quantize(w, qtype)
+            writer.add_tensor(name, raw, raw_dtype=qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def quantize_q6_k(w: np.ndarray) -> np.ndarray:
+    """Rows (k a multiple of 256) as Q6_K blocks, which gguf's Python cannot write: llama.cpp's
+    reference rule without its error search (per 16 values the scale maps the largest
+    magnitude to -32; the int8 scales share one fp16 d, the largest giving -128)."""
+    x = w.reshape(-1, 16, 16).astype(np.float32)
+    big = np.take_along_axis(x, np.abs(x).argmax(axis=2)[..., None], axis=2)[..., 0]
+    s = big / -32
+    top = np.take_along_axis(s, np.abs(s).argmax(axis=1)[:, None], axis=1)
+    inv = np.divide(-128, top, out=np.zeros_like(top), where=top != 0)
+    d = np.divide(1, inv, out=np.zeros_like(inv), where=inv != 0).astype(np.float16)
+    sc = np.clip(np.round(inv * s), -128, 127).astype(np.int8)
+    step = (d.astype(np.float32) * sc)[..., None]
+    q = np.round(np.divide(x, step, out=np.zeros_like(x), where=step != 0))
+    q = (np.clip(q, -32, 31) + 32).astype(np.uint8).reshape(-1, 2, 128)  # [block, half, i]
+    low = q[..., :64] & 15 | (q[..., 64:] & 15) << 4  # i and i + 64 share a byte
+    high = (q.reshape(-1, 2, 4, 32) >> 4) << np.array([0, 2, 4, 6], np.uint8)[:, None]
+    parts = [low, high.sum(axis=2, dtype=np.uint8), sc.view(np.uint8), d.view(np.uint8)]
+    return np.concatenate([p.reshape(len(x), -1) for p in parts], axis=1).reshape(w.shape[0], -1)
 
 
 def _permuted(name: str, w: np.ndarray, c: object) -> np.ndarray:

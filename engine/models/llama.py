@@ -3,20 +3,23 @@
 Q/K/V and gate/up projections are fused into one matmul each: at small batch sizes on
 CPU, fewer and larger GEMMs run closer to the machine's peak. Every module runs its steps
 through the ops object it was built with (engine/ops.py: the C kernels or torch, chosen
-once by the runner), which also packs the projections and the LM head (pack_weights).
+once by the runner), which also packs the projections and the LM head (pack_weights) and
+binds each projection's matmul to its format's kernel (engine/quantization/matmuls.py).
 """
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
 from engine.attention import AttentionContext, paged_attention
-from engine.block_weights import BlockWeight
 from engine.models.config import ModelConfig
 from engine.models.rope import inv_frequencies
-from engine.ops import Rope, TorchOps, Weight, is_panels, unpack_panels
-from engine.quant import Int8Weight
+from engine.ops import Rope, TorchOps
+from engine.quantization.block_weights import BlockWeight
+from engine.quantization.packing import Weight, is_panels
+from engine.quantization.quant import Int8Weight
 
 
 class Direct(nn.Module):
@@ -29,6 +32,7 @@ class Direct(nn.Module):
 
 class Linear(Direct, nn.Linear):
     packed: Weight | None = None  # the weight in ops.pack_weight's layout (and format)
+    matmul: Callable[..., torch.Tensor] | None = None  # (x, bias) -> x @ packed.T (+ bias)
     # the GGUF's own blocks of it (w8a8's int8 ones, or "blocks" weights'), until packed
     blocks: Int8Weight | BlockWeight | None = None
 
@@ -40,6 +44,7 @@ class Linear(Direct, nn.Linear):
         """Pack the weight once (same results); forward uses only the packed copy."""
         if self.packed is None:
             self.packed = self.ops.pack_weight(self.weight, batch_hint, self.blocks)
+            self.matmul = self.ops.bound(self.packed)  # its kernel, chosen once
             self.blocks = None
 
     def drop_plain_weight(self) -> None:
@@ -54,14 +59,13 @@ class Linear(Direct, nn.Linear):
         was dropped (int8: the dequantized weight)."""
         if self.weight is not None:
             return self.weight
-        if isinstance(self.packed, (Int8Weight, BlockWeight)):
-            return self.packed.dequantize()
         assert self.packed is not None
-        return unpack_panels(self.packed)
+        return self.ops.method_of(self.packed).plain(self.packed)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight = self.weight if self.packed is None else self.packed
-        return self.ops.linear(x, weight, self.bias)
+        if self.matmul is None:
+            return self.ops.linear(x, self.weight, self.bias)
+        return self.matmul(x, self.bias)
 
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # (K pool, V pool) of one layer

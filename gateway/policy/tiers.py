@@ -115,10 +115,13 @@ class ExamplePrompt(StrictModel):
 
 
 class Blend(StrictModel):
-    """Weights of the difficulty score: the trained classifier's probability and each
+    """Weights of the difficulty score: the trained classifier's probability, the mean
+    target of the nearest examples, the kernel ridge prediction from the examples and each
     prompt signal; the score is their weighted mean (weights are normalised)."""
 
     classifier: float = 1.0
+    neighbours: float = 0.0
+    kernel: float = 0.0
     tokens: float = 0.0
     code: float = 0.0
     math: float = 0.0
@@ -137,5 +140,10 @@ class DifficultySettings(StrictModel):
     examples: list[str | ExamplePrompt] = []
     blend: Blend = Blend()
     regularization: float = 1.0  # inverse L2 strength of the logistic regression (C)
+    k_nearest: int = 5  # how many of the most similar examples `blend.neighbours` averages
+    kernel_width: float = 0.2  # `blend.kernel`: exp((cosine - 1) / width) between prompts
+    kernel_ridge: float = 0.3  # and its ridge (L2) strength
 
-    _check = field_validator("regularization")(positive)
+    _check = field_validator("regularization", "k_nearest", "kernel_width", "kernel_ridge")(
+        positive
+    )

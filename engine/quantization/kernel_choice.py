@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -25,7 +26,7 @@ from engine.native import cpu_signature
 
 log = logging.getLogger(__name__)
 
-_VERSION = "1"  # bump when the kernels compared change enough to void old decisions
+_VERSION = "2"  # bump when the kernels compared change enough to void old decisions
 _BUDGET_S = 0.02  # per candidate: calls are repeated until this much time has passed
 _MAX_CALLS = 20
 _lock = threading.Lock()
@@ -78,9 +79,15 @@ def known(kind: str, shape: tuple[int, ...], names: Iterable[str]) -> str | None
     return stored["winner"] if stored.get("winner") in names and same_field else None
 
 
-def choose(kind: str, shape: tuple[int, ...], candidates: dict[str, Callable[[], object]]) -> str:
+def choose(
+    kind: str,
+    shape: tuple[int, ...],
+    candidates: dict[str, Any],
+    cost: Callable[[Any], float] = seconds_per_call,
+) -> str:
     """The fastest candidate for `kind` at `shape` on this CPU: read from this CPU's
-    decision file, or measured now (and stored). One candidate: it, unmeasured."""
+    decision file, or measured now (and stored). One candidate: it, unmeasured. cost:
+    seconds a candidate takes (default: a call's, the candidate being a callable)."""
     key = choice_key(kind, shape)
     winner = known(kind, shape, candidates)
     if winner is not None:
@@ -88,7 +95,7 @@ def choose(kind: str, shape: tuple[int, ...], candidates: dict[str, Callable[[],
     with _lock:
         if len(candidates) == 1:
             return next(iter(candidates))
-        timings = {name: seconds_per_call(fn) for name, fn in candidates.items()}
+        timings = {name: cost(candidate) for name, candidate in candidates.items()}
         winner = min(timings, key=timings.__getitem__)
         micros = {n: round(t * 1e6, 1) for n, t in timings.items()}
         _stored()[key] = {"winner": winner, "us": micros}
@@ -100,6 +107,21 @@ def choose(kind: str, shape: tuple[int, ...], candidates: dict[str, Callable[[],
         ", ".join(f"{n} {t * 1e6:.0f} us" for n, t in timings.items()),
     )
     return winner
+
+
+def machine_figure(name: str, measure: Callable[[], float]) -> float:
+    """A figure of this machine (a bandwidth, say) from this CPU's decision file, or
+    measured now and stored there: measured once per machine like the decisions."""
+    key = f"figure:{name}"
+    with _lock:
+        stored = _stored().get(key)
+        if isinstance(stored, dict) and isinstance(stored.get("value"), (int, float)):
+            return float(stored["value"])
+        value = measure()
+        _stored()[key] = {"value": value}
+        _save()
+    log.info("machine figure %s: %.4g", name, value)
+    return value
 
 
 def _save() -> None:

@@ -1,24 +1,26 @@
 """A GGUF's own quantized blocks as w8a8 weights, with no fp32 round trip.
 
 Q8_0, Q5_0 and Q4_0 blocks are 32 signed integers (8, 5 or 4 bits) times one fp16 scale:
-exactly w8a8's layout (engine/quant.py: int8 values, one scale per 32 k values of a row),
-so `weights: w8a8` can multiply by the file's own weights instead of requantizing their
-fp32 dequantization. Other types (Q4_1's offsets, the K-quants' 16-value sub-scales) have
-no exact w8a8 form and are requantized as before. Groups run along the input dim, so the
-fused projections (q|k|v, gate|up: rows concatenated) keep every block whole.
+exactly w8a8's layout (engine/quantization/quant.py: int8 values, one scale per 32 k
+values of a row), so `weights: w8a8` can multiply by the file's own weights instead of
+requantizing their fp32 dequantization. Other types (Q4_1's offsets, the K-quants'
+16-value sub-scales) have no exact w8a8 form and are requantized as before. Groups run
+along the input dim, so the fused projections (q|k|v, gate|up: rows concatenated) keep
+every block whole.
 
-`weights: blocks` keeps Q4_1 and Q4_K too, and the 4- and 5-bit codes compact
-(engine/block_weights.py): model_records / attach_records below.
+`weights: blocks` keeps Q4_1, Q4_K and Q6_K too, and the 4- to 6-bit codes compact
+(engine/quantization/block_weights.py): model_records / attach_records below.
 """
 
 import numpy as np
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from engine.block_weights import PANEL, BlockWeight, FileBlocks, from_parts
 from engine.models.config import ModelConfig
 from engine.models.llama import Linear, LlamaForCausalLM
-from engine.quant import W8A8_GROUP, Int8Weight
+from engine.quantization.block_weights import PANEL, BlockWeight, FileBlocks, from_parts
+from engine.quantization.memory_roofline import KeptBlocks
+from engine.quantization.quant import W8A8_GROUP, Int8Weight
 
 KEPT_TYPES = (GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q5_0, GGMLQuantizationType.Q4_0)
 _FUSED = {
@@ -84,8 +86,8 @@ def _rows_joined(parts: list[Int8Weight]) -> Int8Weight:
 
 def model_records(model: LlamaForCausalLM, files: dict[str, FileBlocks]) -> dict[str, BlockWeight]:
     """ "blocks" weights for each projection (fused parts stacked) and the LM head ("head")
-    the file holds, in part at least, as Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K blocks (files: Hugging
-    Face names -> type and raw rows); a projection with none stays out (w8a8)."""
+    the file holds, in part at least, in a type with records (block_weights.FILE_TYPES; files:
+    Hugging Face names -> type and raw rows); a projection with none stays out (w8a8)."""
     found = {}
     for i, layer in enumerate(model.layers):
         for name, lin in layer.named_modules():
@@ -118,3 +120,15 @@ def attach_records(model: LlamaForCausalLM, records: dict[str, BlockWeight]) -> 
         model.lm_head.blocks = records.get("head")
     else:
         model.head_blocks = records.get("head")
+
+
+def attach_kept(model: LlamaForCausalLM, records: dict[str, BlockWeight]) -> None:
+    """For weights "auto": model_records' weights beside the int8 blocks attach_blocks gave
+    (KeptBlocks), so auto may pick either; a projection without records keeps its own."""
+    for name, lin in model.named_modules():
+        if isinstance(lin, Linear) and name.startswith("layers.") and name in records:
+            lin.blocks = KeptBlocks(lin.blocks, records[name])
+    if "head" in records and model.lm_head is not None:
+        model.lm_head.blocks = KeptBlocks(model.lm_head.blocks, records["head"])
+    elif "head" in records:
+        model.head_blocks = KeptBlocks(model.head_blocks, records["head"])

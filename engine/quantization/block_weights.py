@@ -1,4 +1,4 @@
-"""A GGUF's Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K blocks kept compact ("blocks" weights).
+"""A GGUF's Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K / Q6_K blocks kept compact ("blocks" weights).
 
 Batch-1 decode is bound by the bytes each weight takes, so these weights keep the file's
 own bits (4.5 to 8.5 per weight) instead of w8a8's 9: engine/csrc/gemm_blocks.c
@@ -7,8 +7,11 @@ multiplies them with int8 activations and unpacks the codes in registers. Each p
 described in gemm_blocks.c); fused projections (q|k|v, gate|up) may mix types, as
 llama.cpp's files do (Qwen2.5's v rows are Q8_0 beside Q5_0 q and k). A Q4_K sub-block
 of 32 is Q4_1's form with fp32 scale and min (6 bits a weight where the file has 4.5: its
-6-bit sub-scales times the fp16 super-block scales are exact in fp32, not in fp16). A part
-the file holds in another type (Q6_K, F16) is requantized to Q8_0 as llama.cpp would.
+6-bit sub-scales times the fp16 super-block scales are exact in fp32, not in fp16). A
+Q6_K record keeps the super-block's fp16 d and the two int8 sub-scales (per 16 k) of each
+row, the 6-bit codes as 4-bit chunks plus 2 high bits: 7 bits a weight where the file has
+6.5625 (Q8_0, its requantization before, took 8.5). A part the file holds in another type
+(F16, Q5_K) is requantized to Q8_0 as llama.cpp would.
 """
 
 from dataclasses import dataclass
@@ -20,17 +23,21 @@ from gguf import GGMLQuantizationType as QT
 from gguf.quants import Q4_K as GGUF_Q4_K
 from gguf.quants import quantize
 
-from engine.quant import quantize_rows
+from engine.quantization.quant import quantize_rows
 
-Q4_0, Q4_1, Q5_0, Q8_0, Q4_K = range(5)  # record types (gemm_blocks.c)
-RECORD_BYTES = (288, 320, 352, 544, 384)
-BLOCK_BYTES = (18, 20, 22, 34, 144)  # the file's, per block of 32 (Q4_K: 256) values
-OFFSETS = (-8, 0, -16, 0, 0)  # Q4_0 / Q5_0: w = d * (q + offset)
-TYPE_NAMES = ("q4_0", "q4_1", "q5_0", "q8_0", "q4_k")
-FILE_TYPES = {QT.Q4_0: Q4_0, QT.Q4_1: Q4_1, QT.Q5_0: Q5_0, QT.Q8_0: Q8_0, QT.Q4_K: Q4_K}
+Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K = range(6)  # record types (gemm_blocks.c)
+RECORD_BYTES = (288, 320, 352, 544, 384, 448)
+BLOCK_BYTES = (18, 20, 22, 34, 144, 210)  # the file's, per block of 32 (K-quants: 256) values
+OFFSETS = (-8, 0, -16, 0, 0, -32)  # Q4_0 / Q5_0 / Q6_K: w = d * (q + offset)
+TYPE_NAMES = ("q4_0", "q4_1", "q5_0", "q8_0", "q4_k", "q6_k")
+FILE_TYPES = {
+    QT.Q4_0: Q4_0, QT.Q4_1: Q4_1, QT.Q5_0: Q5_0, QT.Q8_0: Q8_0, QT.Q4_K: Q4_K, QT.Q6_K: Q6_K
+}  # fmt: skip
 GROUP, PANEL = 32, 16
-RECORDS_VERSION = 2  # in the records cache's name: bump when the layout or the types change
+RECORDS_VERSION = 3  # in the records cache's name: bump when the layout or the types change
 FileBlocks = tuple[QT, np.ndarray]  # a tensor's type and raw rows [N, bytes per row]
+# Q6_K records: where a high-bit byte holds chunk c's 2 bits, [c % 2, low / high nibble]
+_HIGH_SHIFTS = np.array([[0, 2], [4, 6]], np.uint8).reshape(2, 2, 1)
 
 
 @dataclass
@@ -39,7 +46,7 @@ class BlockWeight:
     panels: torch.Tensor  # int64 [N / 16]: byte offset of the panel's records << 4 | type
     k: int
 
-    is_panels = True  # the C kernel's own layout (engine/packing.is_panels)
+    is_panels = True  # the C kernel's own layout (engine/quantization/packing.is_panels)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -102,11 +109,13 @@ def join(parts: list[tuple[int, np.ndarray]], k: int) -> BlockWeight:
 
 def _codes(qtype: QT, raw: np.ndarray) -> tuple[int, np.ndarray, np.ndarray, np.ndarray | None]:
     """A tensor's raw blocks -> (type, codes [N, K] (Q8_0 int8, else unsigned), d [N, K / 32]
-    fp16 (Q4_K fp32), m (Q4_1's / Q4_K's mins) or None)."""
+    fp16 (Q4_K fp32), m (Q4_1's / Q4_K's mins, Q6_K's int8 scales [N, K / 16]) or None)."""
     kind, n = FILE_TYPES[qtype], raw.shape[0]
     blocks = np.ascontiguousarray(raw).reshape(-1, BLOCK_BYTES[kind])
     if kind == Q4_K:
         return (kind, *_q4_k_codes(blocks, n))
+    if kind == Q6_K:
+        return (kind, *_q6_k_codes(blocks, n))
     d, m = blocks[:, :2].copy().view(np.float16), None
     if kind == Q8_0:
         q = blocks[:, 2:].copy().view(np.int8)
@@ -137,6 +146,18 @@ def _q4_k_codes(blocks: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.
     )
 
 
+def _q6_k_codes(blocks: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q6_K super-blocks (128 bytes of low nibbles, 64 of 2-bit highs, 16 int8 scales, fp16
+    d), unpacked in gguf's order -> codes 0..63, d per 32 and the int8 scale per 16."""
+    ql = blocks[:, :128].reshape(-1, 2, 1, 64) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
+    qh = blocks[:, 128:192].reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(
+        1, 1, 4, 1
+    )
+    q = (ql & 15).reshape(n, -1) | (qh & 3).reshape(n, -1) << 4
+    d = np.repeat(blocks[:, 208:].copy().view(np.float16), 8, axis=1)
+    return q, d.reshape(n, -1), blocks[:, 192:208].copy().view(np.int8).reshape(n, -1)
+
+
 def _records(
     kind: int, q: np.ndarray, d: np.ndarray, m: np.ndarray | None
 ) -> tuple[int, np.ndarray]:
@@ -147,7 +168,11 @@ def _records(
     def per_group(s: np.ndarray) -> np.ndarray:  # [N, G] fp16 (fp32) -> [P, G, 32 (64)] bytes
         return s.reshape(p, PANEL, g).transpose(0, 2, 1).copy().view(np.uint8)
 
-    fields = [per_group(d)] + ([per_group(m)] if m is not None else [])
+    fields = [per_group(d)] + ([per_group(m)] if m is not None and kind != Q6_K else [])
+    if kind == Q6_K:  # scales [p j g h] -> [p g h j]; high bits [p j g c2 c h t] -> [p g c2 j t]
+        fields.append(m.reshape(p, PANEL, g, 2).transpose(0, 2, 3, 1).copy().view(np.uint8))
+        two = (q.reshape(p, PANEL, g, 2, 2, 2, 4) >> 4 & 3) << _HIGH_SHIFTS
+        fields.append(two.sum(axis=(4, 5), dtype=np.uint8).transpose(0, 2, 3, 1, 4))
     if kind == Q8_0:  # [p j g c t] -> [p g c j t]
         fields.append(q.view(np.uint8).reshape(p, PANEL, g, 8, 4).transpose(0, 2, 3, 1, 4))
     else:  # k = g * 32 + c * 8 + h * 4 + t
@@ -180,7 +205,14 @@ def _dequantize_records(raw: np.ndarray, kind: int, p: int, k: int) -> np.ndarra
             q |= (
                 bits.reshape(p, g, 4, 2, PANEL, 4).transpose(0, 4, 1, 2, 3, 5).astype(np.int16) << 4
             )
+        if kind == Q6_K:  # [p g c2 j t] bytes -> [p j g (c2 c) h t] 2-bit values
+            two = rec[..., 64:192].reshape(p, g, 2, 1, 1, PANEL, 4) >> _HIGH_SHIFTS[..., None]
+            q |= (two & 3).transpose(0, 5, 1, 2, 3, 4, 6).reshape(q.shape).astype(np.int16) << 4
     q = q.reshape(p * PANEL, k).astype(np.float32) + OFFSETS[kind]
+    if kind == Q6_K:  # d * sc per 16 k, in fp32 as gguf computes it
+        d, sc = scale(0).transpose(0, 2, 1), rec[..., 32:64].view(np.int8).reshape(p, g, 2, PANEL)
+        ds = d.reshape(p, PANEL, g, 1) * sc.transpose(0, 3, 1, 2).astype(np.float32)
+        return np.repeat(ds.reshape(p * PANEL, 2 * g), GROUP // 2, axis=1) * q
     d = scale(0).transpose(0, 2, 1).reshape(p * PANEL, g)
     w = q * np.repeat(d, GROUP, axis=1)
     if kind in (Q4_1, Q4_K):

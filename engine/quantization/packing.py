@@ -1,14 +1,14 @@
 """Weight layouts the matmul kernels read: panels of 16 output columns per format (fp32
-[N / 16, K, 16]; bf16 [N / 16, K / 2, 16, 2]; int8 and w8a8 in engine/quant.py), how to
-build each from an fp32 weight, and how to tell them apart and read them back."""
+[N / 16, K, 16]; bf16 [N / 16, K / 2, 16, 2]; int8 and w8a8 in engine/quantization/quant.py), how to
+build the bf16 ones, and how to tell them apart and read them back."""
 
 import torch
 
-from engine.block_weights import BlockWeight
-from engine.quant import W8A8_GROUP, Int8Weight, quantize_int8, quantize_w8a8
+from engine.quantization.block_weights import BlockWeight
+from engine.quantization.quant import Int8Weight
 
 PANEL = 16  # output columns per panel; gemm.c takes them in pairs
-Weight = torch.Tensor | Int8Weight | BlockWeight  # what ops.pack_weight returns
+Weight = torch.Tensor | Int8Weight | BlockWeight  # what Matmuls.pack_weight returns
 
 
 def is_panels(weight: Weight | None) -> bool:
@@ -37,21 +37,6 @@ def unpack_panels(panels: torch.Tensor) -> torch.Tensor:
         p, k2 = panels.shape[:2]
         return panels.permute(0, 2, 1, 3).reshape(p * PANEL, k2 * 2).float()
     return panels.transpose(1, 2).reshape(panels.shape[0] * PANEL, panels.shape[1])
-
-
-def _fp32_panels(weight: torch.Tensor) -> torch.Tensor:
-    n, k = weight.shape
-    return weight.view(n // PANEL, PANEL, k).transpose(1, 2).contiguous()
-
-
-PACKERS = {  # format -> its panels from an fp32 [N, K] weight
-    "fp32": _fp32_panels,
-    "bf16": bf16_panels,
-    "int8": lambda w: quantize_int8(w, PANEL),
-    "w8a8": lambda w: quantize_w8a8(w, panels=True),
-}
-K_MULTIPLE = {"bf16": 2, "w8a8": W8A8_GROUP}  # K must be a multiple of this for panels
-AUTO_FORMATS = ("fp32", "int8", "w8a8")  # bf16 never won where w8a8 runs (README)
 
 
 def weight_format(weight: Weight) -> str:

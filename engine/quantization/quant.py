@@ -93,7 +93,7 @@ def quantize_w8a8(weight: torch.Tensor, panels: bool) -> Int8Weight:
 
 def w8a8_panels(plain: Int8Weight) -> Int8Weight:
     """Plain w8a8 weights (q [N, K], scale [N, K / group]) in gemm_w8a8.c's layouts: the
-    same values re-laid (a GGUF's own blocks come this way too, engine/gguf_blocks.py)."""
+    same values re-laid (a GGUF's own blocks come this way too: quantization/gguf_blocks.py)."""
     (n, k), q = plain.q.shape, plain.q
     q = q.view(n // 16, 16, k // 4, 4).permute(0, 2, 1, 3).contiguous()
     scale = plain.scale.view(n // 16, 16, -1).transpose(1, 2).contiguous()

@@ -1,7 +1,7 @@
 """What a request's output must match: a JSON schema, or tool calls to named functions.
 
 Plain data (no grammar library here), built from the OpenAI request by `constraint_of`
-and carried in SamplingParams; engine/grammar.py compiles it. Each schema keeps the
+and carried in SamplingParams; grammar.py compiles it. Each schema keeps the
 request field it came from, so an error names that field (`param`), and its JSON text as
 the client wrote it: the property order of the schema is the order of the output.
 """

@@ -23,8 +23,13 @@ import numpy as np
 import torch
 from jsonschema import Draft202012Validator, SchemaError, validators
 
-from engine.constraints import Constraint, JsonConstraint, SchemaSource, ToolCallConstraint
 from engine.errors import InvalidParamError
+from engine.structured_output.constraints import (
+    Constraint,
+    JsonConstraint,
+    SchemaSource,
+    ToolCallConstraint,
+)
 from engine.tool_calls import CLOSE, OPEN
 
 # Compact JSON as models write it (`{"a": 1, "b": 2}`): no free whitespace, which a small

@@ -1,0 +1,1 @@
+"""Weight formats: packing, quantization and kernel choice for the matmuls."""

@@ -1,0 +1,1 @@
+"""Structured output: constraints (JSON schemas, forced tool calls) compiled into token masks."""
