@@ -140,7 +140,7 @@ def scoring_latency(scorer, prompts: list[str], vectors: np.ndarray) -> dict:
 
     def one(prompt: str, vector: np.ndarray) -> None:
         features = extract_features([{"role": "user", "content": prompt}], None)
-        scorer.score_embedded(vector, compute_signals(features))
+        scorer.score_embedded(vector, compute_signals(features), features.last_user_text)
 
     for prompt, vector in zip(prompts[:50], vectors[:50], strict=True):
         one(prompt, vector)  # warm-up
@@ -228,15 +228,16 @@ def trained_scorer(policy, rows: list[dict], target: str, embed_many):
     return build_scorer(policy.model_copy(update={"difficulty": difficulty}), embed_many)
 
 
-def with_blend(policy, weights: dict[str, float]):
+def with_blend(policy, weights: dict[str, float], **settings: float):
+    """The policy with other blend weights (and other difficulty `settings`)."""
     blend = policy.difficulty.blend.model_copy(update=weights)
-    difficulty = policy.difficulty.model_copy(update={"blend": blend, "k_nearest": 5})
-    return policy.model_copy(update={"difficulty": difficulty})
+    update = {"blend": blend, "k_nearest": 5, **settings}
+    return policy.model_copy(update={"difficulty": policy.difficulty.model_copy(update=update)})
 
 
 def scores_of(scorer, prompts: list[str], vectors: np.ndarray) -> np.ndarray:
     pairs = zip(vectors, prompts, strict=True)
-    return np.array([scorer.score_embedded(v, example_signals(p)).score for v, p in pairs])
+    return np.array([scorer.score_embedded(v, example_signals(p), p).score for v, p in pairs])
 
 
 def main() -> None:
@@ -270,12 +271,14 @@ def main() -> None:
     }
     if policy.difficulty.blend.neighbours or policy.difficulty.blend.kernel:
         variants = {
-            "difficulty_classifier_only": {"neighbours": 0.0, "kernel": 0.0},
-            "difficulty_neighbours": {"classifier": 1.0, "neighbours": 1.0, "kernel": 0.0},
+            "difficulty_classifier_only": ({"neighbours": 0.0, "kernel": 0.0}, {}),
+            "difficulty_neighbours": ({"classifier": 1.0, "neighbours": 1.0, "kernel": 0.0}, {}),
+            # the kernel as shipped before its word term: embedding cosine only
+            "difficulty_embedding_kernel": ({}, {"kernel_lexical": 0.0, "kernel_width": 0.2}),
         }
-        for name, weights in variants.items():
+        for name, (weights, settings) in variants.items():
             variant = trained_scorer(
-                with_blend(policy, weights), rows, args.target, embedder.embed_many
+                with_blend(policy, weights, **settings), rows, args.target, embedder.embed_many
             )
             scores[name] = scores_of(variant, prompts, vectors)
     if len(test) < len(heldout):

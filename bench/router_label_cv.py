@@ -13,10 +13,12 @@ CPT(50%) on the right-answer rates (needs no label).
 the k most similar training examples, cosine) alone and blended with the classifier, per k
 and blend weight, on out-of-fold scores of three fold seeds. Besides the per-fold means it
 reports the length-matched AUC of the pooled out-of-fold scores (~500 tasks instead of ~50).
-The same for the kernel term (kernel ridge regression of the target on the embedding,
-kernel exp((cosine - 1) / width)), per width and ridge. Chosen: the best pooled matched AUC,
-ties (within 0.001) broken by the whole AUC. `--cs`, `--ks`, `--widths`, `--ridges` and
-`--weights` narrow (or widen) the grid; several C are compared on the same folds.
+The same for the kernel term (kernel ridge regression of the target on the examples,
+kernel exp((similarity - 1) / width), the similarity mixing the embeddings' cosine with the
+prompts' word cosine by a lexical share), per width, ridge and lexical share. Chosen: the
+best pooled matched AUC, ties (within 0.001) broken by the whole AUC. `--cs`, `--ks`,
+`--widths`, `--ridges`, `--lexicals` and `--weights` narrow (or widen) the grid; several C
+are compared on the same folds.
 
 Writes bench/results/router_label_cv.json (`--part targets`) or
 bench/results/router_neighbours_cv.json (`--part neighbours`).
@@ -40,7 +42,8 @@ from bench.router_outcomes import RATES  # noqa: E402
 from gateway.cache.embedder import Embedder  # noqa: E402
 from gateway.policy import load_policy  # noqa: E402
 from gateway.routing.difficulty import embeddings_of, example_signals, train_classifier  # noqa: E402
-from gateway.routing.nearest import Kernel, Neighbours  # noqa: E402
+from gateway.routing.lexical import LexicalIndex  # noqa: E402
+from gateway.routing.nearest import Kernel, Neighbours, example_similarities  # noqa: E402
 
 RESULT = ROOT / "bench" / "results" / "router_label_cv.json"
 NEIGHBOURS_RESULT = ROOT / "bench" / "results" / "router_neighbours_cv.json"
@@ -50,7 +53,8 @@ SEED = 10
 NEIGHBOUR_SEEDS = (10, 11, 12)
 KS = (3, 4, 5, 6, 7, 8, 10, 20, 40, 80)
 NEIGHBOUR_WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)  # the neighbours' share of the blend
-KERNELS = [(w, r) for w in (0.1, 0.2, 0.3, 0.5) for r in (0.1, 0.3, 1.0)]  # width, ridge
+# width, ridge, lexical share
+KERNELS = [(w, r, x) for w in (0.2, 0.3, 0.5) for r in (0.3, 1.0) for x in (0.0, 0.3, 0.5, 0.7)]
 
 
 def probabilities(classifier, x: np.ndarray) -> np.ndarray:
@@ -91,12 +95,12 @@ def cross_validate(x: np.ndarray, rows: list[dict], target: str, c: float) -> di
 
 
 def terms() -> list[tuple]:
-    return [("neighbours", k) for k in KS] + [("kernel", *wr) for wr in KERNELS]
+    return [("neighbours", k) for k in KS] + [("kernel", *kernel) for kernel in KERNELS]
 
 
 def out_of_fold(x: np.ndarray, rows: list[dict], cs: tuple[float, ...], seed: int) -> dict:
     """Out-of-fold classifier probabilities (per C), neighbour means (per k) and kernel
-    ridge predictions (per width and ridge) for one fold seed."""
+    ridge predictions (per width, ridge and lexical share) for one fold seed."""
     y = np.array([TARGETS[SHIPPED_TARGET](r) for r in rows])
     rate = np.array([rate_label(r) for r in rows])
     vectors = x[:, :384].astype(np.float32)
@@ -110,10 +114,21 @@ def out_of_fold(x: np.ndarray, rows: list[dict], cs: tuple[float, ...], seed: in
         for k in KS:
             neighbours = Neighbours(vectors[fit], y[fit], k)
             scores[("neighbours", k)][test] = neighbours.predict_many(vectors[test])
-        for width, ridge in KERNELS:
-            predicted = Kernel.fit(vectors[fit], y[fit], width, ridge).predict_many(vectors[test])
-            scores[("kernel", width, ridge)][test] = predicted
+        kernel_predictions(vectors, [r["prompt"] for r in rows], y, fit, test, scores)
     return {"folds": folds, "scores": scores}
+
+
+def kernel_predictions(vectors, prompts, y, fit, test, scores) -> None:
+    """Each kernel of the grid fitted on `fit`, its predictions for `test` into `scores`;
+    the examples' similarities computed once per lexical share."""
+    lexical = LexicalIndex.build([prompts[i] for i in fit])
+    test_prompts = [prompts[i] for i in test]
+    for share in sorted({x for _, _, x in KERNELS}):
+        similarity = example_similarities(vectors[fit], lexical, share)
+        for width, ridge, _ in [k for k in KERNELS if k[2] == share]:
+            kernel = Kernel.solve(vectors[fit], similarity, y[fit], width, ridge, lexical, share)
+            predicted = kernel.predict_many(vectors[test], test_prompts)
+            scores[("kernel", width, ridge, share)][test] = predicted
 
 
 def blend_figures(run: dict, c: float, term: tuple, w: float, rate, lengths, small, large):
@@ -145,7 +160,7 @@ def neighbours_study(x: np.ndarray, rows: list[dict], cs: tuple[float, ...]) -> 
             continue  # the term alone: C plays no part
         figures = [blend_figures(run, c, term, w, rate, lengths, small, large) for run in seeds]
         mean = np.array(figures).mean(axis=0)
-        names = ("k",) if len(term) == 2 else ("width", "ridge")
+        names = ("k",) if len(term) == 2 else ("width", "ridge", "lexical_share")
         runs.append(
             {
                 "term": "classifier" if w == 0 else term[0],
@@ -167,9 +182,10 @@ def grid(args: argparse.Namespace) -> None:
     """A narrower (or wider) grid than the defaults, from the command line."""
     global KS, KERNELS, NEIGHBOUR_WEIGHTS
     KS, NEIGHBOUR_WEIGHTS = tuple(args.ks), tuple(args.weights)
-    widths = args.widths or sorted({w for w, _ in KERNELS})
-    ridges = args.ridges or sorted({r for _, r in KERNELS})
-    KERNELS = [(w, r) for w in widths for r in ridges]
+    widths = args.widths or sorted({w for w, _, _ in KERNELS})
+    ridges = args.ridges or sorted({r for _, r, _ in KERNELS})
+    lexicals = args.lexicals or sorted({x for _, _, x in KERNELS})
+    KERNELS = [(w, r, x) for w in widths for r in ridges for x in lexicals]
 
 
 def main() -> None:
@@ -179,8 +195,9 @@ def main() -> None:
     parser.add_argument("--part", choices=["targets", "neighbours"], default="targets")
     parser.add_argument("--cs", type=float, nargs="+", help="neighbours: C values (policy's)")
     parser.add_argument("--ks", type=int, nargs="+", default=list(KS))
-    parser.add_argument("--widths", type=float, nargs="+", help="kernel widths (0.1 .. 0.5)")
-    parser.add_argument("--ridges", type=float, nargs="+", help="kernel ridges (0.1 .. 1)")
+    parser.add_argument("--widths", type=float, nargs="+", help="kernel widths (0.2 .. 0.5)")
+    parser.add_argument("--ridges", type=float, nargs="+", help="kernel ridges (0.3, 1)")
+    parser.add_argument("--lexicals", type=float, nargs="+", help="kernel lexical shares")
     parser.add_argument("--weights", type=float, nargs="+", default=list(NEIGHBOUR_WEIGHTS))
     args = parser.parse_args()
     grid(args)

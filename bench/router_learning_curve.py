@@ -33,8 +33,12 @@ from bench.router_labels import SHIPPED_TARGET, TARGETS, rate_label  # noqa: E40
 from bench.router_outcomes import RATES  # noqa: E402
 from gateway.cache.embedder import Embedder  # noqa: E402
 from gateway.policy import load_policy  # noqa: E402
-from gateway.routing.difficulty import embeddings_of, example_signals, train_classifier  # noqa: E402
-from gateway.routing.nearest import Kernel  # noqa: E402
+from gateway.routing.difficulty import (  # noqa: E402
+    embeddings_of,
+    example_signals,
+    fit_kernel,
+    train_classifier,
+)
 
 RESULT = ROOT / "bench" / "results" / "router_learning_curve.json"
 FRACTIONS = (0.25, 0.5, 0.75, 1.0)
@@ -42,7 +46,7 @@ FOLD_SEEDS = (10, 11, 12)
 SUBSAMPLE_SEEDS = (0, 1, 2)
 
 
-def out_of_fold(x, y, rate, fraction: float, fold_seed: int, sub_seed: int, settings):
+def out_of_fold(x, y, rate, prompts, fraction: float, fold_seed: int, sub_seed: int, settings):
     """Out-of-fold shipped-blend scores with each fold fitted on `fraction` of its tasks."""
     blend = settings.blend
     w_kernel = blend.kernel / (blend.classifier + blend.kernel)
@@ -52,9 +56,14 @@ def out_of_fold(x, y, rate, fraction: float, fold_seed: int, sub_seed: int, sett
         fit = rng.permutation(fit)[: round(fraction * len(fit))]
         clf = train_classifier(x[fit, :384], x[fit, 384:], y[fit], settings.regularization)
         vectors = x[:, :384].astype(np.float32)
-        kernel = Kernel.fit(
-            vectors[fit], y[fit], settings.kernel_width, settings.kernel_ridge
-        ).predict_many(vectors[test])
+        kernel = fit_kernel(
+            [prompts[i] for i in fit],
+            vectors[fit],
+            y[fit],
+            settings.kernel_width,
+            settings.kernel_ridge,
+            settings.kernel_lexical,
+        ).predict_many(vectors[test], [prompts[i] for i in test])
         scores[test] = (1 - w_kernel) * probabilities(clf, x[test]) + w_kernel * kernel
     return scores
 
@@ -82,7 +91,7 @@ def main() -> None:
         figures = []
         for fold_seed in FOLD_SEEDS:
             for sub_seed in SUBSAMPLE_SEEDS if fraction < 1 else (0,):
-                p = out_of_fold(x, y, rate, fraction, fold_seed, sub_seed, settings)
+                p = out_of_fold(x, y, rate, prompts, fraction, fold_seed, sub_seed, settings)
                 figures.append((auc(rate, p), auc(rate[matched], p[matched])))
         whole, matched_auc = np.array(figures).T
         point = {
@@ -107,6 +116,7 @@ def main() -> None:
         "C": settings.regularization,
         "kernel_width": settings.kernel_width,
         "kernel_ridge": settings.kernel_ridge,
+        "kernel_lexical": settings.kernel_lexical,
         "curve": curve,
         "matched_gain_75_to_100": round(gain, 4),
     }

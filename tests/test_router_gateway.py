@@ -198,11 +198,14 @@ def test_the_shipped_examples_train_in_seconds_with_their_kernel(
     scorer = difficulty.build_scorer(policy, embed_many)
     assert time.perf_counter() - start < 60
     kernel = scorer.terms["kernel"]
-    assert kernel.vectors.shape == (len(prompts), 384) and kernel.width == 0.2
+    assert kernel.vectors.shape == (len(prompts), 384) and kernel.width == 0.5
+    assert kernel.lexical is not None and len(kernel.lexical) == len(prompts)
     # On its own examples the kernel ranks the examples by their targets.
     targets = np.array(
         [json.loads(line)["score"] for line in (root / "difficulty_examples.jsonl").open()]
     )
     vectors = difficulty.embeddings_of(prompts, policy.embedder.model, embed_many)
-    predicted = np.array([kernel.predict(v) for v in vectors[:300]])
+    predicted = np.array(
+        [kernel.predict(v, p) for v, p in zip(vectors[:300], prompts, strict=False)]
+    )
     assert np.corrcoef(predicted, targets[:300])[0, 1] > 0.8

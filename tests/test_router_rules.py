@@ -278,6 +278,7 @@ def test_example_paths_resolve_beside_the_policy(tmp_path: Path) -> None:
         ("blend: {kernel: -0.5}", "difficulty.blend.kernel", "must be 0 or greater"),
         ("kernel_width: 0", "difficulty.kernel_width", "must be greater than 0"),
         ("kernel_ridge: -1", "difficulty.kernel_ridge", "must be greater than 0"),
+        ("kernel_lexical: 1.5", "difficulty.kernel_lexical", "between 0 and 1"),
     ],
 )
 def test_bad_example_term_knobs_are_policy_errors(knob: str, where: str, reason: str) -> None:

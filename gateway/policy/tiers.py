@@ -141,9 +141,12 @@ class DifficultySettings(StrictModel):
     blend: Blend = Blend()
     regularization: float = 1.0  # inverse L2 strength of the logistic regression (C)
     k_nearest: int = 5  # how many of the most similar examples `blend.neighbours` averages
-    kernel_width: float = 0.2  # `blend.kernel`: exp((cosine - 1) / width) between prompts
+    kernel_width: float = 0.5  # `blend.kernel`: exp((similarity - 1) / width) between prompts
     kernel_ridge: float = 0.3  # and its ridge (L2) strength
+    # the similarity: (1 - this) x embedding cosine + this x word cosine (routing/lexical.py)
+    kernel_lexical: float = 0.7
 
     _check = field_validator("regularization", "k_nearest", "kernel_width", "kernel_ridge")(
         positive
     )
+    _share = field_validator("kernel_lexical")(between_0_and_1)

@@ -45,7 +45,7 @@ def score_prompts(policy: Policy, prompts: list[str], embed_many) -> np.ndarray:
     else:
         embeddings = [None] * len(prompts)
     pairs = zip(embeddings, prompts, strict=True)
-    return np.array([scorer.score_embedded(e, example_signals(p)).score for e, p in pairs])
+    return np.array([scorer.score_embedded(e, example_signals(p), p).score for e, p in pairs])
 
 
 def threshold_for_share(scores: np.ndarray, share: float) -> Calibration:

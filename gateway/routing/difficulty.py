@@ -27,6 +27,7 @@ from gateway.policy import (
     PolicyIssue,
 )
 from gateway.routing.examples import policy_examples
+from gateway.routing.lexical import LexicalIndex
 from gateway.routing.nearest import Kernel, Neighbours
 from gateway.routing.router import RoutingInput, Scored, extract_features
 from gateway.routing.signals import NAMES, Signals, compute_signals
@@ -87,15 +88,18 @@ class DifficultyScorer:
             if inp.embed is None:
                 return None
             embedding = await inp.embed()
-        return self.score_embedded(embedding, signals)
+        return self.score_embedded(embedding, signals, inp.features.last_user_text)
 
-    def score_embedded(self, embedding: np.ndarray | None, signals: Signals) -> Scored:
+    def score_embedded(
+        self, embedding: np.ndarray | None, signals: Signals, text: str = ""
+    ) -> Scored:
+        """`text`: what was embedded (the last user message), for the kernel's word term."""
         s = signals.vector().astype(np.float64)
         contributions = dict(zip(NAMES, self._signal_weights * s, strict=True))
         score = float(self._signal_weights @ s)
         for name, term in self.terms.items():
             assert embedding is not None
-            predicted = term.predict(embedding)
+            predicted = term.predict(embedding, text)
             score += self._term_weights[name] * predicted
             # Around the examples' mean target, as the classifier's parts are.
             contributions[name] = self._term_weights[name] * (predicted - term.center)
@@ -149,7 +153,9 @@ def build_scorer(policy: Policy, embed_many: EmbedMany | None) -> DifficultyScor
     if examples and learns_from_examples(settings.blend):
         if embed_many is None:
             raise ValueError("the difficulty classifier needs the embedder")
-        kernel = (settings.kernel_width, settings.kernel_ridge) if settings.blend.kernel else None
+        kernel = None
+        if settings.blend.kernel:
+            kernel = (settings.kernel_width, settings.kernel_ridge, settings.kernel_lexical)
         key = (policy.embedder.model, settings.regularization, kernel)
         trained = _trained(examples, key, embed_many)
         classifier = trained.classifier
@@ -175,7 +181,8 @@ class Trained:
     kernel: Kernel | None  # fitted when the blend weighs it: it solves an n x n system
 
 
-TrainSettings = tuple[str, float, tuple[float, float] | None]  # model, C, kernel width, ridge
+# model, C, and the kernel's width, ridge and lexical share
+TrainSettings = tuple[str, float, tuple[float, float, float] | None]
 
 
 # Reloads that leave the examples alone reuse the trained classifier.
@@ -195,10 +202,25 @@ def _trained(
         targets = np.array([e.target for e in examples], dtype=np.float64)
         _trained_cache.clear()  # one policy's classifier at a time is all a gateway serves
         classifier = train_classifier(embeddings, signals, targets, settings[1])
-        kernel = None if settings[2] is None else Kernel.fit(embeddings, targets, *settings[2])
+        kernel = None
+        if settings[2] is not None:
+            kernel = fit_kernel(prompts, embeddings, targets, *settings[2])
         _trained_cache[key] = Trained(classifier, embeddings, targets, kernel)
         logger.info("difficulty classifier trained on %d examples", len(examples))
     return _trained_cache[key]
+
+
+def fit_kernel(
+    prompts: list[str],
+    embeddings: np.ndarray,
+    targets: np.ndarray,
+    width: float,
+    ridge: float,
+    lexical_share: float,
+) -> Kernel:
+    """The kernel term on the examples, with their words indexed when it reads them."""
+    lexical = LexicalIndex.build(prompts) if lexical_share > 0 else None
+    return Kernel.fit(embeddings, targets, width, ridge, lexical, lexical_share)
 
 
 def _embed_in_batches(prompts: list[str], embed_many: EmbedMany, size: int = 64) -> np.ndarray:

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gateway.routing.lexical import LexicalIndex
+
 KERNEL_MAX_EXAMPLES = 5000  # the solve: 400 MB at peak and ~3 s here; beyond, `neighbours`
 
 
@@ -33,7 +35,8 @@ class Neighbours:
     def center(self) -> float:
         return float(self.targets.mean())
 
-    def predict(self, embedding: np.ndarray) -> float:
+    def predict(self, embedding: np.ndarray, text: str = "") -> float:
+        """`text` plays no part: neighbours are by embedding alone."""
         return float(self._from_similarity(similarities(self.vectors, embedding)))
 
     def predict_many(self, queries: np.ndarray) -> np.ndarray:
@@ -48,37 +51,84 @@ class Neighbours:
 
 @dataclass(frozen=True)
 class Kernel:
-    """Kernel ridge regression of the targets on the examples' vectors, with the kernel
-    exp((cosine - 1) / width): every example votes, the similar ones most. Training solves
-    one examples x examples system: a fraction of a second for a thousand examples, and the
-    reason to keep example sets to a few thousand."""
+    """Kernel ridge regression of the targets on the examples, with the kernel
+    exp((similarity - 1) / width): every example votes, the similar ones most. The
+    similarity is the embeddings' cosine mixed with the prompts' word cosine
+    (gateway/routing/lexical.py) by `lexical_share`. Training solves one examples x
+    examples system: a fraction of a second for a thousand examples, and the reason to
+    keep example sets to a few thousand."""
 
     vectors: np.ndarray  # (examples, dim) float32, unit rows
     alpha: np.ndarray  # (examples,) dual weights
     center: float  # the mean target: the prediction far from every example
     width: float
+    lexical: LexicalIndex | None = None  # the examples' words, when lexical_share > 0
+    lexical_share: float = 0.0
 
     @classmethod
-    def fit(cls, vectors: np.ndarray, targets: np.ndarray, width: float, ridge: float) -> "Kernel":
+    def fit(
+        cls,
+        vectors: np.ndarray,
+        targets: np.ndarray,
+        width: float,
+        ridge: float,
+        lexical: LexicalIndex | None = None,
+        lexical_share: float = 0.0,
+    ) -> "Kernel":
         if len(targets) > KERNEL_MAX_EXAMPLES:
             raise ValueError(
                 f"difficulty.blend.kernel: {len(targets)} examples, over the kernel's "
                 f"{KERNEL_MAX_EXAMPLES} (it solves an examples x examples system); "
                 "use blend.neighbours instead"
             )
-        v = vectors.astype(np.float64)
-        gram = np.exp((v @ v.T - 1) / width)
+        if lexical is None or lexical_share <= 0:
+            lexical, lexical_share = None, 0.0
+        similarity = example_similarities(vectors, lexical, lexical_share)
+        return cls.solve(vectors, similarity, targets, width, ridge, lexical, lexical_share)
+
+    @classmethod
+    def solve(
+        cls,
+        vectors: np.ndarray,
+        similarity: np.ndarray,
+        targets: np.ndarray,
+        width: float,
+        ridge: float,
+        lexical: LexicalIndex | None,
+        lexical_share: float,
+    ) -> "Kernel":
+        """fit, given the examples' similarities (benchmarks reuse them across widths)."""
+        gram = np.exp((similarity - 1) / width)
         center = float(targets.mean())
         alpha = np.linalg.solve(gram + ridge * np.eye(len(targets)), targets - center)
-        return cls(vectors.astype(np.float32), alpha, center, width)
+        return cls(vectors.astype(np.float32), alpha, center, width, lexical, lexical_share)
 
-    def predict(self, embedding: np.ndarray) -> float:
-        return float(self._from_similarity(similarities(self.vectors, embedding)))
+    def predict(self, embedding: np.ndarray, text: str = "") -> float:
+        similarity = similarities(self.vectors, embedding).astype(np.float64)
+        if self.lexical is not None:
+            words = self.lexical.similarities(text)
+            similarity = (1 - self.lexical_share) * similarity + self.lexical_share * words
+        return float(self._from_similarity(similarity))
 
-    def predict_many(self, queries: np.ndarray) -> np.ndarray:
-        """predict for each row of `queries` at once (offline: the CV benchmarks)."""
-        return self._from_similarity(queries.astype(self.vectors.dtype) @ self.vectors.T)
+    def predict_many(self, queries: np.ndarray, texts: list[str] | None = None) -> np.ndarray:
+        """predict for each row of `queries` (and its text) at once (offline: the benchmarks)."""
+        similarity = (queries.astype(self.vectors.dtype) @ self.vectors.T).astype(np.float64)
+        if self.lexical is not None:
+            assert texts is not None, "a kernel with a lexical share needs the texts"
+            words = np.stack([self.lexical.similarities(t) for t in texts])
+            similarity = (1 - self.lexical_share) * similarity + self.lexical_share * words
+        return self._from_similarity(similarity)
 
     def _from_similarity(self, similarity: np.ndarray) -> np.ndarray:
-        weights = np.exp((similarity.astype(np.float64) - 1) / self.width)
-        return self.center + weights @ self.alpha
+        return self.center + np.exp((similarity - 1) / self.width) @ self.alpha
+
+
+def example_similarities(
+    vectors: np.ndarray, lexical: LexicalIndex | None, lexical_share: float
+) -> np.ndarray:
+    """Every example's similarity to every other, as the kernel mixes them."""
+    v = vectors.astype(np.float64)
+    similarity = v @ v.T
+    if lexical is not None and lexical_share > 0:
+        similarity = (1 - lexical_share) * similarity + lexical_share * lexical.gram()
+    return similarity
