@@ -27,6 +27,7 @@ bench/results/router_neighbours_cv.json (`--part neighbours`).
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -54,7 +55,9 @@ NEIGHBOUR_SEEDS = (10, 11, 12)
 KS = (3, 4, 5, 6, 7, 8, 10, 20, 40, 80)
 NEIGHBOUR_WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)  # the neighbours' share of the blend
 # width, ridge, lexical share
-KERNELS = [(w, r, x) for w in (0.2, 0.3, 0.5) for r in (0.3, 1.0) for x in (0.0, 0.3, 0.5, 0.7)]
+KERNELS = tuple(
+    (w, r, x) for w in (0.2, 0.3, 0.5) for r in (0.3, 1.0) for x in (0.0, 0.3, 0.5, 0.7)
+)
 
 
 def probabilities(classifier, x: np.ndarray) -> np.ndarray:
@@ -94,38 +97,59 @@ def cross_validate(x: np.ndarray, rows: list[dict], target: str, c: float) -> di
     }
 
 
-def terms() -> list[tuple]:
-    return [("neighbours", k) for k in KS] + [("kernel", *kernel) for kernel in KERNELS]
+@dataclass(frozen=True)
+class Grid:
+    """What `--part neighbours` compares: classifier Cs, neighbour counts, kernels (width,
+    ridge, lexical share) and the term's blend weights."""
+
+    cs: tuple[float, ...]
+    ks: tuple[int, ...] = KS
+    kernels: tuple[tuple[float, float, float], ...] = KERNELS
+    weights: tuple[float, ...] = NEIGHBOUR_WEIGHTS
+
+    def terms(self) -> list[tuple]:
+        return [("neighbours", k) for k in self.ks] + [("kernel", *k) for k in self.kernels]
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, policy_c: float) -> "Grid":
+        """The defaults, narrowed (or widened) from the command line."""
+        widths = args.widths or sorted({w for w, _, _ in KERNELS})
+        ridges = args.ridges or sorted({r for _, r, _ in KERNELS})
+        lexicals = args.lexicals or sorted({x for _, _, x in KERNELS})
+        kernels = tuple((w, r, x) for w in widths for r in ridges for x in lexicals)
+        cs = tuple(args.cs or [policy_c])
+        return cls(cs, tuple(args.ks), kernels, tuple(args.weights))
 
 
-def out_of_fold(x: np.ndarray, rows: list[dict], cs: tuple[float, ...], seed: int) -> dict:
+def out_of_fold(x: np.ndarray, rows: list[dict], grid: Grid, seed: int) -> dict:
     """Out-of-fold classifier probabilities (per C), neighbour means (per k) and kernel
     ridge predictions (per width, ridge and lexical share) for one fold seed."""
     y = np.array([TARGETS[SHIPPED_TARGET](r) for r in rows])
     rate = np.array([rate_label(r) for r in rows])
     vectors = x[:, :384].astype(np.float32)
-    names = [("classifier", c) for c in cs] + terms()
+    names = [("classifier", c) for c in grid.cs] + grid.terms()
     scores = {t: np.zeros(len(rows)) for t in names}
     folds = list(StratifiedKFold(FOLDS, shuffle=True, random_state=seed).split(x, rate))
     for fit, test in folds:
-        for c in cs:
+        for c in grid.cs:
             clf = train_classifier(x[fit, :384], x[fit, 384:], y[fit], c)
             scores[("classifier", c)][test] = probabilities(clf, x[test])
-        for k in KS:
+        for k in grid.ks:
             neighbours = Neighbours(vectors[fit], y[fit], k)
             scores[("neighbours", k)][test] = neighbours.predict_many(vectors[test])
-        kernel_predictions(vectors, [r["prompt"] for r in rows], y, fit, test, scores)
+        prompts = [r["prompt"] for r in rows]
+        kernel_predictions(grid.kernels, vectors, prompts, y, fit, test, scores)
     return {"folds": folds, "scores": scores}
 
 
-def kernel_predictions(vectors, prompts, y, fit, test, scores) -> None:
+def kernel_predictions(kernels, vectors, prompts, y, fit, test, scores) -> None:
     """Each kernel of the grid fitted on `fit`, its predictions for `test` into `scores`;
     the examples' similarities computed once per lexical share."""
     lexical = LexicalIndex.build([prompts[i] for i in fit])
     test_prompts = [prompts[i] for i in test]
-    for share in sorted({x for _, _, x in KERNELS}):
+    for share in sorted({x for _, _, x in kernels}):
         similarity = example_similarities(vectors[fit], lexical, share)
-        for width, ridge, _ in [k for k in KERNELS if k[2] == share]:
+        for width, ridge, _ in [k for k in kernels if k[2] == share]:
             kernel = Kernel.solve(vectors[fit], similarity, y[fit], width, ridge, lexical, share)
             predicted = kernel.predict_many(vectors[test], test_prompts)
             scores[("kernel", width, ridge, share)][test] = predicted
@@ -145,18 +169,19 @@ def blend_figures(run: dict, c: float, term: tuple, w: float, rate, lengths, sma
     )
 
 
-def neighbours_study(x: np.ndarray, rows: list[dict], cs: tuple[float, ...]) -> list[dict]:
+def neighbours_study(x: np.ndarray, rows: list[dict], grid: Grid) -> list[dict]:
     rate = np.array([rate_label(r) for r in rows])
     lengths = np.array([len(r["prompt"]) for r in rows], dtype=float)
     small = np.array([quality(r, "small") for r in rows])
     large = np.array([quality(r, "large") for r in rows])
     matched = length_matched(lengths, rate)
-    seeds = [out_of_fold(x, rows, cs, seed) for seed in NEIGHBOUR_SEEDS]
+    seeds = [out_of_fold(x, rows, grid, seed) for seed in NEIGHBOUR_SEEDS]
     runs = []
-    for c, term, w in [(c, t, w) for c in cs for t in terms() for w in NEIGHBOUR_WEIGHTS]:
-        if w == 0 and term != terms()[0]:
+    terms = grid.terms()
+    for c, term, w in [(c, t, w) for c in grid.cs for t in terms for w in grid.weights]:
+        if w == 0 and term != terms[0]:
             continue  # the classifier alone: the term plays no part
-        if w == 1 and c != cs[0]:
+        if w == 1 and c != grid.cs[0]:
             continue  # the term alone: C plays no part
         figures = [blend_figures(run, c, term, w, rate, lengths, small, large) for run in seeds]
         mean = np.array(figures).mean(axis=0)
@@ -178,14 +203,23 @@ def neighbours_study(x: np.ndarray, rows: list[dict], cs: tuple[float, ...]) -> 
     return runs
 
 
-def grid(args: argparse.Namespace) -> None:
-    """A narrower (or wider) grid than the defaults, from the command line."""
-    global KS, KERNELS, NEIGHBOUR_WEIGHTS
-    KS, NEIGHBOUR_WEIGHTS = tuple(args.ks), tuple(args.weights)
-    widths = args.widths or sorted({w for w, _, _ in KERNELS})
-    ridges = args.ridges or sorted({r for _, r, _ in KERNELS})
-    lexicals = args.lexicals or sorted({x for _, _, x in KERNELS})
-    KERNELS = [(w, r, x) for w in widths for r in ridges for x in lexicals]
+def neighbours_report(x: np.ndarray, train: list[dict], grid: Grid) -> None:
+    """Run the study, choose (best pooled matched AUC, ties by the whole AUC), write JSON."""
+    runs = neighbours_study(x, train, grid)
+    matched_auc = lambda r: r["auc_length_matched_pooled"]  # noqa: E731
+    report = {"cpu": cpu_model(), "train": len(train), "folds": FOLDS, "Cs": grid.cs}
+    report |= {"ks": grid.ks, "kernels": grid.kernels, "term_weights": grid.weights}
+    report |= {"target": SHIPPED_TARGET, "seeds": NEIGHBOUR_SEEDS, "runs": runs}
+    for term in ("neighbours", "kernel"):
+        best = max((r for r in runs if r["term"] == term), key=matched_auc)
+        report[f"best_{term}"] = best
+        print(f"best {term}:", json.dumps(best))
+    top = max(map(matched_auc, runs))
+    tied = [r for r in runs if matched_auc(r) >= top - 0.001]
+    best = report["chosen"] = max(tied, key=lambda r: r["auc_rate_label"])
+    NEIGHBOURS_RESULT.parent.mkdir(parents=True, exist_ok=True)
+    NEIGHBOURS_RESULT.write_text(json.dumps(report, indent=1) + "\n")
+    print("chosen:", json.dumps(best), "->", NEIGHBOURS_RESULT)
 
 
 def main() -> None:
@@ -200,7 +234,6 @@ def main() -> None:
     parser.add_argument("--lexicals", type=float, nargs="+", help="kernel lexical shares")
     parser.add_argument("--weights", type=float, nargs="+", default=list(NEIGHBOUR_WEIGHTS))
     args = parser.parse_args()
-    grid(args)
     rows = [json.loads(line) for line in args.outcomes.read_text().splitlines()]
     train = [r for r in rows if r["split"] == "train"]
     policy = load_policy(args.policy)
@@ -210,22 +243,7 @@ def main() -> None:
     signals = np.stack([example_signals(p).vector() for p in prompts])
     x = np.hstack((vectors, signals)).astype(np.float64)
     if args.part == "neighbours":
-        cs = tuple(args.cs or [policy.difficulty.regularization])
-        runs = neighbours_study(x, train, cs)
-        matched_auc = lambda r: r["auc_length_matched_pooled"]  # noqa: E731
-        report = {"cpu": cpu_model(), "train": len(train), "folds": FOLDS, "Cs": cs}
-        report |= {"ks": KS, "kernels": KERNELS, "term_weights": NEIGHBOUR_WEIGHTS}
-        report |= {"target": SHIPPED_TARGET, "seeds": NEIGHBOUR_SEEDS, "runs": runs}
-        for term in ("neighbours", "kernel"):
-            best = max((r for r in runs if r["term"] == term), key=matched_auc)
-            report[f"best_{term}"] = best
-            print(f"best {term}:", json.dumps(best))
-        top = max(map(matched_auc, runs))
-        tied = [r for r in runs if matched_auc(r) >= top - 0.001]
-        best = report["chosen"] = max(tied, key=lambda r: r["auc_rate_label"])
-        NEIGHBOURS_RESULT.parent.mkdir(parents=True, exist_ok=True)
-        NEIGHBOURS_RESULT.write_text(json.dumps(report, indent=1) + "\n")
-        print("chosen:", json.dumps(best), "->", NEIGHBOURS_RESULT)
+        neighbours_report(x, train, Grid.from_args(args, policy.difficulty.regularization))
         return
     runs = [cross_validate(x, train, t, c) for t in ("rate", "gap", "greedy") for c in CS]
     for run in runs:
