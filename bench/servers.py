@@ -4,8 +4,6 @@ answers, and read its CPU time and resident memory from /proc."""
 import asyncio
 import contextlib
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,12 +11,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
+from common import ROOT
 
+sys.path.insert(0, str(ROOT))  # imported flat from bench/: the tests package is one up
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.servers import free_port, stop_session
+
+__all__ = ["free_port"]  # the benches' one free_port is the tests' one
 
 
 def tiergate_cmd(policy: Path, port: int) -> list[str]:
@@ -42,13 +41,7 @@ def server(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> Iter
     try:
         yield proc.pid
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+        stop_session(proc, grace_s=20)
 
 
 async def wait_ready(url: str, deadline_s: float, headers: dict[str, str] | None = None) -> float:

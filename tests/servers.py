@@ -2,7 +2,9 @@
 and waiting on what runs (`eventually`, `wait_idle`)."""
 
 import contextlib
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -18,6 +20,18 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def stop_session(proc: subprocess.Popen, grace_s: float) -> None:
+    """SIGTERM the session a process leads (started with start_new_session=True), then
+    SIGKILL it if the leader has not exited after `grace_s`."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
 
 
 def wait_for_port(port: int, timeout: float = 30.0) -> None:

@@ -9,7 +9,6 @@ few pieces, once for a whole answer whose socket closes while the engine generat
 import asyncio
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -22,7 +21,7 @@ import pytest
 
 from tests.load_driver import Target
 from tests.pool_state import PoolState, pool_state, wait_at_rest
-from tests.servers import free_port
+from tests.servers import free_port, stop_session
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY = "sk-drill-0123456789"
@@ -65,12 +64,7 @@ def gateway_process(policy: Path) -> Iterator[str]:
             time.sleep(0.2)
         yield url
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+        stop_session(proc, grace_s=30)
 
 
 def _healthy(url: str) -> bool:

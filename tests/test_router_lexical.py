@@ -7,7 +7,7 @@ import pytest
 from gateway.policy import Blend
 from gateway.routing.difficulty import DifficultyScorer
 from gateway.routing.lexical import MAX_CHARS, LexicalIndex, lexical_features, lexical_tokens
-from gateway.routing.nearest import Kernel
+from gateway.routing.nearest import Kernel, example_similarities
 from gateway.routing.router import RoutingInput, extract_features
 from gateway.routing.signals import compute_signals
 
@@ -88,3 +88,31 @@ def test_the_word_share_separates_prompts_that_embed_alike() -> None:
     )
     many = words.predict_many(np.tile(same, (2, 1)), ["What is 9 + 8?", "What is 4817 + 55?"])
     assert many[0] < 0.2 < 0.8 < many[1]
+
+
+def test_the_kernel_solve_matches_the_direct_one_and_leaves_its_input() -> None:
+    """Training solves in place by Cholesky; `solve` (the benchmarks reuse similarities
+    across widths) copies first. Both equal the textbook solve."""
+    rng = np.random.default_rng(3)
+    vectors = rng.standard_normal((40, 6)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    texts = [f"What is {i} + {i * 37}?" for i in range(40)]
+    targets = rng.random(40)
+    index = LexicalIndex.build(texts)
+    similarity = example_similarities(vectors, index, 0.5)
+    kept = similarity.copy()
+    kernel = Kernel.solve(vectors, similarity, targets, 0.4, 0.3, index, 0.5)
+    assert np.array_equal(similarity, kept)
+    v = vectors.astype(np.float64)
+    direct = 0.5 * (v @ v.T) + 0.5 * index.gram()
+    gram = np.exp((direct - 1) / 0.4) + 0.3 * np.eye(40)
+    expected = np.linalg.solve(gram, targets - targets.mean())
+    assert np.allclose(kernel.alpha, expected, atol=1e-10)
+    assert np.allclose(Kernel.fit(vectors, targets, 0.4, 0.3, index, 0.5).alpha, expected)
+
+
+def test_a_ridge_too_small_for_the_examples_is_a_clear_error() -> None:
+    """Identical examples make the kernel matrix singular; a vanishing ridge cannot fix it."""
+    vectors = np.tile(np.eye(3, dtype=np.float32)[0], (30, 1))
+    with pytest.raises(ValueError, match=r"difficulty\.kernel_ridge: 1e-300 is too small"):
+        Kernel.fit(vectors, np.linspace(0, 1, 30), 0.3, 1e-300)

@@ -74,10 +74,21 @@ class LexicalIndex:
 
     def gram(self) -> np.ndarray:
         """Every example's cosine to every other (training only: examples x examples)."""
+        out = np.zeros((len(self), len(self)))
+        self.add_gram(out, 1.0)
+        return out
+
+    def add_gram(self, out: np.ndarray, share: float, rows: int = 256) -> None:
+        """out += share x gram(), a block of rows at a time: the whole sparse product at
+        once would take more memory than the dense result."""
         from scipy import sparse  # a scikit-learn dependency; training only
 
         features = np.repeat(np.arange(DIM), np.diff(self.starts))
         ones = np.ones(len(self.postings))
         incidence = sparse.csr_matrix((ones, (self.postings, features)), shape=(len(self), DIM))
-        shared = (incidence @ incidence.T).toarray()
-        return shared * np.outer(self.inverse_norms, self.inverse_norms)
+        column_scale = share * self.inverse_norms
+        for start in range(0, len(self), rows):
+            block = (incidence[start : start + rows] @ incidence.T).toarray()
+            block *= self.inverse_norms[start : start + rows, None]
+            block *= column_scale
+            out[start : start + rows] += block

@@ -14,7 +14,7 @@ import numpy as np
 
 from gateway.routing.lexical import LexicalIndex
 
-KERNEL_MAX_EXAMPLES = 5000  # the solve: 400 MB at peak and ~3 s here; beyond, `neighbours`
+KERNEL_MAX_EXAMPLES = 5000  # training peaks at one 5,000² float64 array (200 MB); then `neighbours`
 
 
 def similarities(vectors: np.ndarray, embedding: np.ndarray) -> np.ndarray:
@@ -84,7 +84,9 @@ class Kernel:
         if lexical is None or lexical_share <= 0:
             lexical, lexical_share = None, 0.0
         similarity = example_similarities(vectors, lexical, lexical_share)
-        return cls.solve(vectors, similarity, targets, width, ridge, lexical, lexical_share)
+        return cls._solve_in_place(
+            vectors, similarity, targets, width, ridge, lexical, lexical_share
+        )
 
     @classmethod
     def solve(
@@ -97,10 +99,40 @@ class Kernel:
         lexical: LexicalIndex | None,
         lexical_share: float,
     ) -> "Kernel":
-        """fit, given the examples' similarities (benchmarks reuse them across widths)."""
-        gram = np.exp((similarity - 1) / width)
+        """fit, given the examples' similarities (left as they are: benchmarks reuse them
+        across widths)."""
+        copy = similarity.copy()
+        return cls._solve_in_place(vectors, copy, targets, width, ridge, lexical, lexical_share)
+
+    @classmethod
+    def _solve_in_place(
+        cls,
+        vectors: np.ndarray,
+        similarity: np.ndarray,
+        targets: np.ndarray,
+        width: float,
+        ridge: float,
+        lexical: LexicalIndex | None,
+        lexical_share: float,
+    ) -> "Kernel":
+        """`similarity` becomes the kernel matrix plus the ridge and is solved by Cholesky in
+        place (a kernel matrix plus a ridge is positive definite), so training holds one
+        examples x examples array at a time."""
+        from scipy.linalg import solve  # a scikit-learn dependency; training only
+
+        gram = similarity
+        gram -= 1.0
+        gram /= width
+        np.exp(gram, out=gram)
+        gram.flat[:: len(targets) + 1] += ridge
         center = float(targets.mean())
-        alpha = np.linalg.solve(gram + ridge * np.eye(len(targets)), targets - center)
+        try:
+            alpha = solve(gram, targets - center, assume_a="pos", overwrite_a=True)
+        except np.linalg.LinAlgError:
+            raise ValueError(
+                f"difficulty.kernel_ridge: {ridge} is too small for these examples (their "
+                "kernel system is singular in floating point); raise it"
+            ) from None
         return cls(vectors.astype(np.float32), alpha, center, width, lexical, lexical_share)
 
     def predict(self, embedding: np.ndarray, text: str = "") -> float:
@@ -130,5 +162,6 @@ def example_similarities(
     v = vectors.astype(np.float64)
     similarity = v @ v.T
     if lexical is not None and lexical_share > 0:
-        similarity = (1 - lexical_share) * similarity + lexical_share * lexical.gram()
+        similarity *= 1 - lexical_share
+        lexical.add_gram(similarity, lexical_share)
     return similarity
