@@ -28,6 +28,7 @@ BENCHMARKS = [
     "cache_eval",
     "cache_lookup",
     "cache_replay",
+    "router_eval",
     "precision",
     "requant4",
     "kv_utilization",
