@@ -5,7 +5,9 @@ which the logistic regression cannot.
 Both compute the prompt's cosine similarity to every example with `einsum`, not a BLAS
 gemv: a threaded gemv makes the calling thread spin for its helper thread, 4 ms of CPU at
 p99 against 0.26 ms this way (bench/router_eval.py's latency check, with two busy loops
-holding both cores).
+holding both cores). They keep the examples' vectors column by column (`vectors` is a
+transposed view): einsum then adds whole contiguous rows, 0.13 ms against 0.20 ms p50 for
+3,590 examples.
 """
 
 from dataclasses import dataclass
@@ -19,7 +21,12 @@ KERNEL_MAX_EXAMPLES = 5000  # training peaks at one 5,000² float64 array (200 M
 
 def similarities(vectors: np.ndarray, embedding: np.ndarray) -> np.ndarray:
     """Cosine similarity of a unit embedding to each unit row of `vectors`."""
-    return np.einsum("ij,j->i", vectors, embedding.astype(vectors.dtype))
+    return np.einsum("ji,j->i", vectors.T, embedding.astype(vectors.dtype))
+
+
+def by_columns(vectors: np.ndarray) -> np.ndarray:
+    """The same (examples, dim) array, stored dim by dim (what `similarities` reads fastest)."""
+    return np.ascontiguousarray(vectors.T).T
 
 
 @dataclass(frozen=True)
@@ -30,6 +37,9 @@ class Neighbours:
     vectors: np.ndarray  # (examples, dim) float32, L2-normalised as the embedder's
     targets: np.ndarray  # (examples,) float64 in [0, 1]
     k: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "vectors", by_columns(self.vectors))
 
     @property
     def center(self) -> float:
@@ -64,6 +74,9 @@ class Kernel:
     width: float
     lexical: LexicalIndex | None = None  # the examples' words, when lexical_share > 0
     lexical_share: float = 0.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "vectors", by_columns(self.vectors))
 
     @classmethod
     def fit(
