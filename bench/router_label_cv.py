@@ -150,7 +150,8 @@ def kernel_predictions(kernels, vectors, prompts, y, fit, test, scores) -> None:
     for share in sorted({x for _, _, x in kernels}):
         similarity = example_similarities(vectors[fit], lexical, share)
         for width, ridge, _ in [k for k in kernels if k[2] == share]:
-            kernel = Kernel.solve(vectors[fit], similarity, y[fit], width, ridge, lexical, share)
+            solved = similarity.copy()  # solve overwrites it
+            kernel = Kernel.solve(vectors[fit], solved, y[fit], width, ridge, lexical, share)
             predicted = kernel.predict_many(vectors[test], test_prompts)
             scores[("kernel", width, ridge, share)][test] = predicted
 

@@ -90,9 +90,9 @@ def test_the_word_share_separates_prompts_that_embed_alike() -> None:
     assert many[0] < 0.2 < 0.8 < many[1]
 
 
-def test_the_kernel_solve_matches_the_direct_one_and_leaves_its_input() -> None:
-    """Training solves in place by Cholesky; `solve` (the benchmarks reuse similarities
-    across widths) copies first. Both equal the textbook solve."""
+def test_the_kernel_solve_in_place_matches_the_textbook_one() -> None:
+    """Training solves by Cholesky in the similarities' own memory; the result equals the
+    textbook solve, and `solve` says it overwrote its input."""
     rng = np.random.default_rng(3)
     vectors = rng.standard_normal((40, 6)).astype(np.float32)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
@@ -102,7 +102,7 @@ def test_the_kernel_solve_matches_the_direct_one_and_leaves_its_input() -> None:
     similarity = example_similarities(vectors, index, 0.5)
     kept = similarity.copy()
     kernel = Kernel.solve(vectors, similarity, targets, 0.4, 0.3, index, 0.5)
-    assert np.array_equal(similarity, kept)
+    assert not np.array_equal(similarity, kept)  # overwritten: callers pass a copy to reuse it
     v = vectors.astype(np.float64)
     direct = 0.5 * (v @ v.T) + 0.5 * index.gram()
     gram = np.exp((direct - 1) / 0.4) + 0.3 * np.eye(40)

@@ -97,9 +97,7 @@ class Kernel:
         if lexical is None or lexical_share <= 0:
             lexical, lexical_share = None, 0.0
         similarity = example_similarities(vectors, lexical, lexical_share)
-        return cls._solve_in_place(
-            vectors, similarity, targets, width, ridge, lexical, lexical_share
-        )
+        return cls.solve(vectors, similarity, targets, width, ridge, lexical, lexical_share)
 
     @classmethod
     def solve(
@@ -112,25 +110,10 @@ class Kernel:
         lexical: LexicalIndex | None,
         lexical_share: float,
     ) -> "Kernel":
-        """fit, given the examples' similarities (left as they are: benchmarks reuse them
-        across widths)."""
-        copy = similarity.copy()
-        return cls._solve_in_place(vectors, copy, targets, width, ridge, lexical, lexical_share)
-
-    @classmethod
-    def _solve_in_place(
-        cls,
-        vectors: np.ndarray,
-        similarity: np.ndarray,
-        targets: np.ndarray,
-        width: float,
-        ridge: float,
-        lexical: LexicalIndex | None,
-        lexical_share: float,
-    ) -> "Kernel":
-        """`similarity` becomes the kernel matrix plus the ridge and is solved by Cholesky in
-        place (a kernel matrix plus a ridge is positive definite), so training holds one
-        examples x examples array at a time."""
+        """fit, given the examples' similarities, which it overwrites: they become the
+        kernel matrix plus the ridge, solved by Cholesky in place (a kernel matrix plus a
+        ridge is positive definite), so training holds one examples x examples array at a
+        time. Benchmarks that reuse similarities across widths pass a copy."""
         from scipy.linalg import solve  # a scikit-learn dependency; training only
 
         gram = similarity
