@@ -159,7 +159,9 @@ def build_scorer(policy: Policy, embed_many: EmbedMany | None) -> DifficultyScor
         key = (policy.embedder.model, settings.regularization, kernel)
         trained = _trained(examples, key, embed_many)
         classifier = trained.classifier
-        terms["neighbours"] = Neighbours(trained.vectors, trained.targets, settings.k_nearest)
+        if settings.blend.neighbours > 0:
+            k = settings.k_nearest
+            terms["neighbours"] = Neighbours(trained.vectors, trained.targets, k)
         if trained.kernel is not None:
             terms["kernel"] = trained.kernel
     return DifficultyScorer(classifier, settings.blend, _dim(classifier), terms)

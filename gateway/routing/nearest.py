@@ -25,8 +25,9 @@ def similarities(vectors: np.ndarray, embedding: np.ndarray) -> np.ndarray:
 
 
 def by_columns(vectors: np.ndarray) -> np.ndarray:
-    """The same (examples, dim) array, stored dim by dim (what `similarities` reads fastest)."""
-    return np.ascontiguousarray(vectors.T).T
+    """The same (examples, dim) array in float32, stored dim by dim (what `similarities`
+    reads fastest)."""
+    return np.ascontiguousarray(vectors.T, dtype=np.float32).T
 
 
 @dataclass(frozen=True)
@@ -129,7 +130,7 @@ class Kernel:
                 f"difficulty.kernel_ridge: {ridge} is too small for these examples (their "
                 "kernel system is singular in floating point); raise it"
             ) from None
-        return cls(vectors.astype(np.float32), alpha, center, width, lexical, lexical_share)
+        return cls(vectors, alpha, center, width, lexical, lexical_share)
 
     def predict(self, embedding: np.ndarray, text: str = "") -> float:
         similarity = similarities(self.vectors, embedding).astype(np.float64)
