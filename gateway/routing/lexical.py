@@ -81,7 +81,7 @@ class LexicalIndex:
     def add_gram(self, out: np.ndarray, share: float, rows: int = 256) -> None:
         """out += share x gram(), a block of rows at a time: the whole sparse product at
         once would take more memory than the dense result."""
-        from scipy import sparse  # a scikit-learn dependency; training only
+        from scipy import sparse  # imported on use: training only
 
         features = np.repeat(np.arange(DIM), np.diff(self.starts))
         ones = np.ones(len(self.postings))

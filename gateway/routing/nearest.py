@@ -115,7 +115,7 @@ class Kernel:
         kernel matrix plus the ridge, solved by Cholesky in place (a kernel matrix plus a
         ridge is positive definite), so training holds one examples x examples array at a
         time. Benchmarks that reuse similarities across widths pass a copy."""
-        from scipy.linalg import solve  # a scikit-learn dependency; training only
+        from scipy.linalg import solve  # imported on use: training only
 
         gram = similarity
         gram -= 1.0
