@@ -2,7 +2,7 @@
 
     python bench/router_eval.py [--policy router_policies/default.yaml]
 
-Reads `bench/data/router_rates.jsonl` (bench/router_outcomes.py: five answers per task from
+Reads `bench/data/router_rates.jsonl` (bench/router_outcomes.py: ten answers per task from
 each local tier) and trains the policy's classifier on the `train` split with the shipped
 target (bench/router_labels.py), exactly as the gateway does at load. On the `heldout`
 split, in the same run:
@@ -32,6 +32,10 @@ split, in the same run:
   trained on rounds 1 and 2 only (the model shipped before round 3), and
   `heldout_rounds12` / `heldout_round3` the figures on the held-out tasks of rounds 1 and 2
   / of round 3.
+- With ten answers per task (`fewer_answers`, on every held-out task): the same scores
+  against labels read from the first five answers alone (the labels shipped before the
+  tenth answers were drawn), the policy trained on five-answer labels, and how often two
+  disjoint five-answer halves give a task the same label.
 - Scoring latency beyond the embedding (features, signals, neighbours, blend): p50 / p99.
 
 `--outcomes bench/data/router_outcomes.jsonl --target greedy --label greedy
@@ -56,7 +60,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench import common  # noqa: E402
 from bench.common import cpu_model  # noqa: E402
-from bench.router_labels import SHIPPED_TARGET, TARGETS, quality  # noqa: E402
+from bench.router_labels import SHIPPED_TARGET, TARGETS, answers_slice, quality  # noqa: E402
 from bench.router_outcomes import OUTCOMES, RATES  # noqa: E402
 from gateway.cache.embedder import Embedder  # noqa: E402
 from gateway.policy import ExamplePrompt, load_policy  # noqa: E402
@@ -271,6 +275,31 @@ def comparison_scores(policy, rows: list[dict], target: str, embed_many, vectors
     }
 
 
+FEWER_ANSWERS = 5  # what the labels were read from before the tenth answers were drawn
+
+
+def fewer_answers_study(scores, rows, vectors, label, prices, policy, target, embed) -> dict:
+    """With ten answers per task and tier, on every held-out task (`scores` and `vectors`
+    are theirs): the labels read from the first five answers alone (the earlier labels)
+    next to the ten-answer ones, the policy trained on five-answer labels, and how often
+    two disjoint five-answer halves give a task the same label (label noise bounds what
+    any score can reach against five-answer labels)."""
+    five = [answers_slice(r, 0, FEWER_ANSWERS) for r in rows]
+    trained = trained_scorer(policy, five, target, embed)
+    heldout = [r for r in rows if r["split"] == "heldout"]
+    prompts = [r["prompt"] for r in heldout]
+    scores = scores | {"difficulty_five_answer_trained": scores_of(trained, prompts, vectors)}
+    first = [answers_slice(r, 0, FEWER_ANSWERS) for r in heldout]
+    second = [answers_slice(r, FEWER_ANSWERS, 2 * FEWER_ANSWERS) for r in heldout]
+    a, b = (np.array([label(r) for r in half]) for half in (first, second))
+    return {
+        "labels_from_five": evaluate(scores, first, label, prices),
+        "ten_answer_labels": evaluate(scores, heldout, label, prices),
+        "split_half_label_agreement": round(float((a == b).mean()), 4),
+        "split_half_gap_auc": auc(b, np.array([TARGETS["gap"](r) for r in first])),
+    }
+
+
 def goals(report: dict) -> dict:
     """The issue's goals: length-matched AUC >= 0.80 (round 1's held-out tasks and all of
     them) and ahead of both baselines, CPT(50%) <= 30%, above random routing at every
@@ -323,7 +352,7 @@ def main() -> None:
     }
     if not args.quick:
         scores |= comparison_scores(policy, rows, args.target, embedder.embed_many, vectors)
-    all_scores = scores
+    all_scores, all_vectors = scores, vectors
     scores = {n: s[first_round] for n, s in all_scores.items()}
     prompts, vectors = [prompts[i] for i in first_round], vectors[first_round]
     old_rows = {}
@@ -353,6 +382,11 @@ def main() -> None:
             keep = [i for i, r in enumerate(heldout) if r.get("round", 1) in rounds]
             kept = {n: s[keep] for n, s in all_scores.items()}
             report[name] = evaluate(kept, [heldout[i] for i in keep], label, prices)
+    answers = len(heldout[0]["small"].get("answers", ()))
+    if not args.quick and answers >= 2 * FEWER_ANSWERS:
+        report["fewer_answers"] = fewer_answers_study(
+            all_scores, rows, all_vectors, label, prices, policy, args.target, embedder.embed_many
+        )
     if old_rows:
         # The same held-out tasks, labelled and scored for quality by the first outcomes.
         keep = [i for i, r in enumerate(test) if r["id"] in old_rows]

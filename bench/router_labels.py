@@ -34,6 +34,20 @@ def rate_label(row: dict) -> float:
     return float(quality(row, "large") - quality(row, "small") >= RATE_GAP - 1e-9)
 
 
+def answers_slice(row: dict, start: int, stop: int) -> dict:
+    """The row as if only answers [start, stop) of each tier had been recorded: their rate
+    (answer 0 is the greedy one, so `correct` is kept only when the slice starts there)."""
+    out = dict(row)
+    for tier in ("small", "large"):
+        right = row[tier]["answers"][start:stop]
+        if len(right) < stop - start:
+            raise ValueError(f"{row['id']}: {len(row[tier]['answers'])} answers, not {stop}")
+        outcome = dict(row[tier], answers=right, rate=round(sum(right) / len(right), 4))
+        outcome["correct"] = right[0] if start == 0 else None
+        out[tier] = outcome
+    return out
+
+
 TARGETS: dict[str, Callable[[dict], float]] = {
     "greedy": greedy_label,
     "rate": rate_label,

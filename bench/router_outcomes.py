@@ -1,6 +1,6 @@
 """Run both local tiers on the checkable tasks; write outcomes and the router's examples.
 
-    python bench/router_outcomes.py --samples 5 --weights w8a8   # the shipped labels
+    python bench/router_outcomes.py --samples 10 --weights w8a8   # the shipped labels
     python bench/router_outcomes.py --samples 5 --weights w8a8 --limit 40   # a quick look
     python bench/router_outcomes.py --samples 1 --weights fp32 --target greedy  # first labels
     python bench/router_outcomes.py --tiers small   # one tier (run two processes at once)
@@ -38,7 +38,7 @@ from bench.router_tasks import Task, build_tasks, is_correct  # noqa: E402
 
 DATA = ROOT / "bench" / "data"
 OUTCOMES = DATA / "router_outcomes.jsonl"  # greedy, fp32: the first labels (kept in git)
-RATES = DATA / "router_rates.jsonl"  # 5 answers per tier, w8a8: the shipped labels
+RATES = DATA / "router_rates.jsonl"  # 10 answers per tier, w8a8: the shipped labels
 EXAMPLES = ROOT / "router_policies" / "difficulty_examples.jsonl"
 HELDOUT_SHARE = 0.25
 
@@ -104,7 +104,7 @@ def write_examples(rows: list[dict], target: str, path: Path) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--samples", type=int, default=5, help="answers per task and tier")
+    parser.add_argument("--samples", type=int, default=10, help="answers per task and tier")
     parser.add_argument("--temperature", type=float, default=0.7, help="of answers 1..")
     parser.add_argument("--weights", default="w8a8", help="engine weight format")
     parser.add_argument("--limit", type=int, default=0, help="N tasks spread over all (a look)")

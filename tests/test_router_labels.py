@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bench.router_answers import prompt_digest, read_answers
-from bench.router_labels import TARGETS, gap, quality, rate_label
+from bench.router_labels import TARGETS, answers_slice, gap, quality, rate_label
 from bench.router_tasks import Task, build_tasks, is_correct
 from bench.router_tasks_round3 import ROUND3_DROPPED, ROUND3_GENERATORS, WEEKDAYS
 
@@ -45,6 +45,30 @@ def test_a_greedy_only_row_has_quality_of_its_one_answer() -> None:
     row = {"small": {"correct": False}, "large": {"correct": True}}
     assert (quality(row, "small"), quality(row, "large")) == (0.0, 1.0)
     assert rate_label(row) == gap(row) == 1.0
+
+
+def test_a_slice_of_answers_reads_its_own_rate() -> None:
+    """The first five of ten answers give the earlier label; a later slice has no greedy one."""
+    ten = [True, False, False, False, False, True, True, True, True, True]
+    row = {
+        "id": "t-1",
+        "small": {"correct": True, "answers": ten, "rate": 0.6},
+        "large": {"correct": True, "answers": [True] * 10, "rate": 1.0},
+    }
+    first, second = answers_slice(row, 0, 5), answers_slice(row, 5, 10)
+    assert (quality(first, "small"), rate_label(first), first["small"]["correct"]) == (
+        0.2,
+        1.0,
+        True,
+    )
+    assert (quality(second, "small"), rate_label(second), second["small"]["correct"]) == (
+        1.0,
+        0.0,
+        None,
+    )
+    assert row["small"]["rate"] == 0.6  # the row itself is left as it was
+    with pytest.raises(ValueError, match="10 answers, not 12"):
+        answers_slice(row, 0, 12)
 
 
 def test_answer_file_skips_torn_lines_and_answers_to_other_prompts(tmp_path: Path) -> None:
