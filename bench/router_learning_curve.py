@@ -27,9 +27,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.common import cpu_model  # noqa: E402
-from bench.router_eval import auc, length_matched  # noqa: E402
 from bench.router_label_cv import FOLDS, probabilities  # noqa: E402
 from bench.router_labels import SHIPPED_TARGET, TARGETS, rate_label  # noqa: E402
+from bench.router_metrics import auc, length_matched  # noqa: E402
 from bench.router_outcomes import RATES  # noqa: E402
 from gateway.cache.embedder import Embedder  # noqa: E402
 from gateway.policy import load_policy  # noqa: E402
