@@ -192,7 +192,7 @@ def fewer_answers_study(scores, rows, vectors, label, prices, policy, target, em
     heldout = [r for r in rows if r["split"] == "heldout"]
     prompts = [r["prompt"] for r in heldout]
     scores = scores | {"difficulty_five_answer_trained": scores_of(trained, prompts, vectors)}
-    first = [answers_slice(r, 0, FEWER_ANSWERS) for r in heldout]
+    first = [r for r in five if r["split"] == "heldout"]
     second = [answers_slice(r, FEWER_ANSWERS, 2 * FEWER_ANSWERS) for r in heldout]
     a, b = (np.array([label(r) for r in half]) for half in (first, second))
     return {
