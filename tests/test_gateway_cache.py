@@ -60,13 +60,22 @@ def test_repeat_is_an_exact_hit_with_the_same_answer(url: str) -> None:
     first = ask(url, "What is the boiling point of water at sea level?")
     assert first.headers["x-tiergate-cache"] == "miss"
     time.sleep(0.3)  # the store runs after the answer went out
-    again = ask(url, "what is the boiling point of water at sea level")
+    again = ask(url, "  What is the boiling point\nof water at sea level? ")
     assert again.headers["x-tiergate-cache"] == "hit"
     assert float(again.headers["x-tiergate-similarity"]) == pytest.approx(1.0)
     assert again.headers["x-tiergate-tier"] == "small"
     a, b = first.parse(), again.parse()
     assert b.choices[0].message.content == a.choices[0].message.content
     assert b.usage.completion_tokens == a.usage.completion_tokens
+
+
+def test_case_unicode_and_punctuation_are_no_exact_repeat(url: str) -> None:
+    # NFKC makes "2³" 23; "10!" is not 10: only the verifier may judge such pairs.
+    for stored, asked in (("What is 2³?", "What is 23?"), ("Compute 10!", "Compute 10")):
+        ask(url, stored)
+        time.sleep(0.3)
+        assert ask(url, stored.replace(" ", "  ")).headers["x-tiergate-cache"] == "hit"
+        assert ask(url, asked).headers["x-tiergate-cache"] == "miss"
 
 
 def test_must_not_pairs_never_hit(url: str) -> None:
