@@ -160,6 +160,15 @@ def test_errors_and_cut_streams_are_never_stored(url: str) -> None:
     assert ask(url, text).headers["x-tiergate-cache"] == "miss"
 
 
+def test_completion_logprobs_zero_is_never_answered_without_them(url: str) -> None:
+    params = {"model": "auto", "prompt": "The capital of Italy is", "max_tokens": 4}
+    for _ in range(2):  # `logprobs: 0` asks for the sampled tokens' logprobs: not cacheable
+        raw = client(url).completions.with_raw_response.create(**params, temperature=0, logprobs=0)
+        assert raw.headers["x-tiergate-cache"] == "bypass"
+        assert raw.parse().choices[0].logprobs is not None
+        time.sleep(0.3)
+
+
 def test_route_with_cache_off_says_off(url: str) -> None:
     assert ask(url, "Hello there", model="nocache").headers["x-tiergate-cache"] == "off"
 

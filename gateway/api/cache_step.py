@@ -81,7 +81,7 @@ def _ttl(value: str | None) -> float | None:
 
 def matched_text(body: OpenAIRequest) -> str | None:
     """The text a cache entry is keyed by; None when the request is not cacheable."""
-    if body.logprobs:  # a stored answer has no logprobs to give
+    if body.logprobs_count() is not None:  # a stored answer has none (`logprobs: 0` asks too)
         return None
     if not isinstance(body, ChatCompletionRequest):
         return body.prompt if isinstance(body.prompt, str) else None
