@@ -179,13 +179,14 @@ class SemanticCache:
     ) -> str | None:
         """Store a complete answer; returns its entry id, or None when it was not stored.
 
-        `ttl_s`: the request's own TTL; None takes the route's, then the policy's. A TTL of
-        0 or less stores nothing.
+        `ttl_s`: the request's own TTL, which may shorten the route's (else the policy's)
+        but never lengthen it; None takes it. A TTL of 0 or less stores nothing.
         """
         if not self._storable(query, answer, route_settings) or not self._store.healthy:
             return None
-        if ttl_s is None:
-            ttl_s = route_settings.ttl_s if route_settings else self.settings.ttl_s
+        limit = route_settings.ttl_s if route_settings else self.settings.ttl_s
+        if ttl_s is None or (limit is not None and ttl_s > limit):
+            ttl_s = limit
         if ttl_s is not None and ttl_s <= 0:
             return None
         try:

@@ -1,0 +1,78 @@
+"""What a cache hit may be, through the live gateway: its scope (tier-choosing headers), its
+lifetime (a client's TTL under the policy's), the usage it reports, and the counts
+/admin/cache gives once the store lost entries. The tiers are the paid-API stand-in, so
+every answer is instant and its usage known.
+"""
+
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from gateway.app import create_app
+from gateway.policy import parse_policy
+from tests.paid_api import paid_api_app
+from tests.servers import run_uvicorn
+
+KEY, PLAIN_KEY, ADMIN = "sk-hits-override", "sk-hits-plain", "sk-hits-admin"
+ROUTE_TTL_S = 600
+
+
+def policy_text(paid: str, cache: str) -> str:
+    return f"""
+auth:
+  keys: [{{key: {KEY}, tenant: acme, tier_override: true}}, {{key: {PLAIN_KEY}, tenant: acme}}]
+  admin_key: {ADMIN}
+cache: {cache}
+tiers:
+  cheap: {{deployments: [{{model: openai/gpt-4o-mini, api_base: "{paid}"}}]}}
+  dear: {{deployments: [{{model: openai/gpt-4o, api_base: "{paid}"}}]}}
+routes:
+  auto:
+    default: cheap
+    rules: [{{headers: {{x-team: premium}}, tier: dear}}]
+    cache: {{ttl_s: {ROUTE_TTL_S}}}
+"""
+
+
+@pytest.fixture(scope="module")
+def cache_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("cache") / "cache.sqlite3"
+
+
+@pytest.fixture(scope="module")
+def url(cache_path: Path) -> Iterator[str]:
+    with run_uvicorn(paid_api_app()) as paid:
+        cache = f"{{enabled: true, store: embedded, path: {cache_path}, ttl_s: 3600}}"
+        policy = parse_policy(policy_text(f"{paid}/v1", cache), env={})
+        with run_uvicorn(create_app(policy)) as base:
+            yield base
+
+
+def ask(url: str, text: str, key: str = KEY, **headers: str):
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
+    return client.chat.completions.with_raw_response.create(
+        model="auto",
+        messages=[{"role": "user", "content": text}],
+        max_tokens=4,
+        temperature=0,
+        extra_headers={k.replace("_", "-"): v for k, v in headers.items()},
+    )
+
+
+def cached(raw) -> str:
+    return raw.headers["x-tiergate-cache"]
+
+
+def test_a_client_ttl_never_outlives_the_route_ttl(url: str, cache_path: Path) -> None:
+    text = "How long do cached answers live?"
+    ask(url, text, x_tiergate_cache_ttl="31536000")
+    ask(url, "And a short one?", x_tiergate_cache_ttl="5")
+    time.sleep(0.5)  # stores run after the answers went out
+    with sqlite3.connect(cache_path) as db:
+        rows = dict(db.execute("SELECT question, expires_at - created_at FROM entries"))
+    assert rows[text] == pytest.approx(ROUTE_TTL_S)
+    assert rows["And a short one?"] == pytest.approx(5)
