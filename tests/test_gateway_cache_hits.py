@@ -76,3 +76,26 @@ def test_a_client_ttl_never_outlives_the_route_ttl(url: str, cache_path: Path) -
         rows = dict(db.execute("SELECT question, expires_at - created_at FROM entries"))
     assert rows[text] == pytest.approx(ROUTE_TTL_S)
     assert rows["And a short one?"] == pytest.approx(5)
+
+
+def test_the_tier_override_is_part_of_the_scope(url: str) -> None:
+    text = "Which tier answered this?"
+    dear = ask(url, text, x_tiergate_tier="dear")
+    assert (cached(dear), dear.headers["x-tiergate-tier"]) == ("miss", "dear")
+    time.sleep(0.3)
+    assert cached(ask(url, text, x_tiergate_tier="dear")) == "hit"
+    cheap = ask(url, text, x_tiergate_tier="cheap")
+    assert (cached(cheap), cheap.headers["x-tiergate-tier"]) == ("miss", "cheap")
+    # A key that may not choose the tier is refused, as without the cache, not served a hit.
+    with pytest.raises(openai.PermissionDeniedError):
+        ask(url, text, key=PLAIN_KEY, x_tiergate_tier="dear")
+
+
+def test_headers_the_rules_read_are_part_of_the_scope(url: str) -> None:
+    text = "Is this answer for the premium team?"
+    premium = ask(url, text, key=PLAIN_KEY, x_team="premium")
+    assert premium.headers["x-tiergate-tier"] == "dear"
+    time.sleep(0.3)
+    assert cached(ask(url, text, key=PLAIN_KEY, x_team="premium")) == "hit"
+    plain = ask(url, text, key=PLAIN_KEY)
+    assert (cached(plain), plain.headers["x-tiergate-tier"]) == ("miss", "cheap")

@@ -2,8 +2,9 @@
 
 A request is cacheable when its last turn is the user's (or it is a text prompt). Its scope
 hashes everything besides that text which changes the answer, so a hit is only ever served
-from the same tenant, requested model, system prompt, earlier turns, tools, response format
-and sampling settings. The matched text is the last user message (or the prompt).
+from the same tenant, requested model, system prompt, earlier turns, tools, response format,
+sampling settings and tier-choosing headers (the override, those the route's rules read).
+The matched text is the last user message (or the prompt).
 """
 
 import asyncio
@@ -89,10 +90,13 @@ def matched_text(body: OpenAIRequest) -> str | None:
     return last.text() if last.role == "user" and last.text().strip() else None
 
 
-def scope_of(tenant: str, body: OpenAIRequest) -> str:
-    """A hash of everything but the matched text that decides the answer."""
+def scope_of(tenant: str, body: OpenAIRequest, headers: dict[str, str] | None = None) -> str:
+    """A hash of everything but the matched text that decides the answer; `headers`: those
+    that change which tier answers (Router.answer_headers)."""
     fields = body.model_dump(include=set(_ANSWER_FIELDS), exclude_none=True, mode="json")
     parts: dict = {"tenant": tenant, "model": body.model, "fields": fields}
+    if headers:  # absent when none: scopes stored before headers counted stay the same
+        parts["headers"] = headers
     if isinstance(body, ChatCompletionRequest):
         parts["chat"] = [m.template_dict() for m in body.messages[:-1]]
     else:

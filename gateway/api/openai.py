@@ -104,7 +104,8 @@ def _cache_step(ctx: RequestContext) -> CacheStep | None:
     if control.no_cache and control.no_store:
         return None
     max_tokens = getattr(ctx.body, "max_completion_tokens", None) or ctx.body.max_tokens
-    scope = scope_of(ctx.tenant, ctx.body)
+    headers = ctx.runtime.router.answer_headers(_routing_input(ctx))
+    scope = scope_of(ctx.tenant, ctx.body, headers)
     query = CacheQuery(scope, ctx.tenant, ctx.route, text, max_tokens, temperature)
     return CacheStep(cache, policy, settings, query, control, ctx.embed)
 
