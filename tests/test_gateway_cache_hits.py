@@ -9,16 +9,19 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 
 from gateway.app import create_app
 from gateway.policy import parse_policy
+from gateway.routing.router import extract_features
 from tests.paid_api import paid_api_app
 from tests.servers import run_uvicorn
 
 KEY, PLAIN_KEY, ADMIN = "sk-hits-override", "sk-hits-plain", "sk-hits-admin"
 ROUTE_TTL_S = 600
+PRICE = "{input: 1.0, output: 2.0}"
 
 
 def policy_text(paid: str, cache: str) -> str:
@@ -28,8 +31,8 @@ auth:
   admin_key: {ADMIN}
 cache: {cache}
 tiers:
-  cheap: {{deployments: [{{model: openai/gpt-4o-mini, api_base: "{paid}"}}]}}
-  dear: {{deployments: [{{model: openai/gpt-4o, api_base: "{paid}"}}]}}
+  cheap: {{deployments: [{{model: openai/gpt-4o-mini, api_base: "{paid}"}}], price: {PRICE}}}
+  dear: {{deployments: [{{model: openai/gpt-4o, api_base: "{paid}"}}], price: {PRICE}}}
 routes:
   auto:
     default: cheap
@@ -99,3 +102,27 @@ def test_headers_the_rules_read_are_part_of_the_scope(url: str) -> None:
     assert cached(ask(url, text, key=PLAIN_KEY, x_team="premium")) == "hit"
     plain = ask(url, text, key=PLAIN_KEY)
     assert (cached(plain), plain.headers["x-tiergate-tier"]) == ("miss", "cheap")
+
+
+def spent_usd(url: str) -> float:
+    stats = httpx.get(f"{url}/admin/stats", headers={"Authorization": f"Bearer {ADMIN}"})
+    return stats.json()["windows"]["all"]["savings"]["spent_usd"]
+
+
+def test_a_semantic_hit_reports_its_own_prompt_and_costs_nothing(url: str) -> None:
+    stored = "What is the capital of France?"
+    first = ask(url, stored).parse().usage
+    assert first.prompt_tokens == len(stored.split())  # what the paid API counts
+    time.sleep(0.3)
+    spent = spent_usd(url)
+    asked = "hey, what is the capital of France? thanks"
+    raw = ask(url, asked)
+    assert raw.headers["x-tiergate-cache"] == "hit"
+    assert float(raw.headers["x-tiergate-similarity"]) < 1.0  # semantic, not exact
+    usage = raw.parse().usage
+    estimate = extract_features([{"role": "user", "content": asked}], None).approx_tokens
+    assert (usage.prompt_tokens, usage.completion_tokens) == (estimate, first.completion_tokens)
+    assert usage.total_tokens == estimate + first.completion_tokens
+    exact = ask(url, f"  {stored}").parse().usage  # the same prompt: its own count stands
+    assert (exact.prompt_tokens, exact.completion_tokens) == (first.prompt_tokens, 4)
+    assert spent_usd(url) == spent > 0  # the policy has no price for hits: they cost nothing

@@ -108,8 +108,8 @@ def scope_of(tenant: str, body: OpenAIRequest, headers: dict[str, str] | None = 
 class _Replay:
     """A stored answer as pieces: words, then the finish reason and usage."""
 
-    def __init__(self, answer: CachedAnswer) -> None:
-        usage = Usage.of(answer.prompt_tokens, answer.completion_tokens, answer.prompt_tokens)
+    def __init__(self, answer: CachedAnswer, prompt_tokens: int) -> None:
+        usage = Usage.of(prompt_tokens, answer.completion_tokens, prompt_tokens)
         words = re.findall(r"\s*\S+\s*|\s+", answer.text) or [""]
         self._pieces = [Piece(w) for w in words[:-1]]
         self._pieces.append(Piece(words[-1], answer.finish_reason, usage))
@@ -145,13 +145,18 @@ class CacheStep:
             self.lookup_result = await self.cache.lookup(self.query, self.embed, self.settings)
         return self.lookup_result
 
-    def served(self) -> Served:
-        """A hit as a deployment's answer: the tier and model that first gave it."""
+    def served(self, approx_prompt_tokens: int) -> Served:
+        """A hit as a deployment's answer: the tier and model that first gave it, with this
+        request's prompt tokens (an exact hit's prompt is the stored one's, up to spacing: its
+        count stands; a semantic hit's is another text, so the gateway's estimate of it)."""
         assert self.lookup_result is not None and self.lookup_result.answer is not None
         answer = self.lookup_result.answer
+        exact = self.lookup_result.outcome == "exact"
+        prompt_tokens = answer.prompt_tokens if exact else approx_prompt_tokens
         tier = self.policy.tiers.get(answer.tier)
         price = tier.price if tier is not None else Price()  # a tier since removed
-        return Served(answer.tier, answer.model, price, _Replay(answer), complete=True)
+        replay = _Replay(answer, prompt_tokens)
+        return Served(answer.tier, answer.model, price, replay, complete=True)
 
     def store_hook(self, tier: str, model: str, tasks: set[asyncio.Task]):
         """The after-response hook that stores a complete answer (in the background)."""

@@ -124,12 +124,12 @@ async def _from_cache(ctx: RequestContext) -> Call | None:
         ctx.mark(similarity=f"{lookup.similarity:.4f}")
     if lookup.entry_id is not None:
         ctx.mark(cache_entry=lookup.entry_id)
-    served = step.served()
+    stats, tokens = ctx.state.stats, ctx.features.approx_tokens
+    served = step.served(tokens)
     ctx.mark(tier=served.tier, model=served.model)
     answer = lookup.answer
     avoided = Usage.of(answer.prompt_tokens, answer.completion_tokens)
     ctx.state.stats.cache_saved(ctx.route, served.tier, served.model, avoided, served.price)
-    stats, tokens = ctx.state.stats, ctx.features.approx_tokens
     return Call(stats, served, ctx.route, tokens, ctx.started, ctx.admission, cached=True)
 
 
