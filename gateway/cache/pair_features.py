@@ -3,8 +3,9 @@ compute the features the learned part of the verifier scores.
 
 A veto is a difference that changes the answer whatever the cosine says: another number,
 unit or date, a negation, an opposite, a swapped direction, another name, quoted term or
-scope word, another letter case in a question about case. What no veto decides (synonyms nobody listed, extra words of uncertain weight)
-is left to the classifier over these features.
+scope word, another letter case in a question about case. What no veto decides (synonyms
+nobody listed, extra words of uncertain weight) is left to the classifier over these
+features.
 """
 
 import math
