@@ -12,12 +12,13 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from redis import Redis
 
 from gateway.app import create_app
 from gateway.policy import parse_policy
 from gateway.routing.router import extract_features
 from tests.paid_api import paid_api_app
-from tests.servers import run_uvicorn
+from tests.servers import eventually, redis_server, run_uvicorn
 
 KEY, PLAIN_KEY, ADMIN = "sk-hits-override", "sk-hits-plain", "sk-hits-admin"
 ROUTE_TTL_S = 600
@@ -126,3 +127,29 @@ def test_a_semantic_hit_reports_its_own_prompt_and_costs_nothing(url: str) -> No
     exact = ask(url, f"  {stored}").parse().usage  # the same prompt: its own count stands
     assert (exact.prompt_tokens, exact.completion_tokens) == (first.prompt_tokens, 4)
     assert spent_usd(url) == spent > 0  # the policy has no price for hits: they cost nothing
+
+
+def test_admin_cache_counts_what_the_store_still_holds() -> None:
+    with run_uvicorn(paid_api_app()) as paid, redis_server() as redis:
+        cache = f'{{enabled: true, store: redis, redis_url: "{redis.url}"}}'
+        policy = parse_policy(policy_text(f"{paid}/v1", cache), env={})
+        with run_uvicorn(create_app(policy)) as url:
+            for text in ("Name a red fruit.", "Name a green fruit.", "Name a blue fruit."):
+                ask(url, text)
+            assert eventually(lambda: entries(url) == 3, 2.0)
+            store = Redis.from_url(redis.url)
+            store.delete(next(store.scan_iter("tiergate:cache:e:*")))  # as an eviction would
+            assert entries(url) == 2
+            store.flushall()  # announces nothing to the gateway
+            assert entries(url) == 0 and admin_cache(url)["store"]["healthy"]
+            ask(url, "Name a yellow fruit.")
+            assert eventually(lambda: entries(url) == 1, 2.0)
+            assert cached(ask(url, "Name a yellow fruit.")) == "hit"
+
+
+def admin_cache(url: str) -> dict:
+    return httpx.get(f"{url}/admin/cache", headers={"Authorization": f"Bearer {ADMIN}"}).json()
+
+
+def entries(url: str) -> int:
+    return admin_cache(url)["entries"]

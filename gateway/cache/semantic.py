@@ -247,6 +247,15 @@ class SemanticCache:
         await self.tables.delete(list(ids))
         return len(ids)
 
+    async def reconcile(self) -> int:
+        """Forget the entries the store no longer holds (a Redis FLUSHALL or eviction sends no
+        event, so the tables would go on counting them); returns how many. Hits never needed
+        this (a hit whose answer is gone is a miss), the figures do. Raises StoreUnavailable
+        when the store is down."""
+        gone = await self._store.missing(self.tables.matching(None, None))
+        await self.tables.delete(gone)
+        return len(gone)
+
     def reconfigure(self, settings: CacheSettings) -> bool:
         """Take a reloaded policy's cache section. False: the store or index settings
         changed, and only a new cache (close this one, open another) can apply them."""
