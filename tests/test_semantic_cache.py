@@ -129,6 +129,8 @@ async def test_only_spacing_makes_an_exact_repeat(opened, embedder) -> None:
         "What is 2³?": ["What is 23?", "What is 2?"],
         "Compute 10!": ["Compute 10", "compute 10"],
         "Convert to lowercase: Hello World": ["convert to lowercase: hello world"],
+        "What is ½ of 10?": ["What is 1⁄2 of 10?"],
+        "Straße": ["STRASSE", "strasse"],
     }
     for text, others in stored.items():
         await put(cache, embeds, text)
