@@ -60,13 +60,22 @@ def test_repeat_is_an_exact_hit_with_the_same_answer(url: str) -> None:
     first = ask(url, "What is the boiling point of water at sea level?")
     assert first.headers["x-tiergate-cache"] == "miss"
     time.sleep(0.3)  # the store runs after the answer went out
-    again = ask(url, "what is the boiling point of water at sea level")
+    again = ask(url, "  What is the boiling point\nof water at sea level? ")
     assert again.headers["x-tiergate-cache"] == "hit"
     assert float(again.headers["x-tiergate-similarity"]) == pytest.approx(1.0)
     assert again.headers["x-tiergate-tier"] == "small"
     a, b = first.parse(), again.parse()
     assert b.choices[0].message.content == a.choices[0].message.content
     assert b.usage.completion_tokens == a.usage.completion_tokens
+
+
+def test_case_unicode_and_punctuation_are_no_exact_repeat(url: str) -> None:
+    # NFKC makes "2³" 23; "10!" is not 10: only the verifier may judge such pairs.
+    for stored, asked in (("What is 2³?", "What is 23?"), ("Compute 10!", "Compute 10")):
+        ask(url, stored)
+        time.sleep(0.3)
+        assert ask(url, stored.replace(" ", "  ")).headers["x-tiergate-cache"] == "hit"
+        assert ask(url, asked).headers["x-tiergate-cache"] == "miss"
 
 
 def test_must_not_pairs_never_hit(url: str) -> None:
@@ -149,6 +158,15 @@ def test_errors_and_cut_streams_are_never_stored(url: str) -> None:
         next(response.iter_lines())  # one piece, then hang up
     time.sleep(0.5)
     assert ask(url, text).headers["x-tiergate-cache"] == "miss"
+
+
+def test_completion_logprobs_zero_is_never_answered_without_them(url: str) -> None:
+    params = {"model": "auto", "prompt": "The capital of Italy is", "max_tokens": 4}
+    for _ in range(2):  # `logprobs: 0` asks for the sampled tokens' logprobs: not cacheable
+        raw = client(url).completions.with_raw_response.create(**params, temperature=0, logprobs=0)
+        assert raw.headers["x-tiergate-cache"] == "bypass"
+        assert raw.parse().choices[0].logprobs is not None
+        time.sleep(0.3)
 
 
 def test_route_with_cache_off_says_off(url: str) -> None:

@@ -18,6 +18,7 @@ from gateway.cache.semantic import (
     Verdict,
     Verifier,
 )
+from gateway.cache.verifier import PairVerifier
 from gateway.policy import CacheSettings, RouteCacheSettings
 
 
@@ -110,7 +111,7 @@ async def test_exact_hit_needs_no_embedding_then_semantic_then_miss(opened, embe
     assert (await ask(cache, embeds, "What is the capital of France?")).outcome == "miss"
     entry_id = await put(cache, embeds, "What is the capital of France?")
     embeds.calls = 0
-    exact = await ask(cache, embeds, "  what is the CAPITAL of france ")
+    exact = await ask(cache, embeds, "  What is the capital\tof  France? ")
     assert (exact.outcome, exact.entry_id, exact.similarity) == ("exact", entry_id, 1.0)
     assert exact.answer.text == "Paris." and embeds.calls == 0
     semantic = await ask(cache, embeds, "Tell me the capital city of France")
@@ -118,6 +119,25 @@ async def test_exact_hit_needs_no_embedding_then_semantic_then_miss(opened, embe
     assert 0.75 <= semantic.similarity < 1.0 and embeds.calls == 1
     miss = await ask(cache, embeds, "How do I bake sourdough bread?")
     assert miss.outcome == "miss" and miss.similarity < 0.75
+
+
+async def test_only_spacing_makes_an_exact_repeat(opened, embedder) -> None:
+    """An exact hit skips the verifier: case, Unicode forms and punctuation can change the
+    question, so texts that differ in them are left to the verifier."""
+    cache, embeds = await opened(PairVerifier.load()), Embeds(embedder)
+    stored = {
+        "What is 2³?": ["What is 23?", "What is 2?"],
+        "Compute 10!": ["Compute 10", "compute 10"],
+        "Convert to lowercase: Hello World": ["convert to lowercase: hello world"],
+        "What is ½ of 10?": ["What is 1⁄2 of 10?"],
+        "Straße": ["STRASSE", "strasse"],
+    }
+    for text, others in stored.items():
+        await put(cache, embeds, text)
+        assert (await ask(cache, embeds, f" {text.replace(' ', '  ')}\n")).outcome == "exact"
+        for other in others:
+            found = await ask(cache, embeds, other)
+            assert found.outcome == "miss" and found.answer is None, (text, other, found)
 
 
 async def test_a_scope_never_sees_another_scopes_entries(opened, embedder) -> None:

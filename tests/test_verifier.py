@@ -34,6 +34,11 @@ VETOES = [
     ("What is 2+2?", "What is 2+3?", "numbers differ"),
     ("What is 2+2?", "What is 2*2?", "numbers differ"),
     ("What happened in the year 1776?", "What happened in the year 1777?", "numbers differ"),
+    ("What is 2³?", "What is 23?", "numbers differ"),  # one text under NFKC
+    ("What is 2³?", "What is 2?", "numbers differ"),
+    ("Compute 10!", "Compute 10", "numbers differ"),
+    ("Convert to lowercase: Hello World", "Convert to lowercase: hello world", "letter case"),
+    ('Is "hello world" in title case?', 'Is "Hello World" in title case?', "letter case"),
     ("How many feet are in 10 km?", "How many feet are in 10 miles?", "units differ"),
     ("What's on TV on Monday night?", "What's on TV on Tuesday night?", "dates differ"),
     (
@@ -117,6 +122,7 @@ def test_strict_never_accepts_what_balanced_refuses(
 def test_long_texts_are_compared_word_for_word(verifier: PairVerifier) -> None:
     document = "def f(x):\n    return x + 1\n" * 200  # a pasted file, past the comparison limit
     assert verifier.verify(document, document.replace("  ", " "), 0.99).accept
+    assert not verifier.verify(document, document.upper(), 0.99, "lenient").accept  # code: case
     edited = document[:-3] + "2\n"
     verdict = verifier.verify(document, edited, 0.999, "lenient")
     assert not verdict.accept and verdict.reason == "too long to compare"

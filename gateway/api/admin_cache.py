@@ -5,6 +5,7 @@ A hit names its entry in `x-tiergate-cache-entry`; that id is what invalidation 
 reports take. Every action is audited with the admin key's fingerprint.
 """
 
+import contextlib
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -84,4 +85,9 @@ async def report_wrong_hit(request: Request, state: State, _: Admin) -> dict[str
 
 @router.get("/admin/cache")
 async def info(state: State, _: Admin) -> dict[str, Any]:
-    return _cache(state).info()
+    """The cache's figures, counted against the store: entries it lost are dropped first. A
+    store that is down leaves the figures as held, and `store.healthy` says so."""
+    cache = _cache(state)
+    with contextlib.suppress(StoreUnavailable):
+        await cache.reconcile()
+    return cache.info()

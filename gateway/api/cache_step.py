@@ -2,8 +2,9 @@
 
 A request is cacheable when its last turn is the user's (or it is a text prompt). Its scope
 hashes everything besides that text which changes the answer, so a hit is only ever served
-from the same tenant, requested model, system prompt, earlier turns, tools, response format
-and sampling settings. The matched text is the last user message (or the prompt).
+from the same tenant, requested model, system prompt, earlier turns, tools, response format,
+sampling settings and tier-choosing headers (the override, those the route's rules read).
+The matched text is the last user message (or the prompt).
 """
 
 import asyncio
@@ -81,7 +82,7 @@ def _ttl(value: str | None) -> float | None:
 
 def matched_text(body: OpenAIRequest) -> str | None:
     """The text a cache entry is keyed by; None when the request is not cacheable."""
-    if body.logprobs:  # a stored answer has no logprobs to give
+    if body.logprobs_count() is not None:  # a stored answer has none (`logprobs: 0` asks too)
         return None
     if not isinstance(body, ChatCompletionRequest):
         return body.prompt if isinstance(body.prompt, str) else None
@@ -89,10 +90,13 @@ def matched_text(body: OpenAIRequest) -> str | None:
     return last.text() if last.role == "user" and last.text().strip() else None
 
 
-def scope_of(tenant: str, body: OpenAIRequest) -> str:
-    """A hash of everything but the matched text that decides the answer."""
+def scope_of(tenant: str, body: OpenAIRequest, headers: dict[str, str] | None = None) -> str:
+    """A hash of everything but the matched text that decides the answer; `headers`: those
+    that change which tier answers (Router.answer_headers)."""
     fields = body.model_dump(include=set(_ANSWER_FIELDS), exclude_none=True, mode="json")
     parts: dict = {"tenant": tenant, "model": body.model, "fields": fields}
+    if headers:  # absent when none: scopes stored before headers counted stay the same
+        parts["headers"] = headers
     if isinstance(body, ChatCompletionRequest):
         parts["chat"] = [m.template_dict() for m in body.messages[:-1]]
     else:
@@ -104,8 +108,8 @@ def scope_of(tenant: str, body: OpenAIRequest) -> str:
 class _Replay:
     """A stored answer as pieces: words, then the finish reason and usage."""
 
-    def __init__(self, answer: CachedAnswer) -> None:
-        usage = Usage.of(answer.prompt_tokens, answer.completion_tokens, answer.prompt_tokens)
+    def __init__(self, answer: CachedAnswer, prompt_tokens: int) -> None:
+        usage = Usage.of(prompt_tokens, answer.completion_tokens, prompt_tokens)
         words = re.findall(r"\s*\S+\s*|\s+", answer.text) or [""]
         self._pieces = [Piece(w) for w in words[:-1]]
         self._pieces.append(Piece(words[-1], answer.finish_reason, usage))
@@ -141,13 +145,18 @@ class CacheStep:
             self.lookup_result = await self.cache.lookup(self.query, self.embed, self.settings)
         return self.lookup_result
 
-    def served(self) -> Served:
-        """A hit as a deployment's answer: the tier and model that first gave it."""
+    def served(self, approx_prompt_tokens: int) -> Served:
+        """A hit as a deployment's answer: the tier and model that first gave it, with this
+        request's prompt tokens (an exact hit's prompt is the stored one's, up to spacing: its
+        count stands; a semantic hit's is another text, so the gateway's estimate of it)."""
         assert self.lookup_result is not None and self.lookup_result.answer is not None
         answer = self.lookup_result.answer
+        exact = self.lookup_result.outcome == "exact"
+        prompt_tokens = answer.prompt_tokens if exact else approx_prompt_tokens
         tier = self.policy.tiers.get(answer.tier)
         price = tier.price if tier is not None else Price()  # a tier since removed
-        return Served(answer.tier, answer.model, price, _Replay(answer), complete=True)
+        replay = _Replay(answer, prompt_tokens)
+        return Served(answer.tier, answer.model, price, replay, complete=True)
 
     def store_hook(self, tier: str, model: str, tasks: set[asyncio.Task]):
         """The after-response hook that stores a complete answer (in the background)."""

@@ -104,7 +104,8 @@ def _cache_step(ctx: RequestContext) -> CacheStep | None:
     if control.no_cache and control.no_store:
         return None
     max_tokens = getattr(ctx.body, "max_completion_tokens", None) or ctx.body.max_tokens
-    scope = scope_of(ctx.tenant, ctx.body)
+    headers = ctx.runtime.router.answer_headers(_routing_input(ctx))
+    scope = scope_of(ctx.tenant, ctx.body, headers)
     query = CacheQuery(scope, ctx.tenant, ctx.route, text, max_tokens, temperature)
     return CacheStep(cache, policy, settings, query, control, ctx.embed)
 
@@ -123,12 +124,12 @@ async def _from_cache(ctx: RequestContext) -> Call | None:
         ctx.mark(similarity=f"{lookup.similarity:.4f}")
     if lookup.entry_id is not None:
         ctx.mark(cache_entry=lookup.entry_id)
-    served = step.served()
+    stats, tokens = ctx.state.stats, ctx.features.approx_tokens
+    served = step.served(tokens)
     ctx.mark(tier=served.tier, model=served.model)
     answer = lookup.answer
     avoided = Usage.of(answer.prompt_tokens, answer.completion_tokens)
     ctx.state.stats.cache_saved(ctx.route, served.tier, served.model, avoided, served.price)
-    stats, tokens = ctx.state.stats, ctx.features.approx_tokens
     return Call(stats, served, ctx.route, tokens, ctx.started, ctx.admission, cached=True)
 
 

@@ -1,7 +1,6 @@
 """What the cache keeps: an answer, and the entry that files it under a scope and a question."""
 
 import re
-import unicodedata
 from dataclasses import dataclass
 
 import numpy as np
@@ -68,6 +67,10 @@ _SPACES = re.compile(r"\s+")
 
 
 def normalise(text: str) -> str:
-    """The exact-match form of a question: case, spacing and closing punctuation ignored."""
-    text = unicodedata.normalize("NFKC", text).casefold()
-    return _SPACES.sub(" ", text).strip().rstrip("?!.。？！ ")
+    """The exact-match form of a question: runs of spacing are one space, the ends go.
+
+    Nothing else: an exact hit skips the verifier, and case, Unicode forms and punctuation
+    can change the question ("2³" and "23" under NFKC, "Compute 10!" and "Compute 10").
+    A text that differs in those is a semantic candidate, judged by the verifier's vetoes.
+    """
+    return _SPACES.sub(" ", text).strip()

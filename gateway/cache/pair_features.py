@@ -3,8 +3,9 @@ compute the features the learned part of the verifier scores.
 
 A veto is a difference that changes the answer whatever the cosine says: another number,
 unit or date, a negation, an opposite, a swapped direction, another name, quoted term or
-scope word. What no veto decides (synonyms nobody listed, extra words of uncertain weight)
-is left to the classifier over these features.
+scope word, another letter case in a question about case. What no veto decides (synonyms
+nobody listed, extra words of uncertain weight) is left to the classifier over these
+features.
 """
 
 import math
@@ -139,6 +140,16 @@ def _is_scope(word: str) -> bool:
     return any(c in lx.SCOPE_WORDS for c in lemma_candidates(word))
 
 
+def _case_differs(a: PairText, b: PairText) -> bool:
+    """A word both have, written in another case (where no sentence starts: a capital
+    there says nothing)."""
+    forms: dict[str, set[str]] = {}
+    for t in a.tokens:
+        if not t.initial:
+            forms.setdefault(t.lower, set()).add(t.raw)
+    return any(not t.initial and t.raw not in forms.get(t.lower, {t.raw}) for t in b.tokens)
+
+
 def veto(a: PairText, b: PairText, al: Alignment, stats: WordStats) -> str | None:
     """Why the two cannot share an answer, or None when no hard rule says so."""
     if a.numbers != b.numbers:
@@ -149,6 +160,8 @@ def veto(a: PairText, b: PairText, al: Alignment, stats: WordStats) -> str | Non
         return "dates differ"
     if _quoted_missing(a, b, stats) or _quoted_missing(b, a, stats):
         return "quoted term"
+    if (a.asks_case or b.asks_case) and (_case_differs(a, b) or _case_differs(b, a)):
+        return "letter case"
     if a.negations != b.negations:
         return "negation"
     if has_antonym(a, b):

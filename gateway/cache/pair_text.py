@@ -13,6 +13,16 @@ from gateway.cache import lexicon as lx
 WORD = re.compile(r"[A-Za-z][A-Za-z0-9+#]*|[0-9]+")
 NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
 ORDINAL = re.compile(r"\b(\d+)(?:st|nd|rd|th)\b")
+# "2³" is 2^3 (NFKC would make it 23); "10!" is a factorial ("10!=" a comparison).
+SUPERSCRIPT = re.compile("[⁰¹²³⁴⁵⁶⁷⁸⁹]+")
+SUPERSCRIPT_DIGITS = str.maketrans("⁰¹²³⁴⁵⁶⁷⁸⁹", "0123456789")
+FACTORIAL = re.compile(r"(?<=\d)!(?!=)")
+# An ask about letter case ("lowercase this: Hello World"): there, case is the question.
+CASE_ASK = re.compile(
+    r"\b(?:lower|upper|title|camel|snake|sentence)[ -]?case|\bcapitali[sz]|\ball caps\b"
+    r"|\bcase[- ]?(?:sensitiv|insensitiv)",
+    re.IGNORECASE,
+)
 # Maths between numbers ("2+2" vs "2*2"): the operator is part of the question.
 OPERATOR = re.compile(r"(?<=\d)\s*([-+*/x×÷^%=<>])\s*(?=\d)")
 QUOTED = re.compile(
@@ -64,6 +74,7 @@ class WordStats:
 
 @dataclass(frozen=True)
 class Token:
+    raw: str  # as written: case matters to a question about case
     lower: str
     capitalised: bool  # first letter upper in the original text
     initial: bool  # first word of a sentence (capital tells nothing there)
@@ -83,7 +94,7 @@ class PairText:
     quoted: frozenset[str]
     entities: frozenset[str]  # lower-case words that name something
     trigrams: frozenset[str]  # of `normalised`: typos keep most of them
-    trigrams: frozenset[str]  # of `normalised`: typos keep most of them
+    asks_case: bool  # asks about letter case (CASE_ASK): then case must match too
 
 
 CONTRACTION = re.compile(
@@ -149,14 +160,15 @@ def tokenize(text: str) -> list[Token]:
         raw = m.group()
         between = text[prev_end : m.start()]
         initial = not out or any(c in ".?!:;\n" for c in between)
-        out.append(Token(raw.lower(), raw[0].isupper(), initial))
+        out.append(Token(raw, raw.lower(), raw[0].isupper(), initial))
         prev_end = m.end()
     return out
 
 
 def _numbers(lower: str, tokens: list[Token]) -> tuple[str, ...]:
+    lower = SUPERSCRIPT.sub(lambda m: "^" + m.group().translate(SUPERSCRIPT_DIGITS), lower)
     lower = ORDINAL.sub(r"\1", lower)
-    found = []
+    found = ["op!" for _ in FACTORIAL.findall(lower)]
     for raw in NUMBER.findall(lower):
         if re.fullmatch(r"\d{1,3}(,\d{3})+", raw):
             raw = raw.replace(",", "")
@@ -235,6 +247,7 @@ def analyse(text: str, stats: WordStats) -> PairText:
         quoted=_quoted(text),
         entities=frozenset(t.lower for t in tokens if is_entity(t, stats)),
         trigrams=trigrams(" ".join(words)[:TRIGRAM_CHARS]),
+        asks_case=CASE_ASK.search(text) is not None,
     )
 
 

@@ -179,13 +179,14 @@ class SemanticCache:
     ) -> str | None:
         """Store a complete answer; returns its entry id, or None when it was not stored.
 
-        `ttl_s`: the request's own TTL; None takes the route's, then the policy's. A TTL of
-        0 or less stores nothing.
+        `ttl_s`: the request's own TTL, which may shorten the route's (else the policy's)
+        but never lengthen it; None takes it. A TTL of 0 or less stores nothing.
         """
         if not self._storable(query, answer, route_settings) or not self._store.healthy:
             return None
-        if ttl_s is None:
-            ttl_s = route_settings.ttl_s if route_settings else self.settings.ttl_s
+        limit = route_settings.ttl_s if route_settings else self.settings.ttl_s
+        if ttl_s is None or (limit is not None and ttl_s > limit):
+            ttl_s = limit
         if ttl_s is not None and ttl_s <= 0:
             return None
         try:
@@ -245,6 +246,15 @@ class SemanticCache:
         ids.update(self.tables.matching(tenant, route))
         await self.tables.delete(list(ids))
         return len(ids)
+
+    async def reconcile(self) -> int:
+        """Forget the entries the store no longer holds (a Redis FLUSHALL or eviction sends no
+        event, so the tables would go on counting them); returns how many. Hits never needed
+        this (a hit whose answer is gone is a miss), the figures do. Raises StoreUnavailable
+        when the store is down."""
+        gone = await self._store.missing(self.tables.matching(None, None))
+        await self.tables.delete(gone)
+        return len(gone)
 
     def reconfigure(self, settings: CacheSettings) -> bool:
         """Take a reloaded policy's cache section. False: the store or index settings

@@ -54,6 +54,11 @@ class Store(Protocol):
         """Remove every entry of a tenant and/or route (None: any); returns their ids."""
         ...
 
+    async def missing(self, ids: list[str]) -> list[str]:
+        """Those of `ids` the store no longer holds: removed behind the cache's back (a Redis
+        FLUSHALL or eviction announces nothing)."""
+        ...
+
     async def forget_expired(self, ids: list[str]) -> None:
         """Drop entries whose TTL has passed (every replica sees the same expiry)."""
         ...

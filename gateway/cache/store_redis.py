@@ -190,6 +190,20 @@ class RedisStore:
         except _ERRORS as exc:
             raise self._down(exc) from exc
 
+    async def missing(self, ids: list[str]) -> list[str]:
+        gone: list[str] = []
+        try:
+            for start in range(0, len(ids), SCAN_BATCH):
+                batch = ids[start : start + SCAN_BATCH]
+                async with self._client.pipeline(transaction=False) as pipe:
+                    for entry_id in batch:
+                        pipe.exists(self._key(entry_id))
+                    found = await pipe.execute()
+                gone += [i for i, n in zip(batch, found, strict=True) if not n]
+        except _ERRORS as exc:
+            raise self._down(exc) from exc
+        return gone
+
     async def forget_expired(self, ids: list[str]) -> None:
         try:
             await self._client.zrem(self._lru, *ids)  # the hashes expired by themselves

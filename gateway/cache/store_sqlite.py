@@ -44,6 +44,7 @@ LOAD_COLUMNS = (
     " created_at, expires_at"
 )
 RETRY_S = 5.0  # after an error, requests bypass the store this long before trying it again
+MISSING_BATCH = 500  # ids per query: under SQLite's bound on parameters
 INSERT = f"INSERT OR REPLACE INTO entries VALUES ({', '.join('?' * 13)})"
 
 
@@ -86,6 +87,9 @@ class SqliteStore:
 
     async def delete(self, ids: list[str]) -> list[str]:
         return await self._call(self._delete, ids)
+
+    async def missing(self, ids: list[str]) -> list[str]:
+        return await self._call(self._missing, ids)
 
     async def forget_expired(self, ids: list[str]) -> None:
         await self._call(self._delete, ids)
@@ -165,6 +169,16 @@ class SqliteStore:
                 deleted += [r[0] for r in row.fetchall()]
         self._count -= len(deleted)
         return deleted
+
+    def _missing(self, ids: list[str]) -> list[str]:
+        held: set[str] = set()
+        for start in range(0, len(ids), MISSING_BATCH):
+            batch = ids[start : start + MISSING_BATCH]
+            marks = ", ".join("?" * len(batch))
+            sql = f"SELECT id FROM entries WHERE id IN ({marks})"
+            rows = self._connection().execute(sql, batch)
+            held.update(row[0] for row in rows)
+        return [i for i in ids if i not in held]
 
     def _purge(self, tenant: str | None, route: str | None) -> list[str]:
         conditions = [(c, v) for c, v in (("tenant", tenant), ("route", route)) if v is not None]

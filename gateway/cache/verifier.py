@@ -71,7 +71,7 @@ class PairVerifier:
     def probability(self, query: str, candidate: str, cosine: float) -> tuple[float, str]:
         """The model's probability and the veto reason ("" when none); 0 when vetoed."""
         if max(len(query), len(candidate)) > MAX_COMPARED_CHARS:
-            same = " ".join(query.lower().split()) == " ".join(candidate.lower().split())
+            same = " ".join(query.split()) == " ".join(candidate.split())  # case too: code
             return (1.0, "") if same else (0.0, "too long to compare")
         a, b = analyse(query, self.stats), analyse(candidate, self.stats)
         al = align(a, b, self.stats)

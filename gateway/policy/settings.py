@@ -147,7 +147,7 @@ class CacheSettings(StrictModel):
     path: str | None = None  # embedded store's SQLite file; None: default_cache_path()
     redis_url: str | None = Field(None, validate_default=True)  # required when store is redis
     redis_prefix: str = "tiergate:cache"  # key prefix: gateways sharing it share entries
-    ttl_s: float | None = 3600.0  # default entry lifetime; None: entries never expire
+    ttl_s: float | None = 3600.0  # entry lifetime, a request's TTL at most; None: never expire
     max_entries: int = 100_000  # beyond it the least recently used entries are evicted
     approximate_above: int = 20_000  # a scope's index turns from exact to IVF above this
     min_similarity: float = 0.8  # default cosine floor for candidates

@@ -208,6 +208,21 @@ class Router:
         names += [a for r in self.policy.routes.values() for a in r.aliases]
         return names + [m for m in self._deployment_tier if m not in names]
 
+    def answer_headers(self, inp: RoutingInput) -> dict[str, str]:
+        """The request's headers that can change which tier answers it: those its route's
+        rules match on, and the tier override, checked as `decide` checks it (so a refused
+        override is refused before the semantic cache could answer). The cache scope holds
+        them."""
+        route = self.policy.routes.get(self._route_of.get(inp.model, ""))
+        if route is None:  # a tier or deployment asked by name: no header changes it
+            return {}
+        names = {name.lower() for rule in route.rules for name in rule.headers}
+        found = {name: inp.headers[name] for name in names if name in inp.headers}
+        override = self._override(inp)
+        if override is not None:
+            found[OVERRIDE_HEADER] = override
+        return found
+
     def needs_score(self, model: str) -> bool:
         route = self.policy.routes.get(self._route_of.get(model, ""))
         return route is not None and any(_uses_score(r) for r in route.rules)
