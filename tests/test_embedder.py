@@ -99,6 +99,26 @@ def test_padded_batch_equals_one_at_a_time(embedder: Embedder) -> None:
     assert np.allclose(embedder.embed_many(texts), one_by_one, atol=1e-5)
 
 
+def test_micro_batches_keep_the_budget_and_the_input_order(
+    embedder: Embedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 29.1: many texts run as length-sorted passes of at most `max_batch_tokens`
+    padded tokens; the vectors are one pass's, each at its input's index."""
+    texts = [" ".join(f"w{i}" for i in range(n)) for n in (90, 2, 30, 1, 300, 7, 45, 3, 12)]
+    monkeypatch.setattr(embedder, "max_batch_tokens", 10**6)
+    one_pass = embedder.embed_many(texts)
+    seen = len(embedder.recent_batches)
+    monkeypatch.setattr(embedder, "max_batch_tokens", 64)
+    vectors, tokens = embedder.embed_counted(texts)
+    batches = list(embedder.recent_batches)[seen:]
+    assert np.allclose(vectors, one_pass, atol=1e-5)
+    assert tokens == embedder.count_tokens(texts)
+    assert sum(b.rows for b in batches) == len(texts) and len(batches) > 2
+    # within the budget, but for a text longer than it, which goes alone
+    assert all(b.rows * b.width <= 64 or b.rows == 1 for b in batches), batches
+    assert not any(b.urgent for b in batches)  # bulk work, behind the request path
+
+
 def test_without_onnxruntime_auto_falls_back_to_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # the package is not installed
     with pytest.raises(OnnxUnavailable):
