@@ -43,16 +43,19 @@ class TurnLock:
         self._cond = threading.Condition()
         self._busy = False
         self._urgent_waiting = 0
+        self.waiting = 0  # threads waiting for a turn, of either kind
 
     @contextlib.contextmanager
     def turn(self, urgent: bool) -> Iterator[None]:
         with self._cond:
             self._urgent_waiting += urgent
+            self.waiting += 1
             try:
                 while self._busy or (not urgent and self._urgent_waiting):
                     self._cond.wait()
             finally:
                 self._urgent_waiting -= urgent
+                self.waiting -= 1
             self._busy = True
         try:
             yield

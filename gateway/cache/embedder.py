@@ -14,6 +14,7 @@ import contextlib
 import importlib.util
 import logging
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,6 +65,9 @@ def _one_torch_thread() -> None:
     import torch
 
     torch.set_num_threads(1)
+
+
+Turn = Callable[[], contextlib.AbstractContextManager]  # a turn of the embedder's lock
 
 
 @dataclass
@@ -155,13 +159,26 @@ class Embedder:
 
     def embed_counted(self, texts: list[str], urgent: bool = False) -> tuple[np.ndarray, int]:
         """`embed_many`'s vectors and the word pieces the model read for them."""
-        vectors = np.zeros((len(texts), self.dim), dtype=np.float32)
         if not texts:
-            return vectors, 0
+            return np.zeros((0, self.dim), dtype=np.float32), 0
         clipped = [t[:MAX_CHARS] for t in texts]
-        lengths = self._token_counts(clipped, urgent)
+        if not urgent:  # bulk: a turn per pass, so the request path can go in between
+            return self._embed(clipped, lambda: self._lock.turn(urgent=False), urgent)
+        # The request path's batch is small and a chat waits on it: one turn for all of it,
+        # so no bulk pass slips in between its tokenising and its own passes.
+        with self._lock.turn(urgent=True):
+            return self._embed(clipped, contextlib.nullcontext, urgent)
+
+    def count_tokens(self, texts: list[str]) -> int:
+        """Word pieces the model reads for these texts (cut at its maximum, as it reads)."""
+        clipped = [t[:MAX_CHARS] for t in texts]
+        return sum(self._token_counts(clipped, lambda: self._lock.turn(urgent=False)))
+
+    def _embed(self, clipped: list[str], turn: Turn, urgent: bool) -> tuple[np.ndarray, int]:
+        vectors = np.zeros((len(clipped), self.dim), dtype=np.float32)
+        lengths = self._token_counts(clipped, turn)
         for batch in plan_batches(lengths, self.max_batch_tokens):
-            with self._lock.turn(urgent):
+            with turn():
                 vectors[batch] = self._backend.encode([clipped[i] for i in batch])
                 self.batches += 1
                 self.texts_embedded += len(batch)
@@ -169,16 +186,12 @@ class Embedder:
                 self.recent_batches.append(BatchShape(urgent, len(batch), width))
         return vectors, sum(lengths)
 
-    def count_tokens(self, texts: list[str]) -> int:
-        """Word pieces the model reads for these texts (cut at its maximum, as it reads)."""
-        return sum(self._token_counts([t[:MAX_CHARS] for t in texts], urgent=False))
-
-    def _token_counts(self, clipped: list[str], urgent: bool) -> list[int]:
+    def _token_counts(self, clipped: list[str], turn: Turn) -> list[int]:
         counts: list[int] = []
         for start in range(0, len(clipped), _COUNT_CHUNK):
             # torch's tokenizer is not safe to share between threads; short turns keep a
             # bulk request's tokenising from holding up the request path.
-            with self._lock.turn(urgent):
+            with turn():
                 counts += self._backend.token_counts(clipped[start : start + _COUNT_CHUNK])
         return counts
 
