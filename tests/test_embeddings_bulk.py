@@ -23,7 +23,7 @@ from tests.servers import run_uvicorn, wait_for
 
 KEY = "sk-bulk-embed-tenant"
 MODEL = "all-MiniLM-L6-v2"
-BUDGET = 8192  # the default max_batch_tokens
+BUDGET = 4096  # not the default: the policy's knob reaches the embedder
 INPUTS = 128  # ~256 tokens each: one unbatched pass of these grew resident memory ~2 GB
 WORDS = ["cache", "gateway", "engine", "token", "model", "batch", "tenant", "router"]
 
@@ -45,6 +45,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Emb
             f"""
 auth: {{keys: [{{key: {KEY}, tenant: bulk}}]}}
 cache: {{enabled: true, store: embedded, path: {path}}}
+embedder: {{max_batch_tokens: {BUDGET}}}
 tiers:
   paid: {{deployments: [{{model: openai/gpt-4o, api_base: "{paid}/v1"}}]}}
 routes:
@@ -100,6 +101,7 @@ def test_bulk_request_runs_in_budgeted_batches_with_bounded_memory(
     assert [d.index for d in reply.data] == list(range(INPUTS))
     batches = list(embedder.recent_batches)[seen:]
     assert sum(b.rows for b in batches) == INPUTS and len(batches) > 1
+    assert embedder.max_batch_tokens == BUDGET
     assert all(b.rows * b.width <= BUDGET for b in batches), batches
     assert rss.growth_gb < 1.5, f"resident memory grew {rss.growth_gb:.2f} GB"
     # the same vectors as one pass over all of them, each at its own index

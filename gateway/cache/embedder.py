@@ -32,7 +32,10 @@ MODEL_NAME = "all-MiniLM-L6-v2"
 # text first keeps a megabyte prompt from costing a megabyte of tokenizing.
 MAX_CHARS = 2048
 BACKENDS = ("auto", "onnx", "torch")
-MAX_BATCH_TOKENS = 8192  # padded tokens per forward pass: ~0.5 GB peak on all-MiniLM-L6-v2
+# Padded tokens per forward pass: ~130 MB of peak memory, and a pass (8 x 256 tokens) takes
+# ~2 s on one loaded core, the longest a chat's embedding waits behind bulk work. 8,192
+# took as long per token in all, at 4x the wait and the memory (AMD EPYC, load ~6).
+MAX_BATCH_TOKENS = 2048
 _COUNT_CHUNK = 256  # texts tokenised per turn of the lock when planning
 
 
