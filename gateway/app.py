@@ -27,6 +27,7 @@ from gateway.limits import Limiter
 from gateway.policy import Deployment, Policy, PolicyError, PolicyIssue, PolicyWatcher
 from gateway.replicas import Fleet, ReplicaSync, replica_id
 from gateway.replicas.fleet import policy_sha256
+from gateway.replicas.signing import policy_secret
 from gateway.routing.difficulty import difficulty_scorer_factory
 from gateway.routing.router import ScorerFactory
 from gateway.state import GatewayState, build_runtime, prepare
@@ -102,7 +103,9 @@ async def _start_replica_sync(
         logger.error("replicas: not sharing stats or reloads, bad Redis URL: %s", exc)
     history = state.history
     assert history is not None
-    state.replicas = ReplicaSync(fleet, replica, lambda: replica_report(history, replica))
+    state.replicas = ReplicaSync(
+        fleet, replica, lambda: replica_report(history, replica), secret=policy_secret()
+    )
     if state.watcher is not None:
         state.replicas.watcher = state.watcher
         state.watcher.on_loaded = state.replicas.policy_loaded

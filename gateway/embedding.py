@@ -33,6 +33,7 @@ class SharedEmbedder:
                     settings.batch_size,
                     settings.max_wait_ms,
                     settings.backend,
+                    settings.max_batch_tokens,
                 )
             return self._embedder
 

@@ -89,10 +89,12 @@ class Engine(Process):
 
 
 class Gateway(Process):
-    """`tiergate serve --policy FILE`; TIERGATE_REPLICA_ID names it among its replicas."""
+    """`tiergate serve --policy FILE`; TIERGATE_REPLICA_ID names it among its replicas,
+    which share one TIERGATE_POLICY_SECRET (their policy reloads are signed with it)."""
 
     def __init__(self, policy: Path, replica: str, log: Path | None = None) -> None:
         port = free_port()
         args = ["serve", "--policy", str(policy), "--port", str(port), "--log-level", "warning"]
-        super().__init__(args, port, log, {"TIERGATE_REPLICA_ID": replica})
+        env = {"TIERGATE_REPLICA_ID": replica, "TIERGATE_POLICY_SECRET": "test-fleet-secret"}
+        super().__init__(args, port, log, env)
         self.replica = replica

@@ -4,13 +4,16 @@ ONNX Runtime by default, agreeing with torch, torch where ONNX Runtime is missin
 import asyncio
 import json
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from gateway.cache.embed_batches import TurnLock
 from gateway.cache.embedder import MAX_CHARS, Embedder, default_model_path
 from gateway.cache.embedder_onnx import OnnxUnavailable, exported_path
+from tests.servers import wait_for
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +100,45 @@ def test_padded_batch_equals_one_at_a_time(embedder: Embedder) -> None:
     texts = ["a", "a much longer question about how paged attention shares KV pages", "b c"]
     one_by_one = np.concatenate([embedder.embed_many([t]) for t in texts])
     assert np.allclose(embedder.embed_many(texts), one_by_one, atol=1e-5)
+
+
+def test_micro_batches_keep_the_budget_and_the_input_order(
+    embedder: Embedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 29.1: many texts run as length-sorted passes of at most `max_batch_tokens`
+    padded tokens; the vectors are one pass's, each at its input's index."""
+    texts = [" ".join(f"w{i}" for i in range(n)) for n in (90, 2, 30, 1, 300, 7, 45, 3, 12)]
+    monkeypatch.setattr(embedder, "max_batch_tokens", 10**6)
+    one_pass = embedder.embed_many(texts)
+    seen = len(embedder.recent_batches)
+    monkeypatch.setattr(embedder, "max_batch_tokens", 64)
+    vectors, tokens = embedder.embed_counted(texts)
+    batches = list(embedder.recent_batches)[seen:]
+    assert np.allclose(vectors, one_pass, atol=1e-5)
+    assert tokens == embedder.count_tokens(texts)
+    assert sum(b.rows for b in batches) == len(texts) and len(batches) > 2
+    # within the budget, but for a text longer than it, which goes alone
+    assert all(b.rows * b.width <= 64 or b.rows == 1 for b in batches), batches
+    assert not any(b.urgent for b in batches)  # bulk work, behind the request path
+
+
+def test_an_urgent_turn_goes_before_bulk_work_that_waited_longer() -> None:
+    lock, order = TurnLock(), []
+
+    def take(name: str, urgent: bool) -> None:
+        with lock.turn(urgent):
+            order.append(name)
+
+    with lock.turn(urgent=False):  # a bulk pass is running
+        bulk = threading.Thread(target=take, args=("bulk", False))
+        bulk.start()
+        wait_for(lambda: lock.waiting == 1)
+        chat = threading.Thread(target=take, args=("chat", True))
+        chat.start()
+        wait_for(lambda: lock.waiting == 2)
+    bulk.join()
+    chat.join()
+    assert order == ["chat", "bulk"]
 
 
 def test_without_onnxruntime_auto_falls_back_to_torch(monkeypatch: pytest.MonkeyPatch) -> None:

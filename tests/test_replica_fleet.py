@@ -6,6 +6,8 @@ Redis is a real redis-server that the tests stop and start.
 
 import asyncio
 import contextlib
+import hashlib
+import hmac
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,16 +16,20 @@ import httpx
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from redis.asyncio import Redis
 
 from gateway.app import create_app
 from gateway.policy import PolicyError, load_policy
 from gateway.replicas import Fleet
+from gateway.replicas.fleet import policy_sha256
+from gateway.replicas.signing import SECRET_ENV, sign
 from gateway.stats_table import render
 from tests.servers import RedisServer, eventually, free_port, redis_server, run_uvicorn
 from tests.upstream_stub import upstream_stub
 
 KEY, ADMIN = "sk-fleet-1", "sk-fleet-admin"
 PREFIX = "fleet-test"
+SECRET = "fleet-test-policy-secret"
 
 
 def policy_text(redis_url: str, stub: str, extra_tier: str = "") -> str:
@@ -97,7 +103,10 @@ def replica(name: str, tmp_path: Path, text: str) -> Iterator[Replica]:
 
 
 @pytest.fixture
-def pair(redis: RedisServer, stub: str, tmp_path: Path) -> Iterator[tuple[Replica, Replica]]:
+def pair(
+    redis: RedisServer, stub: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[Replica, Replica]]:
+    monkeypatch.setenv(SECRET_ENV, SECRET)  # each replica reads it at start
     text = policy_text(redis.url, stub)
     with replica("a", tmp_path, text) as a, replica("b", tmp_path, text) as b:
         yield a, b
@@ -206,7 +215,7 @@ def test_a_shared_policy_this_replica_cannot_use_is_refused_and_the_old_one_serv
     fleet = Fleet(redis.url, f"{PREFIX}:replicas")
 
     async def publish() -> None:
-        await fleet.publish_policy(needs_env, origin="c")
+        await fleet.publish_policy(needs_env, "c", sign(SECRET.encode(), needs_env))
         await fleet.close()
 
     asyncio.run(publish())
@@ -238,3 +247,66 @@ def test_server_redis_url_must_name_a_redis(tmp_path: Path) -> None:
     with pytest.raises(PolicyError) as error:
         load_policy(path)
     assert "server.redis_url: must start with redis://" in str(error.value)
+
+
+def refusals(r: Replica) -> float:
+    return r.metric("tiergate_policy_reloads_total", result="error")
+
+
+def write_shared_policy(redis: RedisServer, text: str, signature: str | None) -> None:
+    """What anyone with write access to the Redis can do, without going through a replica."""
+    fields = {"sha256": policy_sha256(text), "origin": "mallory", "text": text}
+    if signature is not None:
+        fields["signature"] = signature
+
+    async def write() -> None:
+        client = Redis.from_url(redis.url)
+        await client.hincrby(f"{PREFIX}:replicas:policy", "version", 1)
+        await client.hset(f"{PREFIX}:replicas:policy", mapping=fields)
+        await client.aclose()
+
+    asyncio.run(write())
+
+
+def test_a_forged_policy_written_into_redis_is_refused_and_a_signed_one_applied(
+    pair: tuple[Replica, Replica], redis: RedisServer, stub: str
+) -> None:
+    """Issue 29.13: a shared policy is applied only with the fleet secret's signature."""
+    open_door = policy_text(redis.url, stub).replace(
+        f"keys: [{{key: {KEY}, tenant: acme}}]", "mode: none"
+    )
+    assert "mode: none" in open_door
+    for attempt, signature in enumerate([None, "0" * 64, sign(b"another secret", open_door)]):
+        write_shared_policy(redis, open_door, signature)
+        for r in pair:
+            assert eventually(lambda r=r, n=attempt + 1: refusals(r) == n, 10)
+            error = r.admin("GET", "/admin/policy").json()["last_error"]
+            assert "signature is missing or not made with" in " ".join(error["issues"])
+            assert httpx.get(f"{r.url}/v1/models").status_code == 401  # keys still required
+
+    extra = f'  extra: {{deployments: [{{model: hosted_vllm/echo, api_base: "{stub}/v1"}}]}}'
+    signed = policy_text(redis.url, stub, extra)
+    digest = hmac.new(SECRET.encode(), signed.encode(), hashlib.sha256).hexdigest()
+    write_shared_policy(redis, signed, digest)
+    for r in pair:
+        assert eventually(lambda r=r: "extra" in r.models(), 10)
+        assert r.admin("GET", "/admin/policy").json()["last_error"] is None
+
+
+def test_without_the_secret_reloads_are_neither_shared_nor_applied(
+    redis: RedisServer, stub: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(SECRET_ENV, raising=False)
+    text = policy_text(redis.url, stub)
+    with replica("a", tmp_path, text) as a, replica("b", tmp_path, text) as b:
+        extra = f'  extra: {{deployments: [{{model: hosted_vllm/echo, api_base: "{stub}/v1"}}]}}'
+        a.policy_file.write_text(policy_text(redis.url, stub, extra))
+        reloaded = a.admin("POST", "/admin/policy/reload")
+        assert reloaded.status_code == 200 and reloaded.json()["shared"] is False
+        assert "extra" in a.models()
+        signed = policy_text(redis.url, stub, extra)
+        write_shared_policy(redis, signed, sign(SECRET.encode(), signed))
+        assert eventually(lambda: refusals(b) == 1, 10)
+        error = b.admin("GET", "/admin/policy").json()["last_error"]
+        assert f"has no {SECRET_ENV}" in " ".join(error["issues"])
+        assert "extra" not in b.models()

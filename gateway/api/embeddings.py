@@ -95,8 +95,8 @@ async def create_embeddings(request: Request, state: State) -> JSONResponse:
     tokens = None
     try:
         embedder = await get_embedder(state)
-        vectors = await asyncio.to_thread(embedder.embed_many, texts)
-        tokens = await asyncio.to_thread(embedder.count_tokens, texts)
+        # Bulk work: micro-batches under the token budget, the request path's go first.
+        vectors, tokens = await asyncio.to_thread(embedder.embed_counted, texts)
     finally:
         await admission.finish(tokens)
         state.stats.embeddings(tenant, len(texts), tokens or 0, ok=tokens is not None)

@@ -3,21 +3,25 @@
 `embed` is what request handlers call: it runs the model off the event loop and
 micro-batches concurrent requests (one forward pass for whatever arrived within
 `max_wait_ms`, up to `batch_size`). Vectors are float32 and L2-normalised, so an inner
-product is the cosine. `embed_many` is the synchronous form for offline work (training,
-benchmarks) and the batches themselves.
+product is the cosine. `embed_many` is the synchronous form for bulk work (/v1/embeddings,
+training, benchmarks) and the batches themselves: any number of texts, run as micro-batches
+of at most `max_batch_tokens` padded tokens (embed_batches.py), so one call's memory is
+bounded, and the request path's batches go first between them.
 """
 
 import asyncio
 import contextlib
 import importlib.util
 import logging
-import threading
+from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from gateway.cache.embed_batches import TurnLock, plan_batches
 from gateway.cache.embedder_onnx import OnnxBackend, OnnxUnavailable
 
 log = logging.getLogger(__name__)
@@ -28,6 +32,11 @@ MODEL_NAME = "all-MiniLM-L6-v2"
 # text first keeps a megabyte prompt from costing a megabyte of tokenizing.
 MAX_CHARS = 2048
 BACKENDS = ("auto", "onnx", "torch")
+# Padded tokens per forward pass: ~130 MB of peak memory, and a pass (8 x 256 tokens) takes
+# ~2 s on one loaded core, the longest a chat's embedding waits behind bulk work. 8,192
+# took as long per token in all, at 4x the wait and the memory (AMD EPYC, load ~6).
+MAX_BATCH_TOKENS = 2048
+_COUNT_CHUNK = 256  # texts tokenised per turn of the lock when planning
 
 
 class EmbedderNotInstalled(RuntimeError):
@@ -61,10 +70,22 @@ def _one_torch_thread() -> None:
     torch.set_num_threads(1)
 
 
+Turn = Callable[[], contextlib.AbstractContextManager]  # a turn of the embedder's lock
+
+
 @dataclass
 class _Pending:
     text: str
     future: asyncio.Future
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    """One forward pass: whose it was, its rows and its padded width in tokens."""
+
+    urgent: bool  # the request path's (cache lookup, router) rather than bulk work
+    rows: int
+    width: int
 
 
 class TorchBackend:
@@ -116,38 +137,66 @@ class Embedder:
         batch_size: int = 32,
         max_wait_ms: float = 2.0,
         backend: str = "auto",
+        max_batch_tokens: int = MAX_BATCH_TOKENS,
     ) -> None:
         self._backend = load_backend(resolve_model_path(model), backend)
         self.backend: str = self._backend.name
         self.dim: int = self._backend.dim
         self.batch_size = batch_size
         self.max_wait_s = max_wait_ms / 1000
+        self.max_batch_tokens = max_batch_tokens
         self.texts_embedded = 0  # counted so tests can check "one embedding per request"
         self.batches = 0
+        self.recent_batches: deque[BatchShape] = deque(maxlen=1024)  # newest last
         # One thread: batches run one after another, and never on the event loop.
         one_thread = _one_torch_thread if self.backend == "torch" else None  # ONNX: its own
         self._executor = ThreadPoolExecutor(1, "embedder", initializer=one_thread)
-        self._lock = threading.Lock()
+        self._lock = TurnLock()  # one forward pass (or tokenising) at a time
         self._queue: list[_Pending] = []
         self._worker: asyncio.Task | None = None
         self._wakeup: asyncio.Event | None = None
 
-    def embed_many(self, texts: list[str]) -> np.ndarray:
-        """(len(texts), dim) float32, L2-normalised; blocking."""
+    def embed_many(self, texts: list[str], urgent: bool = False) -> np.ndarray:
+        """(len(texts), dim) float32, L2-normalised, in input order; blocking."""
+        return self.embed_counted(texts, urgent)[0]
+
+    def embed_counted(self, texts: list[str], urgent: bool = False) -> tuple[np.ndarray, int]:
+        """`embed_many`'s vectors and the word pieces the model read for them."""
         if not texts:
-            return np.zeros((0, self.dim), dtype=np.float32)
+            return np.zeros((0, self.dim), dtype=np.float32), 0
         clipped = [t[:MAX_CHARS] for t in texts]
-        with self._lock:
-            vectors = self._backend.encode(clipped)
-            self.texts_embedded += len(texts)
-            self.batches += 1
-        return vectors
+        if not urgent:  # bulk: a turn per pass, so the request path can go in between
+            return self._embed(clipped, lambda: self._lock.turn(urgent=False), urgent)
+        # The request path's batch is small and a chat waits on it: one turn for all of it,
+        # so no bulk pass slips in between its tokenising and its own passes.
+        with self._lock.turn(urgent=True):
+            return self._embed(clipped, contextlib.nullcontext, urgent)
 
     def count_tokens(self, texts: list[str]) -> int:
         """Word pieces the model reads for these texts (cut at its maximum, as it reads)."""
         clipped = [t[:MAX_CHARS] for t in texts]
-        with self._lock:
-            return sum(self._backend.token_counts(clipped))
+        return sum(self._token_counts(clipped, lambda: self._lock.turn(urgent=False)))
+
+    def _embed(self, clipped: list[str], turn: Turn, urgent: bool) -> tuple[np.ndarray, int]:
+        vectors = np.zeros((len(clipped), self.dim), dtype=np.float32)
+        lengths = self._token_counts(clipped, turn)
+        for batch in plan_batches(lengths, self.max_batch_tokens):
+            with turn():
+                vectors[batch] = self._backend.encode([clipped[i] for i in batch])
+                self.batches += 1
+                self.texts_embedded += len(batch)
+                width = max(lengths[i] for i in batch)
+                self.recent_batches.append(BatchShape(urgent, len(batch), width))
+        return vectors, sum(lengths)
+
+    def _token_counts(self, clipped: list[str], turn: Turn) -> list[int]:
+        counts: list[int] = []
+        for start in range(0, len(clipped), _COUNT_CHUNK):
+            # torch's tokenizer is not safe to share between threads; short turns keep a
+            # bulk request's tokenising from holding up the request path.
+            with turn():
+                counts += self._backend.token_counts(clipped[start : start + _COUNT_CHUNK])
+        return counts
 
     async def embed(self, text: str) -> np.ndarray:
         """One text's vector, batched with whatever other requests embed meanwhile."""
@@ -177,7 +226,7 @@ class Embedder:
                 continue
             try:
                 vectors = await loop.run_in_executor(
-                    self._executor, self.embed_many, [p.text for p in live]
+                    self._executor, self.embed_many, [p.text for p in live], True
                 )
             except Exception as exc:  # one bad batch fails its callers, not the worker
                 for p in live:

@@ -3,7 +3,8 @@
 The schema is the single source of truth for what a policy file may say. Loading runs in
 three passes, each reporting errors as `yaml.path: reason`:
 
-1. YAML parsing (errors carry a line and column; duplicate keys are refused),
+1. YAML parsing (errors carry a line and column; duplicate keys are refused, and size,
+   aliases and nesting are bounded: yaml_bounds.py),
 2. `${ENV}` / `${ENV:-default}` expansion of every string value (as in the shell, the
    default also replaces a variable that is set but empty),
 3. schema validation, then the checks that span several sections (tier references,
@@ -24,6 +25,7 @@ from pydantic import (
 from engine.model_registry import BUNDLED
 from gateway.policy.schema import Policy, PolicyError, PolicyIssue
 from gateway.policy.tiers import Deployment, Rule, Tier
+from gateway.policy.yaml_bounds import MAX_BYTES, load_bounded
 
 logger = logging.getLogger("tiergate.policy")
 
@@ -50,7 +52,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 def _parse_yaml(text: str) -> tuple[Any, list[PolicyIssue]]:
     try:
-        return yaml.load(text, Loader=_UniqueKeyLoader), []
+        return load_bounded(text, _UniqueKeyLoader), []
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         reason = getattr(exc, "problem", None) or str(exc)
@@ -283,9 +285,18 @@ def _validate(text: str, source: str, env: dict[str, str] | None) -> Policy:
 
 def read_policy_text(path: Path) -> str:
     try:
-        return path.read_text()
+        with path.open("rb") as file:
+            data = file.read(MAX_BYTES + 1)  # a bigger file is refused unread
     except OSError as exc:
         raise PolicyError(str(path), [PolicyIssue("", f"cannot read: {exc.strerror}")]) from None
+    if len(data) > MAX_BYTES:
+        reason = f"the policy is over the {MAX_BYTES:,} bytes allowed"
+        raise PolicyError(str(path), [PolicyIssue("", reason)])
+    try:
+        return data.decode()
+    except UnicodeDecodeError as exc:
+        reason = f"not UTF-8 text (byte {exc.start})"
+        raise PolicyError(str(path), [PolicyIssue("", reason)]) from None
 
 
 def load_policy(path: str | Path, env: dict[str, str] | None = None) -> Policy:

@@ -194,8 +194,10 @@ class EmbedderSettings(StrictModel):
     batch_size: int = 32
     max_wait_ms: float = 2.0  # micro-batching window across concurrent requests
     backend: Literal["auto", "onnx", "torch"] = "auto"  # auto: ONNX Runtime, else torch
+    # Padded tokens per forward pass (rows x longest): bounds one bulk request's memory.
+    max_batch_tokens: int = 2048
 
-    _check_batch = field_validator("batch_size")(positive)
+    _check_batch = field_validator("batch_size", "max_batch_tokens")(positive)
     _check_wait = field_validator("max_wait_ms")(not_negative)
 
 

@@ -52,7 +52,7 @@ class PolicyWatcher:
             try:
                 text = await asyncio.to_thread(self.read)
             except PolicyError as exc:
-                self._refused(exc)
+                self.refuse(exc)
                 return None
             policy = await self._load(text, str(self.path))
             if policy is not None and self.on_loaded is not None:
@@ -75,14 +75,15 @@ class PolicyWatcher:
             policy = await asyncio.to_thread(policy_from_text, text, self.path, None, source)
             await self._apply(policy)
         except PolicyError as exc:
-            self._refused(exc)
+            self.refuse(exc)
             return None
         self.last_error = None
         self._on_result(True)
         logger.info("policy reloaded from %s", source)
         return policy
 
-    def _refused(self, exc: PolicyError) -> None:
+    def refuse(self, exc: PolicyError) -> None:
+        """Keep the running policy, and show and count why `exc`'s policy was not applied."""
         self.last_error = exc
         self._on_result(False)
         logger.error("policy reload refused, keeping the running policy: %s", exc)

@@ -5,7 +5,8 @@ are one fleet):
   PREFIX:stats:ID   one replica's latest ReplicaReport (JSON), expiring after `ttl_s`, so
                     a replica that died ages out
   PREFIX:members    sorted set of replica ids (score: last report time), to find the above
-  PREFIX:policy     hash: version (incremented per publish), sha256, origin, text
+  PREFIX:policy     hash: version (incremented per publish), sha256, origin, text and
+                    signature (HMAC-SHA256 of the text: signing.py)
 Every call raises redis' errors; callers degrade (local stats, no sharing) on them.
 """
 
@@ -26,6 +27,13 @@ STATS_TTL_S = 15.0
 
 def policy_sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class SharedPolicy:
+    version: int
+    text: str
+    signature: str | None  # None: published unsigned (or by something that is no replica)
 
 
 @dataclass(frozen=True)
@@ -81,11 +89,16 @@ class Fleet:
         await self._redis.delete(self._stats_key(replica))
         await self._redis.zrem(self._members, replica)
 
-    async def publish_policy(self, text: str, origin: str) -> int:
+    async def publish_policy(self, text: str, origin: str, signature: str) -> int:
         """Share policy text a replica put in force; returns its version."""
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.hincrby(self._policy, "version", 1)
-            mapping = {"sha256": policy_sha256(text), "origin": origin, "text": text}
+            mapping = {
+                "sha256": policy_sha256(text),
+                "origin": origin,
+                "text": text,
+                "signature": signature,
+            }
             pipe.hset(self._policy, mapping=mapping)
             version, _ = await pipe.execute()
         return int(version)
@@ -100,12 +113,14 @@ class Fleet:
             origin.decode() if origin else None,
         )
 
-    async def policy_text(self) -> tuple[int, str] | None:
-        """The shared policy's version and text, read together."""
-        version, text = await self._redis.hmget(self._policy, ["version", "text"])
+    async def policy_text(self) -> SharedPolicy | None:
+        """The shared policy's version, text and signature, read together."""
+        fields = ["version", "text", "signature"]
+        version, text, signature = await self._redis.hmget(self._policy, fields)
         if text is None:
             return None
-        return int(version or 0), text.decode()
+        signed = signature.decode(errors="replace") if signature is not None else None
+        return SharedPolicy(int(version or 0), text.decode(errors="replace"), signed)
 
     async def close(self) -> None:
         await self._redis.aclose()

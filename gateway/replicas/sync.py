@@ -1,8 +1,9 @@
 """One replica's part in the fleet: every 5 s it publishes its stats windows, and every
 second it checks whether another replica put a new policy in force, which it then applies
 through the same validated path as its own file (refused here: the running policy stays,
-the error shows in GET /admin/policy). Redis down: nothing is shared meanwhile, nothing
-fails.
+the error shows in GET /admin/policy). Shared policies are signed with the fleet's secret
+(signing.py); one whose signature does not check out is refused the same way. Redis down:
+nothing is shared meanwhile, nothing fails.
 """
 
 import asyncio
@@ -14,9 +15,10 @@ from dataclasses import dataclass
 
 from redis.exceptions import RedisError
 
-from gateway.policy import PolicyWatcher
-from gateway.replicas.fleet import Fleet, policy_sha256
+from gateway.policy import PolicyError, PolicyIssue, PolicyWatcher
+from gateway.replicas.fleet import Fleet, SharedPolicy, policy_sha256
 from gateway.replicas.report import ReplicaReport
+from gateway.replicas.signing import SECRET_ENV, sign, signed_by
 
 logger = logging.getLogger("tiergate.replicas")
 
@@ -44,9 +46,11 @@ class ReplicaSync:
         replica: str,
         report: Callable[[], ReplicaReport],
         interval_s: float = SYNC_INTERVAL_S,
+        secret: bytes | None = None,
     ) -> None:
         self.fleet, self.replica, self.interval_s = fleet, replica, interval_s
         self._report = report
+        self._secret = secret  # None: policies are neither published nor applied
         self.watcher: PolicyWatcher | None = None  # None: no policy file, nothing to apply
         self.policy_sha: str | None = None  # the text in force (this file's or shared)
         self._seen: int | None = None  # the shared policy version last looked at
@@ -58,6 +62,8 @@ class ReplicaSync:
         """The first round, before the gateway serves: from here on a policy that another
         replica shares is applied (the one shared before this replica started is not: it
         serves its own file). Bounded: a Redis that does not answer is left to `run`."""
+        if self.fleet is not None and self._secret is None:
+            logger.warning("replicas: %s is not set: policy reloads are not shared", SECRET_ENV)
         try:
             await asyncio.wait_for(self.tick(), JOIN_TIMEOUT_S)
         except TimeoutError:
@@ -102,14 +108,29 @@ class ReplicaSync:
         shared = await fleet.policy_text()
         if shared is None:
             return
-        version, text = shared
-        self._seen = version
+        self._seen = version = shared.version
         source = f"the policy replica {head.origin} shared"
+        if not self._authentic(shared, source):
+            return
         # A reload of this replica's own file may publish a newer one meanwhile: then this
         # older text must not replace it.
+        text = shared.text
         applied = await self.watcher.apply_text(text, source, lambda: self._seen == version)
         if applied is not None:
             self.policy_sha = policy_sha256(text)
+
+    def _authentic(self, shared: SharedPolicy, source: str) -> bool:
+        """Whether the fleet's secret signed this text; if not, it is refused as an invalid
+        policy would be (logged, counted, shown in GET /admin/policy)."""
+        if self._secret is not None and signed_by(self._secret, shared.text, shared.signature):
+            return True
+        if self._secret is None:
+            reason = f"not applied: this replica has no {SECRET_ENV} to check its signature"
+        else:
+            reason = f"not applied: its signature is missing or not made with {SECRET_ENV}"
+        assert self.watcher is not None
+        self.watcher.refuse(PolicyError(source, [PolicyIssue("", reason)]))
+        return False
 
     async def policy_loaded(self, text: str) -> bool:
         """This replica put its file's `text` in force: share it. False when it could not."""
@@ -117,8 +138,12 @@ class ReplicaSync:
         self.last_shared = False
         if self.fleet is None:
             return False
+        if self._secret is None:
+            logger.warning("replicas: reload not shared: %s is not set", SECRET_ENV)
+            return False
         try:
-            self._seen = await self.fleet.publish_policy(text, self.replica)
+            signature = sign(self._secret, text)
+            self._seen = await self.fleet.publish_policy(text, self.replica, signature)
         except RedisError as exc:
             self._failed(exc)
             return False
