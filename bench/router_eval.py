@@ -64,7 +64,7 @@ from bench.router_outcomes import OUTCOMES, RATES  # noqa: E402
 from gateway.cache.embedder import Embedder  # noqa: E402
 from gateway.policy import ExamplePrompt, load_policy  # noqa: E402
 from gateway.routing.difficulty import build_scorer, example_signals  # noqa: E402
-from gateway.routing.router import extract_features  # noqa: E402
+from gateway.routing.features import extract_features  # noqa: E402
 from gateway.routing.signals import compute_signals  # noqa: E402
 
 

@@ -10,8 +10,9 @@ from engine.entrypoints.openai_errors import OpenAIError
 from gateway.cli import main
 from gateway.policy import Blend, PolicyError, key_digest, load_policy, parse_policy
 from gateway.routing.difficulty import Classifier, DifficultyScorer
+from gateway.routing.features import extract_features
 from gateway.routing.nearest import Kernel, Neighbours
-from gateway.routing.router import Router, RoutingInput, Scored, extract_features
+from gateway.routing.router import Router, RoutingInput, Scored
 from gateway.routing.signals import NAMES, compute_signals
 
 ALLOWED, OTHER = "sk-allowed-key", "sk-other-key"
