@@ -30,7 +30,7 @@ STEPS: dict[str, dict[str, tuple[str, str]]] = {
 
 
 def usage() -> str:
-    lines = ["usage: python -m training GROUP STEP [options]", ""]
+    lines = ["usage: python -m training GROUP STEP [options]  (or: tiergate train ...)", ""]
     for group, steps in STEPS.items():
         lines += [f"  {f'{group} {step}':<22} {what}" for step, (_, what) in steps.items()]
     return "\n".join(lines)

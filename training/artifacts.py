@@ -49,8 +49,9 @@ def _relative(path: Path) -> str:
 
 
 def code_version() -> dict[str, Any]:
-    """The checkout's commit, and whether the training or gateway code differs from it
-    (a dirty tree's figures cannot be reproduced from the commit alone)."""
+    """The checkout's commit, and whether the Python code of training, gateway or engine
+    differs from it (then the commit alone does not reproduce the figures). Data and
+    artefacts are not code: their sha256 is recorded instead."""
 
     def git(*args: str) -> str | None:
         try:
@@ -60,7 +61,8 @@ def code_version() -> dict[str, Any]:
         return done.stdout.strip() if done.returncode == 0 else None
 
     commit = git("rev-parse", "HEAD")
-    changed = git("status", "--porcelain", "--", "training", "gateway", "engine")
+    code = ("training/*.py", "gateway/*.py", "engine/*.py")
+    changed = git("status", "--porcelain", "--untracked-files=all", "--", *code)
     return {"commit": commit, "dirty": None if changed is None else bool(changed)}
 
 
