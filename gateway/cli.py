@@ -229,8 +229,14 @@ def _add_engine_tuning(p: argparse.ArgumentParser) -> None:
 
 
 def train(args: argparse.Namespace) -> int:
-    from training.__main__ import main as run_step  # imported on use: it loads torch
-
+    try:
+        from training.__main__ import main as run_step  # imported on use: it loads torch
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] != "training":
+            raise  # a dependency missing, not the package
+        # e.g. the Docker image: the pipelines and their data live in a source checkout
+        print("tiergate train: no training/ here; run it from a source checkout", file=sys.stderr)
+        return 1
     return run_step(args.step)
 
 

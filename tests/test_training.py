@@ -64,3 +64,13 @@ def test_a_report_carries_its_provenance(tmp_path: Path, monkeypatch: pytest.Mon
     assert body["provenance"]["data"] == {
         "training/data/router_rates.jsonl": artifacts.sha256_of(rates)
     }
+
+
+def test_tiergate_train_without_the_training_package_says_where_to_run_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """An installed gateway (the Docker image) has no training/: one line, no traceback."""
+    monkeypatch.setitem(sys.modules, "training", None)  # import training now fails
+    monkeypatch.delitem(sys.modules, "training.__main__", raising=False)
+    assert tiergate(["train", "cache", "verifier"]) == 1
+    assert "run it from a source checkout" in capsys.readouterr().err
