@@ -26,7 +26,7 @@ lint: install-dev
 
 bench: install-dev models
 	$(PIP) install --no-deps $(BENCH_PACKAGES)
-	$(PY) bench/run.py $(BENCH_ARGS)
+	$(PY) -m bench.run $(BENCH_ARGS)
 
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev

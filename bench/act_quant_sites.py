@@ -14,9 +14,8 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-import common
-import greedy_agreement as ga
-
+from bench import common
+from bench import greedy_agreement as ga
 from engine.quantization.quant import quantize_rows
 
 SITES = ("qkv", "o", "gate_up", "down", "head")

@@ -10,19 +10,15 @@ one run, each against its baseline:
   vs cold (every interval computed, what each poll would cost without the memo).
 The view runs on the event loop, so its time is time no request is served.
 
-    python bench/admin_stats.py [--quick]
+    python -m bench.admin_stats [--quick]
 """
 
 import argparse
 import sys
 import time
 from collections import deque
-from pathlib import Path
 
-import common
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
+from bench import common
 from engine.protocol import Usage
 from gateway.policy import Price
 from gateway.stats import Stats, read_samples

@@ -12,25 +12,24 @@ engine's own default) holds about five of the eight prompts. Round robin shows e
 prompt to both replicas, so they evict each other's prompts and recompute them; with
 affinity each replica keeps its own four.
 
-    python bench/affinity.py [--quick] [--questions N] [--concurrency C] [--kv-cache-mb MB]
+    python -m bench.affinity [--quick] [--questions N] [--concurrency C] [--kv-cache-mb MB]
 """
 
 import argparse
-import os
 import random
-import subprocess
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import common
 import httpx
-from prefix_sharing import questions
 from prometheus_client.parser import text_string_to_metric_families
-from servers import free_port
+
+from bench import common
+from bench.prefix_sharing import questions
+from tests.processes import Process
+from tests.servers import free_port
 
 GOALS = {"throughput_ratio": 1.5}
 SYSTEM_CHARS = 4_000  # ~1,000 SmolLM2 tokens of English
@@ -48,24 +47,16 @@ def system_prompts(count: int = PROMPTS) -> list[str]:
     ]
 
 
-def spawn(args: list[str], port: int, log: Path) -> subprocess.Popen:
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": str(common.ROOT)}
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli", *args], env=env, stdout=out, stderr=out
-        )
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{args[0]} exited ({proc.returncode}); see {log}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError(f"{args[0]} did not start; see {log}")
+def spawn(args: list[str], port: int, log: Path) -> Process:
+    """`tiergate ARGS` started, once it listens (its lifespan, models loaded, is done)."""
+    process = Process(args, port, log, {"PYTHONPATH": str(common.ROOT)})
+    process.launch()
+    try:
+        process.wait_ready(timeout=300)
+    except (RuntimeError, TimeoutError):
+        process.kill()
+        raise
+    return process
 
 
 def engine_counters(port: int) -> dict[str, float]:
@@ -137,10 +128,9 @@ def run_mode(mode: str, workload: list[tuple[str, str]], args: argparse.Namespac
             seconds = time.perf_counter() - start
         after = [engine_counters(p) for p in ports]
     finally:
-        for proc in [gateway, *engines]:
-            if proc is not None:
-                proc.terminate()
-                proc.wait(timeout=60)
+        for process in [gateway, *engines]:
+            if process is not None:
+                process.kill()
     delta = [{k: a[k] - b[k] for k in a} for a, b in zip(after, before, strict=True)]
     hits, queries = sum(d["hits"] for d in delta), sum(d["queries"] for d in delta)
     latencies = [r["latency_s"] for r in results]

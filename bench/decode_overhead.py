@@ -11,24 +11,20 @@ Each reports decode tokens/s with the first token timed apart (single_stream.sum
 2 - 1 is the asyncio hop and 3 - 2 is HTTP + SSE. The LM head is also timed alone (one row
 through the packed head, the same kernel the fused call ends with).
 
-    python bench/decode_overhead.py --model qwen2.5-coder-0.5b --weights w8a8 --quick
+    python -m bench.decode_overhead --model qwen2.5-coder-0.5b --weights w8a8 --quick
 """
 
 import argparse
 import asyncio
 import contextlib
 import functools
-import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import common
-import engine_driver as ed
-import single_stream
-
-sys.path.insert(0, str(common.ROOT))  # the server helper lives with the tests
+from bench import common, single_stream
+from bench import engine_driver as ed
 
 Steps = list[dict[str, float]]  # per step: seconds in each timed stage
 STEP = "step (all)"

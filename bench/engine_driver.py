@@ -11,9 +11,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from common import MODEL, ChatItem, engine_available  # noqa: F401  (re-exported)
-from hf_folder import ensure_hf_folder
-
+from bench.common import MODEL, ChatItem, engine_available  # noqa: F401  (re-exported)
+from bench.hf_folder import ensure_hf_folder
 from engine.models.config import hf_config
 
 

@@ -5,18 +5,14 @@ and invalid bodies for every OpenAI operation, half routed to the real small eng
 Figures: cases sent, statuses seen, findings (5xx, non-OpenAI error bodies, dropped
 connections); goal: zero findings and the service answering afterwards.
 
-    python bench/fuzz.py [--quick] [--examples N]
+    python -m bench.fuzz [--quick] [--examples N]
 """
 
 import argparse
-import sys
 import tempfile
 import time
 
-import common
-
-sys.path.insert(0, str(common.ROOT))  # the driver lives with the tests
-
+from bench import common
 from gateway.app import create_app
 from tests.fuzz_gateway import fuzz, fuzz_policy
 from tests.servers import run_uvicorn

@@ -27,10 +27,11 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import common
-from servers import free_port, server, tiergate_cmd, tree_cpu_seconds, wait_ready
 
-HERE = Path(__file__).resolve().parent
+from bench import common
+from bench.servers import tree_cpu_seconds, wait_ready
+from tests.servers import free_port, session_process, tiergate_serve
+
 KEY = "sk-bench-0123456789"  # the same bearer key for both gateways
 GOALS = {
     "added_p50_share": 1 / 3,
@@ -255,7 +256,7 @@ def start_cached(
     store = f"{{enabled: true, path: {work / f'cache-{embedder}.sqlite3'}}}"
     policy.write_text(tiergate_policy(stub_port, port, store, embedder))
     log = work / f"tg-cache-{embedder}.log"
-    pid = stack.enter_context(server(tiergate_cmd(policy, port), log, env))
+    pid = stack.enter_context(session_process(tiergate_serve(policy, port), log, env))
     name = "tiergate-cache" if embedder == "auto" else f"tiergate-cache-{embedder}"
     return Target(name, f"http://127.0.0.1:{port}/v1", "auto", pid, unique=True)
 
@@ -268,11 +269,13 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     policy.write_text(tiergate_policy(stub_port, tg_port))
     config.write_text(litellm_config(stub_port))
     env = {"STUB_API_KEY": "sk-stub", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
-    stub_cmd = [sys.executable, str(HERE / "stub_backend.py"), "--port", str(stub_port)]
+    stub_cmd = [sys.executable, "-m", "bench.stub_backend", "--port", str(stub_port)]
     startup: dict[str, float] = {}
     with contextlib.ExitStack() as stack:
-        stack.enter_context(server(stub_cmd, work / "stub.log"))
-        tg_pid = stack.enter_context(server(tiergate_cmd(policy, tg_port), work / "tg.log", env))
+        stack.enter_context(session_process(stub_cmd, work / "stub.log"))
+        tg_pid = stack.enter_context(
+            session_process(tiergate_serve(policy, tg_port), work / "tg.log", env)
+        )
         targets = [
             Target("direct", f"http://127.0.0.1:{stub_port}/v1", "stub-model", None),
             Target("tiergate", f"http://127.0.0.1:{tg_port}/v1", "auto", tg_pid),
@@ -282,7 +285,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             targets.append(start_cached(stack, work, stub_port, env, "torch"))
         lite_cmd = litellm_cmd(venv, config, lite_port) if venv.python else None
         if lite_cmd:
-            lite_pid = stack.enter_context(server(lite_cmd, work / "litellm.log", env))
+            lite_pid = stack.enter_context(session_process(lite_cmd, work / "litellm.log", env))
             targets.append(Target("litellm", f"http://127.0.0.1:{lite_port}/v1", "stub", lite_pid))
         auth = {"Authorization": f"Bearer {KEY}"}
         lite_status: dict[str, Any] = venv.versions or {"skipped": venv.skipped}

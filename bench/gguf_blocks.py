@@ -11,9 +11,8 @@ import argparse
 import json
 from pathlib import Path
 
-import common
-import engine_driver as ed
-import precision
+from bench import common, precision
+from bench import engine_driver as ed
 
 
 def build(model: str, weights: str, keep_blocks: bool) -> object:

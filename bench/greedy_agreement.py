@@ -23,10 +23,8 @@ import re
 import statistics
 from typing import Any
 
-import common
-import engine_driver as ed
-import precision
-import venv_baselines
+from bench import common, precision, venv_baselines
+from bench import engine_driver as ed
 
 MODELS = ("smollm2-135m", "qwen2.5-coder-0.5b")
 FORMATS = ("fp32", "bf16", "w8a8", "blocks")

@@ -13,10 +13,10 @@ import argparse
 import json
 from typing import Any
 
-import common
-import engine_driver as ed
-from common import cpu_model
-from precision import PROMPTS, common_prefix, greedy_tokens, ppl_text
+from bench import common
+from bench import engine_driver as ed
+from bench.common import cpu_model
+from bench.precision import PROMPTS, common_prefix, greedy_tokens, ppl_text
 
 KV_BYTES = 64 << 20  # the budget whose capacity is reported
 RUN_KV_BYTES = 512 << 20  # the engines': room for the speed batch without preemption

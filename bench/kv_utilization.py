@@ -18,8 +18,8 @@ average), so the short --quick workload reads lower than the full one.
 import argparse
 from typing import Any
 
-import common
-import engine_driver as ed
+from bench import common
+from bench import engine_driver as ed
 
 GOALS = {"mean_utilisation": 0.95, "concurrency_ratio": 3.0}
 

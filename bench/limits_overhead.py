@@ -5,20 +5,16 @@ request pays), with tenant + key limits kept in process, and kept in a real redi
 over loopback. Per streamed piece: an answer's pieces read through `Drain.pieces` against
 the same pieces read directly. Writes bench/results/limits_overhead.json.
 
-    python bench/limits_overhead.py [--quick]
+    python -m bench.limits_overhead [--quick]
 """
 
 import argparse
 import asyncio
-import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-import common
-
-sys.path.insert(0, str(common.ROOT))
-
+from bench import common
 from gateway.backends.base import Piece
 from gateway.drain import Drain
 from gateway.limits import Limiter

@@ -16,24 +16,21 @@ afterwards (running, waiting, KV usage: all 0), and the server's RSS from the en
 warm-up to the end of the run. Goals: gateway >= 0.9 of the engine alone in output
 tokens/s, no problems, pools free at rest, RSS growth after warm-up <= 5%.
 
-    python bench/load.py [--quick] [--requests N] [--concurrency C]
+    python -m bench.load [--quick] [--requests N] [--concurrency C]
 """
 
 import argparse
 import asyncio
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import common
-from servers import RssSampler, free_port, server, tree_cpu_seconds, wait_ready
-
-sys.path.insert(0, str(common.ROOT))  # the driver lives with the tests
-
+from bench import common
+from bench.servers import RssSampler, tree_cpu_seconds, wait_ready
 from tests.load_driver import LoadRun, Target, make_jobs, run_load
 from tests.pool_state import wait_at_rest
+from tests.servers import TIERGATE, free_port, session_process, tiergate_serve
 
 KEY = "sk-load-0123456789"
 ADMIN_KEY = "sk-load-admin-0123456789"
@@ -76,7 +73,7 @@ def engine_flags(args: argparse.Namespace, concurrency: int) -> list[str]:
 
 
 def engine_cmd(args: argparse.Namespace, port: int, concurrency: int) -> list[str]:
-    head = [sys.executable, "-m", "gateway.cli", "engine", "--model", common.MODEL]
+    head = [*TIERGATE, "engine", "--model", common.MODEL]
     tail = ["--port", str(port), "--served-name", SERVED, "--api-key", KEY]
     return [*head, *tail, *engine_flags(args, concurrency)]
 
@@ -99,8 +96,7 @@ routes:
 
 
 def gateway_cmd(policy: Path, port: int) -> list[str]:
-    head = [sys.executable, "-m", "gateway.cli", "serve", "--policy", str(policy)]
-    return [*head, "--port", str(port), "--log-level", "warning"]
+    return [*tiergate_serve(policy, port), "--log-level", "warning"]
 
 
 # ---------------------------------------------------------------- one target
@@ -163,7 +159,7 @@ def measure(name: str, args: argparse.Namespace, work: Path, jobs: tuple, conc: 
     target = Target(f"http://127.0.0.1:{port}", target.model, target.api_key, target.metrics_key)
     env = {"PYTHONPATH": str(common.ROOT), "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
     print(f"[{name}] starting: {' '.join(cmd)}", flush=True)
-    with server(cmd, work / f"{name}.log", env) as pid:
+    with session_process(cmd, work / f"{name}.log", env) as pid:
         startup = asyncio.run(wait_ready(f"{target.base_url}/health", 300))
         figures = asyncio.run(drive(target, pid, *jobs, conc))
     figures["startup_s"] = round(startup, 1)

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import common
+from bench import common
 
 MIB = 1024 * 1024
 
@@ -31,8 +31,9 @@ def rss_mib() -> dict[str, float]:
 
 def child(budget_mib: int) -> dict[str, Any]:
     """Runs in the child: build the engine at the budget, fill ~90% of its pool, measure."""
-    import engine_driver as ed
     import torch  # noqa: F401  (the baseline every engine process pays)
+
+    from bench import engine_driver as ed
 
     marks = {"after_import": rss_mib()}
     engine = ed.make_engine(kv_cache_bytes=budget_mib * MIB)
@@ -63,10 +64,12 @@ def weights_bytes(dims: Any) -> int:
 
 def run_child(budget_mib: int) -> dict[str, Any]:
     code = (
-        f"import sys, json; sys.path.insert(0, {str(Path(__file__).parent)!r});"
-        f"import memory; print('RESULT ' + json.dumps(memory.child({budget_mib})))"
+        "import json; from bench import memory;"
+        f"print('RESULT ' + json.dumps(memory.child({budget_mib})))"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    # From the repository root: `-c` puts the working folder first, so `bench` imports.
+    run = [sys.executable, "-c", code]
+    done = subprocess.run(run, capture_output=True, text=True, cwd=common.ROOT)
     for line in reversed(done.stdout.splitlines()):
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT ") :])

@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import common
-import engine_driver as ed
+from bench import common
+from bench import engine_driver as ed
 
 FORMATS = ("fp32", "bf16", "int8", "w8a8", "auto")
 NO_Q6_K = "blocks_no_q6_k"  # blocks without the Q6_K record type (the baseline it replaced)
@@ -174,13 +174,11 @@ def run_child(model: str, weights: str, threads: int, cold: bool = False) -> dic
     """One format's build in a fresh process; cold: with an empty cache folder (weights
     converted, kernels compiled and kernel choices measured again, as a first start)."""
     call = f"precision.child({model!r}, {weights!r}, {threads})"
-    code = (
-        f"import sys, json; sys.path.insert(0, {str(Path(__file__).parent)!r});"
-        f"import precision; print('RESULT ' + json.dumps({call}))"
-    )
+    code = f"import json; from bench import precision; print('RESULT ' + json.dumps({call}))"
     with tempfile.TemporaryDirectory() as empty:
         env = os.environ | ({"TIERGATE_CACHE_DIR": empty} if cold else {})
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+        run = [sys.executable, "-c", code]  # from the root: `-c` puts it first, `bench` imports
+        done = subprocess.run(run, capture_output=True, text=True, env=env, cwd=common.ROOT)
     for line in reversed(done.stdout.splitlines()):
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT ") :])

@@ -10,8 +10,8 @@ import argparse
 import gc
 from typing import Any
 
-import common
-import engine_driver as ed
+from bench import common
+from bench import engine_driver as ed
 
 GOALS = {"prefill_reduction": 0.90, "throughput_ratio": 3.0}
 SYSTEM_TOKENS = 1000

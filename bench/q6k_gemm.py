@@ -9,8 +9,7 @@ import argparse
 import json
 from typing import Any
 
-import common
-import precision
+from bench import common, precision
 
 PATHS = {"vnni": ("avx512f", "avx512bw", "avx512_vnni"), "avx2": ("avx2", "fma"), "generic": ()}
 

@@ -9,7 +9,7 @@ gateway's CPU time (its process tree), and divides by N. Redis runs its commands
 thread, so Redis CPU per request bounds what one Redis can serve. Figures feed
 bench/capacity.py. Writes bench/results/redis_usage.json.
 
-    python bench/redis_usage.py [--quick] [--requests N] [--concurrency C]
+    python -m bench.redis_usage [--quick] [--requests N] [--concurrency C]
 """
 
 import argparse
@@ -21,16 +21,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-import common
 import httpx
 import redis
-from servers import free_port, server, tiergate_cmd, tree_cpu_seconds, wait_ready
 
-sys.path.insert(0, str(common.ROOT))
+from bench import common
+from bench.servers import tree_cpu_seconds, wait_ready
+from tests.servers import free_port, run_redis, session_process, tiergate_serve
 
-from tests.servers import run_redis
-
-HERE = Path(__file__).resolve().parent
 KEY = "sk-bench-redis-usage"
 ADMIN_KEY = "sk-bench-redis-admin"
 
@@ -149,11 +146,11 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     stub_port, gw_port = free_port(), free_port()
     with run_redis() as redis_url, contextlib.ExitStack() as stack:
         (work / "policy.yaml").write_text(policy(stub_port, gw_port, redis_url))
-        stub_cmd = [sys.executable, str(HERE / "stub_backend.py"), "--port", str(stub_port)]
-        stack.enter_context(server(stub_cmd, work / "stub.log"))
+        stub_cmd = [sys.executable, "-m", "bench.stub_backend", "--port", str(stub_port)]
+        stack.enter_context(session_process(stub_cmd, work / "stub.log"))
         env = {"STUB_API_KEY": "sk-stub", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
-        gw_cmd = tiergate_cmd(work / "policy.yaml", gw_port)
-        pid = stack.enter_context(server(gw_cmd, work / "gateway.log", env))
+        gw_cmd = tiergate_serve(work / "policy.yaml", gw_port)
+        pid = stack.enter_context(session_process(gw_cmd, work / "gateway.log", env))
         url = f"http://127.0.0.1:{gw_port}/v1"
         asyncio.run(wait_ready(f"{url}/models", 300, {"Authorization": f"Bearer {KEY}"}))
         asyncio.run(send_all(url, [question(-i) for i in range(1, 21)], 4))  # warm: embedder

@@ -18,7 +18,7 @@ Latency: the same short requests, interleaved at concurrency 1, to vLLM directly
 gateway's two vLLM tiers and to its local tier. If vLLM cannot be installed or started,
 the JSON says why and the script exits 1 (it never reports checks it did not run).
 
-    python bench/remote_vllm.py [--quick] [--no-install] [--skip-vllm] [--threads N]
+    python -m bench.remote_vllm [--quick] [--no-install] [--skip-vllm] [--threads N]
 """
 
 import argparse
@@ -30,10 +30,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import common
 import httpx
-import remote_vllm_checks as checks
-from servers import free_port, server, tiergate_cmd
+
+from bench import common
+from bench import remote_vllm_checks as checks
+from tests.servers import free_port, session_process, tiergate_serve
 
 REMOTE_TIERS = {"remote-litellm": "litellm", "remote-direct": "auto"}
 MAX_MODEL_LEN = 2048
@@ -121,7 +122,7 @@ def attempt(check: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    from hf_folder import ensure_hf_folder
+    from bench.hf_folder import ensure_hf_folder
 
     python, versions = vllm_python(args)
     folder = ensure_hf_folder(common.MODEL)
@@ -135,9 +136,9 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     vllm_url, gw_url = f"http://127.0.0.1:{vllm_port}/v1", f"http://127.0.0.1:{gw_port}/v1"
     with contextlib.ExitStack() as stack:
         cmd = vllm_cmd(python, folder, vllm_port)
-        vllm_pid = stack.enter_context(server(cmd, work / "vllm.log", vllm_env))
-        gw_cmd = tiergate_cmd(work / "policy.yaml", gw_port)
-        gw_pid = stack.enter_context(server(gw_cmd, work / "gateway.log", gw_env))
+        vllm_pid = stack.enter_context(session_process(cmd, work / "vllm.log", vllm_env))
+        gw_cmd = tiergate_serve(work / "policy.yaml", gw_port)
+        gw_pid = stack.enter_context(session_process(gw_cmd, work / "gateway.log", gw_env))
         vllm_log, gw_log = work / "vllm.log", work / "gateway.log"
         startup = {"vllm": started(f"{vllm_url}/models", checks.VLLM_KEY, vllm_pid, vllm_log, 900)}
         gw_key = checks.KEYS["team-a"]

@@ -14,9 +14,9 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import common
 import openai
 
+from bench import common
 from gateway.backends.forward import tenant_cache_salt
 
 SERVED = "smol"  # vLLM's --served-model-name

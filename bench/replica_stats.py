@@ -8,21 +8,17 @@ each replica. Measured in one run, each against its baseline:
 - one GET /admin/stats with 3 other replicas (their reports decoded and summed, each
   one's headline row) vs the same view alone (no replicas), warm.
 
-    python bench/replica_stats.py [--quick]
+    python -m bench.replica_stats [--quick]
 """
 
 import argparse
 import asyncio
 import sys
 import time
-from pathlib import Path
 
-import common
-from admin_stats import PRICE, traffic
-from common import cpu_model
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
+from bench import common
+from bench.admin_stats import PRICE, traffic
+from bench.common import cpu_model
 from gateway.replicas import Fleet, FleetStats, ReplicaReport
 from gateway.replicas.sync import STATS_EVERY_S
 from gateway.stats import Stats, read_samples

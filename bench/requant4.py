@@ -23,11 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import common
-import engine_driver as ed
-import gguf_blocks
-import precision
 import torch
+
+from bench import common, gguf_blocks, precision
+from bench import engine_driver as ed
 
 GROUP = 32  # k values per block, as every llama.cpp block type here
 

@@ -1,10 +1,10 @@
 """How well the difficulty score routes, on outcomes held apart from its training examples.
 
-    python bench/router_eval.py [--policy router_policies/default.yaml]
+    python -m bench.router_eval [--policy router_policies/default.yaml]
 
-Reads `bench/data/router_rates.jsonl` (bench/router_outcomes.py: ten answers per task from
-each local tier) and trains the policy's classifier on the `train` split with the shipped
-target (bench/router_labels.py), exactly as the gateway does at load. On the `heldout`
+Reads `training/data/router_rates.jsonl` (training/router/outcomes.py: ten answers per task
+from each local tier) and trains the policy's classifier on the `train` split with the
+shipped target (training/router/labels.py), exactly as the gateway does at load. On the `heldout`
 split, in the same run:
 
 - ROC AUC for "needs the large tier" (`--label rate`: the large tier's right-answer share
@@ -15,7 +15,7 @@ split, in the same run:
   and random routing at the same share (its expectation): accuracy (each tier's
   right-answer share), cost at the policy's prices, and CPT(50%) / CPT(80%): the least
   large share that recovers that part of the accuracy gap between all-small and all-large.
-- The same figures on the first outcomes (`bench/data/router_outcomes.jsonl`: one greedy
+- The same figures on the first outcomes (`training/data/router_outcomes.jsonl`: one greedy
   fp32 answer per tier, label "small wrong, large right") for the same held-out tasks, and
   the classifier trained on those first labels (`difficulty_greedy_trained`) next to ours;
   and this run's labels on those tasks alone (`first_tasks`: the later families left out).
@@ -23,7 +23,7 @@ split, in the same run:
   the same policy without them (`difficulty_classifier_only`: as before they existed), and
   the classifier blended 1:1 with the mean of the 5 nearest examples
   (`difficulty_neighbours`: the first such candidate).
-- Round 2 (tasks appended to bench/router_tasks.py later, `round: 2` in the outcomes): the
+- Round 2 (tasks appended to training/router/tasks.py later, `round: 2` in the outcomes): the
   headline figures stay on round 1's held-out tasks, comparable with earlier runs;
   `heldout_all` is the same on every held-out task of both rounds (a larger set, never
   trained on), and `difficulty_round1_trained` is the policy trained on round 1's train
@@ -38,7 +38,7 @@ split, in the same run:
   disjoint five-answer halves give a task the same label.
 - Scoring latency beyond the embedding (features, signals, neighbours, blend): p50 / p99.
 
-`--outcomes bench/data/router_outcomes.jsonl --target greedy --label greedy
+`--outcomes training/data/router_outcomes.jsonl --target greedy --label greedy
 --regularization 30` reproduces the first figures. `--quick` (`make bench --quick`) leaves
 out the comparison models and the first outcomes: our score and the two baselines only.
 Writes bench/results/router_eval.json, with the issue's goals (`goals`).
@@ -47,25 +47,21 @@ Writes bench/results/router_eval.json, with the issue's goals (`goals`).
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from bench import common  # noqa: E402
-from bench.common import cpu_model  # noqa: E402
-from bench.router_labels import SHIPPED_TARGET, TARGETS, answers_slice  # noqa: E402
-from bench.router_metrics import auc, evaluate, tier_outcomes  # noqa: E402
-from bench.router_outcomes import OUTCOMES, RATES  # noqa: E402
-from gateway.cache.embedder import Embedder  # noqa: E402
-from gateway.policy import ExamplePrompt, load_policy  # noqa: E402
-from gateway.routing.difficulty import build_scorer, example_signals  # noqa: E402
-from gateway.routing.router import extract_features  # noqa: E402
-from gateway.routing.signals import compute_signals  # noqa: E402
+from bench import common
+from bench.common import cpu_model
+from gateway.cache.embedder import Embedder
+from gateway.policy import ExamplePrompt, load_policy
+from gateway.routing.difficulty import build_scorer, example_signals
+from gateway.routing.features import extract_features
+from gateway.routing.signals import compute_signals
+from training.router.labels import SHIPPED_TARGET, TARGETS, answers_slice
+from training.router.metrics import auc, evaluate, tier_outcomes
+from training.router.outcomes import OUTCOMES, RATES
 
 
 def litellm_scores(prompts: list[str]) -> np.ndarray:
@@ -225,7 +221,7 @@ def goals(report: dict) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--policy", default=str(ROOT / "router_policies" / "default.yaml"))
+    parser.add_argument("--policy", default=str(common.ROOT / "router_policies" / "default.yaml"))
     parser.add_argument("--outcomes", type=Path, default=RATES)
     parser.add_argument("--target", choices=list(TARGETS), default=SHIPPED_TARGET)
     parser.add_argument("--label", choices=["rate", "greedy"], default="rate")

@@ -4,7 +4,7 @@ Each benchmark runs in its own process (memory and thread pools start clean), pr
 figures with the same-run baseline and writes bench/results/<name>.json. This script then
 prints one goal table from those files and writes bench/results/summary.json.
 
-    python bench/run.py [--quick] [--only NAME ...] [--skip-vllm] [--skip-llamacpp]
+    python -m bench.run [--quick] [--only NAME ...] [--skip-vllm] [--skip-llamacpp]
                         [--skip-litellm] [--no-install] [--threads N]
 """
 
@@ -13,12 +13,10 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-import common
+from bench import common
 
-HERE = Path(__file__).resolve().parent
 # Cheap ones first: a failure there shows before the long throughput run.
 BENCHMARKS = [
     "admin_stats",
@@ -102,7 +100,7 @@ def flags_for(name: str, args: argparse.Namespace) -> list[str]:
 def run_benchmark(name: str, flags: list[str]) -> dict[str, Any]:
     print(f"\n=== {name} {' '.join(flags)}", flush=True)
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, str(HERE / f"{name}.py"), *flags])
+    done = subprocess.run([sys.executable, "-m", f"bench.{name}", *flags], cwd=common.ROOT)
     seconds = round(time.perf_counter() - start, 1)
     path = common.RESULTS_DIR / f"{name}.json"
     stale = path.is_file() and path.stat().st_mtime < time.time() - seconds - 1
@@ -135,7 +133,7 @@ def main() -> int:
     print_table(runs)
     if all((common.RESULTS_DIR / f"{n}.json").is_file() for n in CAPACITY_INPUTS):
         print("\n=== capacity (bench/capacity.py)", flush=True)
-        subprocess.run([sys.executable, str(HERE / "capacity.py")])
+        subprocess.run([sys.executable, "-m", "bench.capacity"], cwd=common.ROOT)
     summary = {"quick": args.quick, "venvs": venvs, "runs": runs}
     common.write_result("summary", summary)
     return 0 if all(r["ok"] for r in runs.values()) else 1

@@ -5,20 +5,15 @@ in one run on the real SmolLM2 (greedy, fixed output lengths with ignore_eos).
 Runs alternate (plain, adjusted, plain, adjusted...) so machine load drifts hit both alike;
 the figure is the median ratio of adjusted to plain tokens/s.
 
-    python bench/sampling_fields.py [--quick]
+    python -m bench.sampling_fields [--quick]
 """
 
 import argparse
-import sys
 import time
-from pathlib import Path
-
-import common
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
 
+from bench import common
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams

@@ -1,47 +1,13 @@
-"""Server processes for the benchmarks: start one in its own session, wait until it
-answers, and read its CPU time and resident memory from /proc."""
+"""Server processes for the benchmarks, started with tests/servers.py's `session_process`:
+wait until one answers, and read its CPU time and resident memory from /proc."""
 
 import asyncio
 import contextlib
 import os
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
-from common import ROOT
-
-sys.path.insert(0, str(ROOT))  # imported flat from bench/: the tests package is one up
-
-from tests.servers import free_port, stop_session
-
-__all__ = ["free_port"]  # the benches' one free_port is the tests' one
-
-
-def tiergate_cmd(policy: Path, port: int) -> list[str]:
-    """`tiergate serve` from the running interpreter's venv (or `-m gateway.cli`)."""
-    script = Path(sys.executable).with_name("tiergate")
-    head = [str(script)] if script.exists() else [sys.executable, "-m", "gateway.cli"]
-    return [*head, "serve", "--policy", str(policy), "--port", str(port)]
-
-
-@contextlib.contextmanager
-def server(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> Iterator[int]:
-    """Start a server in its own session; stop that session (only it) on exit."""
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            cmd,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
-            start_new_session=True,
-        )
-    try:
-        yield proc.pid
-    finally:
-        stop_session(proc, grace_s=20)
 
 
 async def wait_ready(url: str, deadline_s: float, headers: dict[str, str] | None = None) -> float:

@@ -11,8 +11,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import common
-import engine_driver as ed
+from bench import common
+from bench import engine_driver as ed
 
 
 def summary(per_request: Sequence[dict[str, float]]) -> dict[str, Any]:

@@ -12,25 +12,20 @@
    (goal with the schema: 1.0), and, without it, also the share with a valid object
    somewhere in the text (a fenced block, say).
 
-    python bench/structured.py [--quick]
+    python -m bench.structured [--quick]
 """
 
 import argparse
 import json
 import re
-import sys
 import time
-from pathlib import Path
 from typing import Any
-
-import common
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import jsonschema
 import torch
-from common import cpu_model
 
+from bench import common
+from bench.common import cpu_model
 from engine import runner
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine

@@ -1,7 +1,7 @@
 """A tiny, fast OpenAI-compatible backend: a fixed chat completion, streamed or not.
 
 A bare ASGI app (no framework), so the backend's own cost is small and the same for every
-gateway in front of it. Run: python bench/stub_backend.py --port 9000
+gateway in front of it. Run: python -m bench.stub_backend --port 9000
 """
 
 import argparse

@@ -21,11 +21,10 @@ import sys
 import time
 from typing import Any
 
-import common
-import engine_driver as ed
-import single_stream
-from hf_folder import ensure_hf_folder
-from venv_baselines import run_llamacpp, run_vllm, venv_or_skip
+from bench import common, single_stream
+from bench import engine_driver as ed
+from bench.hf_folder import ensure_hf_folder
+from bench.venv_baselines import run_llamacpp, run_vllm, venv_or_skip
 
 GOALS = {
     "vs_transformers": 2.0,

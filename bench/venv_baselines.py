@@ -10,8 +10,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import common
-from hf_folder import ensure_hf_folder
+from bench import common
+from bench.hf_folder import ensure_hf_folder
 
 
 def run_in_venv(venv: common.Venv, script: str, job: dict[str, Any], timeout: int) -> dict:

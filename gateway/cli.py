@@ -1,4 +1,4 @@
-"""The `tiergate` command: serve | engine | check-policy | hash-key | stats | calibrate.
+"""The `tiergate` command: serve | engine | check-policy | hash-key | stats | calibrate | train.
 
 Heavy imports (uvicorn, the app, the engine and torch) happen inside each subcommand, so
 `tiergate check-policy` answers in well under a second.
@@ -228,6 +228,18 @@ def _add_engine_tuning(p: argparse.ArgumentParser) -> None:
     )
 
 
+def train(args: argparse.Namespace) -> int:
+    try:
+        from training.__main__ import main as run_step  # imported on use: it loads torch
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] != "training":
+            raise  # a dependency missing, not the package
+        # e.g. the Docker image: the pipelines and their data live in a source checkout
+        print("tiergate train: no training/ here; run it from a source checkout", file=sys.stderr)
+        return 1
+    return run_step(args.step)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tiergate", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -291,6 +303,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--key", default=os.environ.get("TIERGATE_ADMIN_KEY"), help="admin key")
     p.add_argument("--window", default="1h", choices=["1m", "1h", "all"])
     p.set_defaults(func=stats)
+    p = sub.add_parser("train", help="a training step: router|cache STEP (python -m training)")
+    p.add_argument("step", nargs=argparse.REMAINDER, help="e.g. cache verifier --limit 400")
+    p.set_defaults(func=train)
     return parser
 
 

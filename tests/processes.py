@@ -5,14 +5,13 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.servers import free_port, wait_for_port
+from tests.servers import TIERGATE, free_port, wait_for_port
 
 ENGINE_MODEL = "smollm2-135m"
 
@@ -33,7 +32,7 @@ class Process:
     def launch(self) -> None:
         """Start without waiting (several can then load their models at once)."""
         env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", **self.env}
-        cmd = [sys.executable, "-m", "gateway.cli", *self.args]
+        cmd = [*TIERGATE, *self.args]
         err = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
 

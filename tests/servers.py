@@ -1,5 +1,6 @@
-"""Real servers for tests: uvicorn on a free loopback port, redis-server in a temp folder;
-and waiting on what runs (`eventually`, `wait_idle`)."""
+"""Real servers for tests and benchmarks: uvicorn on a free loopback port, redis-server in a
+temp folder, a command in its own session (`session_process`, `tiergate serve`); and
+waiting on what runs (`eventually`, `wait_idle`). The benchmarks import these too."""
 
 import contextlib
 import os
@@ -7,13 +8,22 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import uvicorn
+
+# `tiergate` as the running interpreter runs it: this checkout's code, whatever is installed.
+TIERGATE = [sys.executable, "-m", "gateway.cli"]
+
+
+def tiergate_serve(policy: Path, port: int) -> list[str]:
+    return [*TIERGATE, "serve", "--policy", str(policy), "--port", str(port)]
 
 
 def free_port() -> int:
@@ -32,6 +42,24 @@ def stop_session(proc: subprocess.Popen, grace_s: float) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def session_process(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> Iterator[int]:
+    """`cmd` in its own session, its output in `log`; yields its pid, and stops that session
+    (only it: a server's own children too) on exit."""
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
+    try:
+        yield proc.pid
+    finally:
+        stop_session(proc, grace_s=20)
 
 
 def wait_for_port(port: int, timeout: float = 30.0) -> None:

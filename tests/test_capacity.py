@@ -1,14 +1,11 @@
 """bench/capacity.py's arithmetic on small fixture results (not the real measurements)."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-
-import capacity
+from bench import capacity
 
 MACHINE = {"cpu_model": "Fixture CPU", "time": "2026-01-01T00:00:00+0000"}
 
@@ -119,7 +116,7 @@ def test_markdown_table_and_json_from_the_command(results: Path, capsys) -> None
 
 def test_a_missing_result_names_the_benchmark_to_run(results: Path) -> None:
     (results / "redis_usage.json").unlink()
-    with pytest.raises(SystemExit, match=r"bench/redis_usage\.py"):
+    with pytest.raises(SystemExit, match=r"python -m bench\.redis_usage"):
         capacity.load_figures(results)
 
 

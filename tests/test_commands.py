@@ -3,16 +3,13 @@
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from openai import OpenAI
 
-from tests.servers import free_port, wait_for_port
-
-TIERGATE = [sys.executable, "-m", "gateway.cli"]
+from tests.servers import TIERGATE, free_port, wait_for_port
 
 
 @contextmanager

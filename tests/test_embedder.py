@@ -60,7 +60,7 @@ def test_huge_text_is_clipped_not_tokenised_whole(embedder: Embedder) -> None:
 
 # ---------------------------------------------------------------- backends
 
-PAIRS = Path(__file__).resolve().parents[1] / "bench" / "data" / "cache_pairs.jsonl"
+PAIRS = Path(__file__).resolve().parents[1] / "training" / "data" / "cache_pairs.jsonl"
 
 
 @pytest.fixture(scope="module")

@@ -3,15 +3,11 @@ differing token, token and teacher-forced agreement, flips at near ties, factual
 lost or gained) and bench/act_quant_sites.py's rounding of chosen projections' inputs,
 undone by the next configuration."""
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-import act_quant_sites as sites
-import greedy_agreement as ga
+from bench import act_quant_sites as sites
+from bench import greedy_agreement as ga
 
 
 def test_until_stop_keeps_the_stop_id_and_drops_what_follows() -> None:

@@ -7,7 +7,8 @@ import pytest
 
 from gateway.cli import main
 from gateway.policy import PolicyError, parse_policy
-from gateway.routing.router import Router, RoutingInput, Scored, extract_features
+from gateway.routing.features import extract_features
+from gateway.routing.router import Router, RoutingInput, Scored
 
 ROOT = Path(__file__).resolve().parent.parent
 POLICY_FILES = sorted((ROOT / "router_policies").rglob("*.yaml"))

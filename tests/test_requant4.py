@@ -3,17 +3,13 @@ of its reconstruction (a step more only where the top code clamps), Q4_1 exact o
 it can represent, bit for bit what gguf-py's llama.cpp port makes, and the int8 form the
 w8a8 engine takes standing for the same values."""
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as QT
 from gguf.quants import dequantize, quantize
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-from requant4 import GROUP, RULES, requantize
+from bench.requant4 import GROUP, RULES, requantize
 
 QTYPES = {"q4_0": QT.Q4_0, "q4_1": QT.Q4_1, "q5_0": QT.Q5_0}
 FP16_EPS = 2.0**-10  # relative spacing of fp16 values (the stored scale's rounding: half)

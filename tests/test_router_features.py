@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from gateway.routing.router import extract_features, looks_like_code
+from gateway.routing.features import extract_features, looks_like_code
 
 # The pattern code detection used before (quadratic on some inputs): the reference for
 # what counts as code, on inputs small enough for it.

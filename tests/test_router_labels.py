@@ -1,5 +1,5 @@
-"""The router's outcome labels (bench/router_labels.py), the resumable answer files
-(bench/router_answers.py) and the task set they label (bench/router_tasks.py)."""
+"""The router's outcome labels (training/router/labels.py), the resumable answer files
+(training/router/answers.py) and the task set they label (training/router/tasks.py)."""
 
 import json
 import re
@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from bench.router_answers import prompt_digest, read_answers
-from bench.router_labels import TARGETS, answers_slice, gap, quality, rate_label
-from bench.router_tasks import Task, build_tasks, is_correct
-from bench.router_tasks_round3 import ROUND3_DROPPED, ROUND3_GENERATORS, WEEKDAYS
+from training.router.answers import prompt_digest, read_answers
+from training.router.labels import TARGETS, answers_slice, gap, quality, rate_label
+from training.router.tasks import Task, build_tasks, is_correct
+from training.router.tasks_round3 import ROUND3_DROPPED, ROUND3_GENERATORS, WEEKDAYS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -88,7 +88,7 @@ def test_answer_file_skips_torn_lines_and_answers_to_other_prompts(tmp_path: Pat
 
 def test_first_tasks_keep_their_prompts_and_later_families_follow() -> None:
     """The first greedy outcomes stay comparable: every task id in them still has its prompt."""
-    first = ROOT / "bench" / "data" / "router_outcomes.jsonl"
+    first = ROOT / "training" / "data" / "router_outcomes.jsonl"
     old = {r["id"]: r["prompt"] for r in map(json.loads, first.read_text().splitlines())}
     round_one = {t.id: t for t in build_tasks(rounds=1)}
     assert all(round_one[i].prompt == prompt for i, prompt in old.items())
@@ -108,7 +108,7 @@ def test_round_two_appends_new_ids_and_prompts() -> None:
 
 def test_labelled_outcomes_match_the_current_tasks() -> None:
     """Every labelled task in the shipped rates file still has its prompt and round."""
-    rates = ROOT / "bench" / "data" / "router_rates.jsonl"
+    rates = ROOT / "training" / "data" / "router_rates.jsonl"
     tasks = {t.id: t for t in build_tasks()}
     rounds = {t.id: r for r in (3, 2, 1) for t in build_tasks(rounds=r)}
     for row in map(json.loads, rates.read_text().splitlines()):

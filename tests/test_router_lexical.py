@@ -6,9 +6,10 @@ import pytest
 
 from gateway.policy import Blend
 from gateway.routing.difficulty import DifficultyScorer
+from gateway.routing.features import extract_features
 from gateway.routing.lexical import MAX_CHARS, LexicalIndex, lexical_features, lexical_tokens
 from gateway.routing.nearest import Kernel, example_similarities
-from gateway.routing.router import RoutingInput, extract_features
+from gateway.routing.router import RoutingInput
 from gateway.routing.signals import compute_signals
 
 

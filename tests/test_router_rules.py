@@ -1,5 +1,6 @@
 """Routing rules, the tier override, lazy scoring and the example files (no model, no server)."""
 
+import dataclasses
 import textwrap
 from pathlib import Path
 
@@ -9,10 +10,12 @@ import pytest
 from engine.entrypoints.openai_errors import OpenAIError
 from gateway.cli import main
 from gateway.policy import Blend, PolicyError, key_digest, load_policy, parse_policy
+from gateway.policy.signal_names import SIGNAL_NAMES
 from gateway.routing.difficulty import Classifier, DifficultyScorer
+from gateway.routing.features import extract_features
 from gateway.routing.nearest import Kernel, Neighbours
-from gateway.routing.router import Router, RoutingInput, Scored, extract_features
-from gateway.routing.signals import NAMES, compute_signals
+from gateway.routing.router import Router, RoutingInput, Scored
+from gateway.routing.signals import NAMES, Signals, compute_signals
 
 ALLOWED, OTHER = "sk-allowed-key", "sk-other-key"
 POLICY = f"""
@@ -219,6 +222,19 @@ def test_bad_rule_signals_and_aliases_are_policy_errors() -> None:
     assert any(
         m.startswith("routes.auto.rules[5].min_signals.maths: unknown signal") for m in messages
     )
+
+
+def test_one_list_names_the_signals_their_blend_weights_and_the_rule_keys() -> None:
+    """gateway/policy/signal_names.py is the only place a signal is named: routing's
+    Signals, the policy's blend weights and the rule keys it accepts all follow it."""
+    assert [f.name for f in dataclasses.fields(Signals)] == list(SIGNAL_NAMES) == list(NAMES)
+    assert list(Blend.model_fields) == ["classifier", "neighbours", "kernel", *SIGNAL_NAMES]
+    every = ", ".join(f"{name}: 0.5" for name in SIGNAL_NAMES)
+    text = POLICY.replace("{math: 0.5}", f"{{{every}}}")
+    assert text != POLICY
+    rule = parse_policy(text, env={}).routes["auto"].rules[5]
+    assert list(rule.min_signals) == list(SIGNAL_NAMES)
+    assert list(compute_signals(extract_features(None, "x")).as_dict()) == list(SIGNAL_NAMES)
 
 
 EXAMPLE_POLICY = """

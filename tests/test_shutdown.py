@@ -6,7 +6,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -15,9 +14,8 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.servers import free_port, wait_for_port
+from tests.servers import TIERGATE, free_port, wait_for_port
 
-TIERGATE = [sys.executable, "-m", "gateway.cli"]
 MODEL = "smollm2-135m"
 FOREVER = {"ignore_eos": True}  # with a large max_tokens: minutes of output on this CPU
 

@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from gateway.cache import train_verifier
 from gateway.cache.embedder import Embedder
 from gateway.cache.verifier import DEFAULT_ARTIFACT, STRICTNESS, PairVerifier
+from training.cache import train_verifier
 
 
 @pytest.fixture(scope="module")

@@ -35,7 +35,8 @@ from gateway.backends.fallback import Served
 from gateway.cache.semantic import CacheQuery
 from gateway.embedding import embed_once
 from gateway.limits import NOT_LIMITED, Admission
-from gateway.routing.router import Embed, PromptFeatures, RoutingInput, extract_features
+from gateway.routing.features import PromptFeatures, extract_features
+from gateway.routing.router import Embed, RoutingInput
 from gateway.state import GatewayState, Runtime
 
 router = APIRouter()

@@ -3,7 +3,7 @@
 Similarity only finds candidates; cosine cannot tell "enable 2FA" from "disable 2FA"
 (must-not pairs score above paraphrases, see DESIGN.md). The verifier applies hard vetoes
 (pair_features.veto) and then a logistic model over the cosine and token-alignment
-features, trained by `python -m gateway.cache.train_verifier` and shipped as
+features, trained by `python -m training cache verifier` and shipped as
 verifier_model.json. Pure Python over the artifact: no model load, tens of microseconds a
 pair (bench/cache_eval.py measures it).
 """

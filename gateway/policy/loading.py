@@ -23,7 +23,9 @@ from pydantic import (
 )
 
 from engine.model_registry import BUNDLED
+from gateway.policy.examples import resolve_example_files
 from gateway.policy.schema import Policy, PolicyError, PolicyIssue
+from gateway.policy.signal_names import SIGNAL_NAMES
 from gateway.policy.tiers import Deployment, Rule, Tier
 from gateway.policy.yaml_bounds import MAX_BYTES, load_bounded
 
@@ -200,12 +202,10 @@ def _rule_issues(rule: Rule, path: str, tiers: dict[str, Tier]) -> list[PolicyIs
         lo, hi = getattr(rule, low), getattr(rule, high)
         if lo is not None and hi is not None and lo > hi:
             issues.append(PolicyIssue(f"{path}.{low}", f"must not exceed {high} ({hi})"))
-    from gateway.routing.signals import NAMES  # lazy: routing imports this module
-
     for key in ("min_signals", "max_signals"):
         for name, value in getattr(rule, key).items():
-            if name not in NAMES:
-                known = ", ".join(NAMES)
+            if name not in SIGNAL_NAMES:
+                known = ", ".join(SIGNAL_NAMES)
                 issues.append(PolicyIssue(f"{path}.{key}.{name}", f"unknown signal ({known})"))
             elif not 0 <= value <= 1:
                 issues.append(PolicyIssue(f"{path}.{key}.{name}", "must be between 0 and 1"))
@@ -310,6 +310,8 @@ def policy_from_text(
     """Policy text as if read from `path`: relative example files are read beside it.
     `source` names the text in errors (default: the path), e.g. another replica's policy."""
     policy = parse_policy(text, source or str(path), env)
-    from gateway.routing.examples import resolve_example_files  # lazy: it reads files
-
-    return resolve_example_files(policy, path, text)
+    try:
+        return resolve_example_files(policy, path)
+    except PolicyError as exc:
+        exc.issues = with_lines(text, exc.issues)
+        raise

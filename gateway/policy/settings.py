@@ -4,7 +4,7 @@ import hashlib
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import (
     Field,
@@ -16,9 +16,7 @@ from pydantic import (
 from engine.config import KV_DTYPES, WEIGHT_FORMATS, EngineConfig
 from engine.entrypoints.body_limit import DEFAULT_MAX_BODY_BYTES
 from gateway.policy.common import StrictModel, between_0_and_1, not_negative, positive
-
-if TYPE_CHECKING:
-    from gateway.policy.tiers import Route
+from gateway.policy.tiers import Route, RouteCacheSettings, Strictness
 
 
 class ServerSettings(StrictModel):
@@ -121,24 +119,9 @@ class AuthSettings(StrictModel):
         return self
 
 
-Strictness = Literal["strict", "balanced", "lenient", "off"]  # "off": the floor alone decides
-
-
 def default_cache_path() -> Path:
     root = os.environ.get("TIERGATE_CACHE_DIR") or Path.home() / ".cache" / "tiergate"
     return Path(root) / "semantic-cache.sqlite3"
-
-
-class RouteCacheSettings(StrictModel):
-    """Per-route overrides under `routes.<name>.cache`; an unset key takes `cache.<key>`."""
-
-    enabled: bool | None = None
-    min_similarity: float | None = None  # cosine a candidate needs before the verifier sees it
-    verifier: Strictness | None = None
-    ttl_s: float | None = None
-
-    _check_similarity = field_validator("min_similarity")(between_0_and_1)
-    _check_ttl = field_validator("ttl_s")(positive)
 
 
 class CacheSettings(StrictModel):
@@ -171,7 +154,7 @@ class CacheSettings(StrictModel):
     def sqlite_path(self) -> Path:
         return Path(self.path).expanduser() if self.path else default_cache_path()
 
-    def for_route(self, route: "Route | None") -> RouteCacheSettings:
+    def for_route(self, route: Route | None) -> RouteCacheSettings:
         """A route's effective settings: its overrides, every unset key from this section."""
         overrides = route.cache if route is not None else RouteCacheSettings()
         return RouteCacheSettings(

@@ -4,12 +4,27 @@ from typing import Literal
 
 from pydantic import (
     Field,
+    create_model,
     field_validator,
     model_validator,
 )
 
 from gateway.policy.common import StrictModel, between_0_and_1, not_negative, positive
-from gateway.policy.settings import RouteCacheSettings
+from gateway.policy.signal_names import SIGNAL_NAMES
+
+Strictness = Literal["strict", "balanced", "lenient", "off"]  # "off": the floor alone decides
+
+
+class RouteCacheSettings(StrictModel):
+    """Per-route overrides under `routes.<name>.cache`; an unset key takes `cache.<key>`."""
+
+    enabled: bool | None = None
+    min_similarity: float | None = None  # cosine a candidate needs before the verifier sees it
+    verifier: Strictness | None = None
+    ttl_s: float | None = None
+
+    _check_similarity = field_validator("min_similarity")(between_0_and_1)
+    _check_ttl = field_validator("ttl_s")(positive)
 
 
 class Deployment(StrictModel):
@@ -114,24 +129,24 @@ class ExamplePrompt(StrictModel):
         return float(self.label if self.label is not None else self.score)
 
 
-class Blend(StrictModel):
-    """Weights of the difficulty score: the trained classifier's probability, the mean
-    target of the nearest examples, the kernel ridge prediction from the examples and each
-    prompt signal; the score is their weighted mean (weights are normalised)."""
-
+class _LearnedWeights(StrictModel):
     classifier: float = 1.0
     neighbours: float = 0.0
     kernel: float = 0.0
-    tokens: float = 0.0
-    code: float = 0.0
-    math: float = 0.0
-    multi_step: float = 0.0
-    constraints: float = 0.0
-    tools: float = 0.0
-    depth: float = 0.0
-    max_tokens: float = 0.0
 
-    _check = field_validator("*")(not_negative)
+    _check = field_validator("*")(not_negative)  # the signals' weights too (Blend below)
+
+
+# Weights of the difficulty score: the trained classifier's probability, the mean target of
+# the nearest examples, the kernel ridge prediction from the examples and each prompt signal
+# (one field per SIGNAL_NAMES entry, 0 by default); the score is their weighted mean
+# (weights are normalised).
+Blend = create_model(
+    "Blend",
+    __base__=_LearnedWeights,
+    __module__=__name__,
+    **{name: (float, 0.0) for name in SIGNAL_NAMES},
+)
 
 
 class DifficultySettings(StrictModel):

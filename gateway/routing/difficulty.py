@@ -26,10 +26,11 @@ from gateway.policy import (
     PolicyError,
     PolicyIssue,
 )
-from gateway.routing.examples import policy_examples
+from gateway.policy.examples import policy_examples
+from gateway.routing.features import extract_features
 from gateway.routing.lexical import LexicalIndex
 from gateway.routing.nearest import Kernel, Neighbours
-from gateway.routing.router import RoutingInput, Scored, extract_features
+from gateway.routing.router import RoutingInput, Scored
 from gateway.routing.signals import NAMES, Signals, compute_signals
 
 logger = logging.getLogger("tiergate.difficulty")

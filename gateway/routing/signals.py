@@ -5,13 +5,12 @@ the prompt, whatever its shape (the code test reuses `PromptFeatures.contains_co
 """
 
 import math
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import make_dataclass
 
 import numpy as np
 
-if TYPE_CHECKING:  # router.py imports this module
-    from gateway.routing.router import PromptFeatures
+from gateway.policy.signal_names import SIGNAL_NAMES
+from gateway.routing.features import PromptFeatures
 
 # Each signal saturates at a cap: beyond it "more" says nothing new about difficulty.
 _TOKENS_CAP = 2048
@@ -40,34 +39,19 @@ _CONSTRAINT_WORDS = _words(
     "sentences limit strictly ensure"
 )
 
-NAMES = (
-    "tokens",
-    "code",
-    "math",
-    "multi_step",
-    "constraints",
-    "tools",
-    "depth",
-    "max_tokens",
-)
+NAMES = SIGNAL_NAMES
 
 
-@dataclass(frozen=True)
-class Signals:
-    tokens: float
-    code: float
-    math: float
-    multi_step: float
-    constraints: float
-    tools: float
-    depth: float
-    max_tokens: float
-
+class _SignalViews:
     def vector(self) -> np.ndarray:
         return np.array([getattr(self, n) for n in NAMES], dtype=np.float32)
 
     def as_dict(self) -> dict[str, float]:
         return {n: getattr(self, n) for n in NAMES}
+
+
+# One float field per signal name, in NAMES' order (the classifier's feature order).
+Signals = make_dataclass("Signals", [(n, float) for n in NAMES], bases=(_SignalViews,), frozen=True)
 
 
 def _saturating(count: float, cap: float) -> float:
@@ -95,7 +79,7 @@ def _word_counts(text: str) -> tuple[int, int, int, int]:
 
 
 def compute_signals(
-    features: "PromptFeatures", tools: bool = False, max_tokens: int | None = None
+    features: PromptFeatures, tools: bool = False, max_tokens: int | None = None
 ) -> Signals:
     """The last user message carries the ask; the token count covers the whole prompt."""
     math_hits, steps, constraints, questions = _word_counts(features.last_user_text)

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from gateway.policy import ExamplePrompt, Policy, PolicyError, PolicyIssue, with_lines
+from gateway.policy.schema import Policy, PolicyError, PolicyIssue
+from gateway.policy.tiers import ExamplePrompt
 
 
 class ExampleFileError(ValueError):
@@ -45,9 +46,10 @@ def _describe(error: dict) -> str:
     return f"{where}: {message}" if where else message
 
 
-def resolve_example_files(policy: Policy, policy_path: Path, text: str) -> Policy:
+def resolve_example_files(policy: Policy, policy_path: Path) -> Policy:
     """Example paths made absolute (relative ones are read beside the policy file) and
-    each file checked; a bad one is a PolicyError at its `difficulty.examples[i]` entry."""
+    each file checked; a bad one is a PolicyError at its `difficulty.examples[i]` entry
+    (the loader adds the line)."""
     resolved, issues = [], []
     for i, entry in enumerate(policy.difficulty.examples):
         if isinstance(entry, ExamplePrompt):
@@ -61,7 +63,7 @@ def resolve_example_files(policy: Policy, policy_path: Path, text: str) -> Polic
             issues.append(PolicyIssue(f"difficulty.examples[{i}]", str(exc)))
         resolved.append(str(file))
     if issues:
-        raise PolicyError(str(policy_path), with_lines(text, issues))
+        raise PolicyError(str(policy_path), issues)
     difficulty = policy.difficulty.model_copy(update={"examples": resolved})
     return policy.model_copy(update={"difficulty": difficulty})
 

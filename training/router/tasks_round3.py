@@ -3,7 +3,7 @@
 Letter counting, word reversal, weekday arithmetic, list picks, ordering puzzles and
 alphabetical order. Each family draws easy and hard items of about the same length (a
 short word next to a long one, "in 2 days" next to "in 47 days"), so the labels measure
-difficulty and not only length. bench/router_tasks.py draws them after round 2 from the
+difficulty and not only length. training/router/tasks.py draws them after round 2 from the
 same rng, so every earlier id keeps its prompt.
 """
 
@@ -11,7 +11,7 @@ import itertools
 import random
 import string
 
-from bench.router_tasks import Task
+from training.router.task import Task
 
 _WORDS = [
     "cat", "dog", "sun", "map", "tree", "book", "lamp", "rain", "apple", "river",

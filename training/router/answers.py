@@ -13,10 +13,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.router_tasks import Task
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
+from training.router.tasks import Task
 
 TIERS = {"small": "smollm2-135m", "large": "qwen2.5-coder-0.5b"}
 

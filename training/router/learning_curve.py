@@ -1,46 +1,41 @@
 """Does the difficulty score still gain from more training tasks? A learning curve on the
 `train` split only (the held-out split is not read).
 
-    python bench/router_learning_curve.py [--outcomes bench/data/router_rates.jsonl]
+    python -m training router learning-curve [--outcomes training/data/router_rates.jsonl]
 
 The evaluation set stays fixed so that only the training size moves: 5-fold CV over every
-train task, as bench/router_label_cv.py does, but each fold's model is fitted on a random
+train task, as training/router/label_cv.py does, but each fold's model is fitted on a random
 `fraction` of its fitting tasks (seeded). The shipped score (the policy's blend of the
 classifier and the kernel term, its C, width and ridge) is scored out of fold on every
 train task; the figure is the length-matched ROC AUC of those pooled scores against the
-`rate` label (router_label_cv.py's `auc_length_matched_pooled`; at fraction 1 it is that
+`rate` label (label_cv.py's `auc_length_matched_pooled`; at fraction 1 it is that
 figure for the shipped settings). Per fraction: mean and spread over fold seeds x
 subsample seeds.
 
-Writes bench/results/router_learning_curve.json.
+Writes training/reports/router_learning_curve.json (training/artifacts.py: REPORTS).
 """
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 from sklearn.model_selection import StratifiedKFold
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from bench.common import cpu_model  # noqa: E402
-from bench.router_label_cv import FOLDS, probabilities  # noqa: E402
-from bench.router_labels import SHIPPED_TARGET, TARGETS, rate_label  # noqa: E402
-from bench.router_metrics import auc, length_matched  # noqa: E402
-from bench.router_outcomes import RATES  # noqa: E402
-from gateway.cache.embedder import Embedder  # noqa: E402
-from gateway.policy import load_policy  # noqa: E402
-from gateway.routing.difficulty import (  # noqa: E402
+from gateway.cache.embedder import Embedder
+from gateway.policy import load_policy
+from gateway.routing.difficulty import (
     embeddings_of,
     example_signals,
     fit_kernel,
     train_classifier,
 )
+from training.artifacts import ROOT, cpu_model, write_report
+from training.router.label_cv import FOLDS, probabilities
+from training.router.labels import SHIPPED_TARGET, TARGETS, rate_label
+from training.router.metrics import auc, length_matched
+from training.router.outcomes import RATES
 
-RESULT = ROOT / "bench" / "results" / "router_learning_curve.json"
 FRACTIONS = (0.25, 0.5, 0.75, 1.0)
 FOLD_SEEDS = (10, 11, 12)
 SUBSAMPLE_SEEDS = (0, 1, 2)
@@ -68,11 +63,11 @@ def out_of_fold(x, y, rate, prompts, fraction: float, fold_seed: int, sub_seed: 
     return scores
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="The difficulty score's learning curve.")
     parser.add_argument("--outcomes", type=Path, default=RATES)
     parser.add_argument("--policy", default=str(ROOT / "router_policies" / "default.yaml"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     rows = [json.loads(line) for line in args.outcomes.read_text().splitlines()]
     train = [r for r in rows if r["split"] == "train"]
     policy = load_policy(args.policy)
@@ -120,10 +115,5 @@ def main() -> None:
         "curve": curve,
         "matched_gain_75_to_100": round(gain, 4),
     }
-    RESULT.parent.mkdir(parents=True, exist_ok=True)
-    RESULT.write_text(json.dumps(report, indent=1) + "\n")
-    print(f"matched AUC gain 75% -> 100%: {gain:+.4f} -> {RESULT}")
-
-
-if __name__ == "__main__":
-    main()
+    path = write_report("router_learning_curve", report, [args.outcomes, Path(args.policy)])
+    print(f"matched AUC gain 75% -> 100%: {gain:+.4f} -> {path}")

@@ -1,4 +1,4 @@
-"""Edits that turn one question into a pair for the verifier's data (build_cache_pairs.py).
+"""Edits that turn one question into a pair for the verifier's data (build_pairs.py).
 
 Should-hit edits keep the ask (near repeats, rewordings); must-not edits change it the
 way the cache's wrong hits do (negation, an opposite, another name, number or scope).

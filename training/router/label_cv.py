@@ -1,8 +1,8 @@
 """Choose the difficulty classifier's training target and regularization by 5-fold CV on the
-`train` split only (bench/router_labels.py defines the targets). The held-out split is not
+`train` split only (training/router/labels.py defines the targets). The held-out split is not
 read here.
 
-    python bench/router_label_cv.py [--outcomes bench/data/router_rates.jsonl]
+    python -m training router label-cv [--outcomes training/data/router_rates.jsonl]
 
 Per (target, C), on each fold: ROC AUC against the `rate` label (large right-answer share
 beats small's by >= 0.5: the label the eval reports; whole and length-matched as the eval
@@ -20,34 +20,28 @@ best pooled matched AUC, ties (within 0.001) broken by the whole AUC. `--cs`, `-
 `--widths`, `--ridges`, `--lexicals` and `--weights` narrow (or widen) the grid; several C
 are compared on the same folds.
 
-Writes bench/results/router_label_cv.json (`--part targets`) or
-bench/results/router_neighbours_cv.json (`--part neighbours`).
+Writes training/reports/router_label_cv.json (`--part targets`) or
+training/reports/router_neighbours_cv.json (`--part neighbours`; training/artifacts.py).
 """
 
 import argparse
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from sklearn.model_selection import StratifiedKFold
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from gateway.cache.embedder import Embedder
+from gateway.policy import load_policy
+from gateway.routing.difficulty import embeddings_of, example_signals, train_classifier
+from gateway.routing.lexical import LexicalIndex
+from gateway.routing.nearest import Kernel, Neighbours, example_similarities
+from training.artifacts import ROOT, cpu_model, write_report
+from training.router.labels import SHIPPED_TARGET, TARGETS, quality, rate_label
+from training.router.metrics import auc, cpt, length_matched
+from training.router.outcomes import RATES
 
-from bench.common import cpu_model  # noqa: E402
-from bench.router_labels import SHIPPED_TARGET, TARGETS, quality, rate_label  # noqa: E402
-from bench.router_metrics import auc, cpt, length_matched  # noqa: E402
-from bench.router_outcomes import RATES  # noqa: E402
-from gateway.cache.embedder import Embedder  # noqa: E402
-from gateway.policy import load_policy  # noqa: E402
-from gateway.routing.difficulty import embeddings_of, example_signals, train_classifier  # noqa: E402
-from gateway.routing.lexical import LexicalIndex  # noqa: E402
-from gateway.routing.nearest import Kernel, Neighbours, example_similarities  # noqa: E402
-
-RESULT = ROOT / "bench" / "results" / "router_label_cv.json"
-NEIGHBOURS_RESULT = ROOT / "bench" / "results" / "router_neighbours_cv.json"
 CS = (1.0, 3.0, 10.0, 30.0, 100.0)
 FOLDS = 5
 SEED = 10
@@ -204,7 +198,7 @@ def neighbours_study(x: np.ndarray, rows: list[dict], grid: Grid) -> list[dict]:
     return runs
 
 
-def neighbours_report(x: np.ndarray, train: list[dict], grid: Grid) -> None:
+def neighbours_report(x: np.ndarray, train: list[dict], grid: Grid, data: list[Path]) -> None:
     """Run the study, choose (best pooled matched AUC, ties by the whole AUC), write JSON."""
     runs = neighbours_study(x, train, grid)
     matched_auc = lambda r: r["auc_length_matched_pooled"]  # noqa: E731
@@ -218,13 +212,11 @@ def neighbours_report(x: np.ndarray, train: list[dict], grid: Grid) -> None:
     top = max(map(matched_auc, runs))
     tied = [r for r in runs if matched_auc(r) >= top - 0.001]
     best = report["chosen"] = max(tied, key=lambda r: r["auc_rate_label"])
-    NEIGHBOURS_RESULT.parent.mkdir(parents=True, exist_ok=True)
-    NEIGHBOURS_RESULT.write_text(json.dumps(report, indent=1) + "\n")
-    print("chosen:", json.dumps(best), "->", NEIGHBOURS_RESULT)
+    print("chosen:", json.dumps(best), "->", write_report("router_neighbours_cv", report, data))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Cross-validate the router's target and C.")
     parser.add_argument("--outcomes", type=Path, default=RATES)
     parser.add_argument("--policy", default=str(ROOT / "router_policies" / "default.yaml"))
     parser.add_argument("--part", choices=["targets", "neighbours"], default="targets")
@@ -234,7 +226,7 @@ def main() -> None:
     parser.add_argument("--ridges", type=float, nargs="+", help="kernel ridges (0.3, 1)")
     parser.add_argument("--lexicals", type=float, nargs="+", help="kernel lexical shares")
     parser.add_argument("--weights", type=float, nargs="+", default=list(NEIGHBOUR_WEIGHTS))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     rows = [json.loads(line) for line in args.outcomes.read_text().splitlines()]
     train = [r for r in rows if r["split"] == "train"]
     policy = load_policy(args.policy)
@@ -244,7 +236,8 @@ def main() -> None:
     signals = np.stack([example_signals(p).vector() for p in prompts])
     x = np.hstack((vectors, signals)).astype(np.float64)
     if args.part == "neighbours":
-        neighbours_report(x, train, Grid.from_args(args, policy.difficulty.regularization))
+        grid = Grid.from_args(args, policy.difficulty.regularization)
+        neighbours_report(x, train, grid, [args.outcomes, Path(args.policy)])
         return
     runs = [cross_validate(x, train, t, c) for t in ("rate", "gap", "greedy") for c in CS]
     for run in runs:
@@ -253,10 +246,5 @@ def main() -> None:
     report = {"cpu": cpu_model(), "train": len(train), "folds": FOLDS, "runs": runs}
     report["chosen"] = best
     report["rate_label_positive_share"] = round(float(np.mean([rate_label(r) for r in train])), 4)
-    RESULT.parent.mkdir(parents=True, exist_ok=True)
-    RESULT.write_text(json.dumps(report, indent=1) + "\n")
-    print("chosen:", json.dumps(best), "->", RESULT)
-
-
-if __name__ == "__main__":
-    main()
+    path = write_report("router_label_cv", report, [args.outcomes, Path(args.policy)])
+    print("chosen:", json.dumps(best), "->", path)

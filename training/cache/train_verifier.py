@@ -1,29 +1,29 @@
 """Train the pair verifier's classifier and pick its operating points; write the artifact.
 
-    python -m gateway.cache.train_verifier            # -> gateway/cache/verifier_model.json
+    python -m training cache verifier      # -> gateway/cache/verifier_model.json
 
-Reads the labelled pairs bench/build_cache_pairs.py writes (each with its cosine, so no
+Reads the labelled pairs training/cache/build_pairs.py writes (each with its cosine, so no
 model is loaded here) and the word statistics beside them. The logistic model is fitted
 on the train split's pairs that no veto decides, by Newton's method (deterministic); the
 thresholds of strict / balanced / lenient are the lowest probabilities whose wrong-hit
 rate on the dev split stays within each target. `--limit` trains on a seeded sample.
+The artefact is written with its provenance sidecar (training/artifacts.py).
 """
 
 import argparse
 import json
 import random
-import sys
 from pathlib import Path
 
 import numpy as np
 
 from gateway.cache.pair_features import FEATURES, align, features, veto
 from gateway.cache.pair_text import WordStats, analyse
-from gateway.cache.verifier import DEFAULT_ARTIFACT, STRICTNESS, LogisticModel, PairVerifier
+from gateway.cache.verifier import STRICTNESS, LogisticModel, PairVerifier
+from training.artifacts import DATA, VERIFIER_MODEL, write_artifact
 
-ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_PAIRS = ROOT / "bench" / "data" / "cache_pairs.jsonl"
-DEFAULT_WORDS = ROOT / "bench" / "data" / "cache_words.json"
+DEFAULT_PAIRS = DATA / "cache_pairs.jsonl"
+DEFAULT_WORDS = DATA / "cache_words.json"
 SEED = 0
 L2 = 1.0
 # Hand-written paraphrases reword freely, as people do; the generated pairs are edits of one
@@ -131,18 +131,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Train the semantic cache's pair verifier.")
     parser.add_argument("--pairs", type=Path, default=DEFAULT_PAIRS)
     parser.add_argument("--words", type=Path, default=DEFAULT_WORDS)
-    parser.add_argument("--out", type=Path, default=DEFAULT_ARTIFACT)
+    parser.add_argument("--out", type=Path, default=VERIFIER_MODEL)
     parser.add_argument("--limit", type=int, default=None, help="train on a seeded sample")
     parser.add_argument("--seed", type=int, default=SEED)
     args = parser.parse_args(argv)
     artifact = train(
         load_pairs(args.pairs), json.loads(args.words.read_text()), args.limit, args.seed
     )
-    args.out.write_text(json.dumps(artifact, separators=(",", ":")) + "\n")
+    text = json.dumps(artifact, separators=(",", ":")) + "\n"
+    figures = {k: artifact[k] for k in ("thresholds", "target_wrong_hits_dev", "trained_on")}
+    sidecar = write_artifact(args.out, text, [args.pairs, args.words], figures)
     summary = {k: artifact[k] for k in ("model", "thresholds", "trained_on")}
     print(json.dumps(summary, indent=1))
+    print(f"-> {args.out}, provenance -> {sidecar}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

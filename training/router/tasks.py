@@ -13,23 +13,17 @@ import json
 import random
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
-SHORT_SYSTEM = "Answer the question. Reply with only the final answer."
+from training.router.task import Task
+from training.router.tasks_round3 import (
+    ROUND3_DROPPED,
+    ROUND3_GENERATORS,
+    ROUND3_PATTERN,
+    ROUND3_REPEATS,
+)
+
 GSM8K_SYSTEM = "Solve the problem step by step, then give the final number."
-
-
-@dataclass(frozen=True)
-class Task:
-    id: str
-    family: str
-    prompt: str  # the user message the router sees
-    expected: str
-    kind: str  # "number" | "text"
-    system: str = SHORT_SYSTEM
-    max_tokens: int = 48
-    options: tuple[str, ...] = ()  # kind "choice": the names the answer picks among
 
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
@@ -340,14 +334,7 @@ def _round_two(rng: random.Random, seen: set[str]) -> list[Task]:
 
 
 def _round_three(rng: random.Random, seen: set[str]) -> list[Task]:
-    """New families (bench/router_tasks_round3.py), drawn after round 2; repeats dropped."""
-    from bench.router_tasks_round3 import (
-        ROUND3_DROPPED,
-        ROUND3_GENERATORS,
-        ROUND3_PATTERN,
-        ROUND3_REPEATS,
-    )
-
+    """New families (training/router/tasks_round3.py), drawn after round 2; repeats dropped."""
     drawn = dict.fromkeys(ROUND3_PATTERN, 0)
     tasks = []
     for name in ROUND3_PATTERN * ROUND3_REPEATS:

@@ -2,7 +2,7 @@
 
 - `greedy` (the first shipped labels): 1 when the small tier's one greedy answer is wrong
   and the large tier's is right. Noisy: near-identical templated tasks flip at random.
-- `rate` (from several answers per tier, bench/router_outcomes.py --samples N): 1 when the
+- `rate` (from several answers per tier, training/router/outcomes.py --samples N): 1 when the
   large tier's share of right answers beats the small tier's by at least RATE_GAP; i.e. the
   large tier answers it well where the small one does not.
 - `gap` (a graded target for training): the large tier's right-answer share minus the small
@@ -54,5 +54,5 @@ TARGETS: dict[str, Callable[[dict], float]] = {
     "gap": gap,
 }
 # What the shipped examples are trained on, chosen by 5-fold CV on the train split
-# (bench/router_label_cv.py); bench/router_eval.py defaults to it.
+# (training/router/label_cv.py); bench/router_eval.py defaults to it.
 SHIPPED_TARGET = "gap"

@@ -1,0 +1,53 @@
+"""One entry point for every training step (also `tiergate train ...`):
+
+    python -m training router outcomes [--samples 10 --weights w8a8]
+    python -m training router label-cv [--part targets|neighbours]
+    python -m training router learning-curve
+    python -m training cache pairs
+    python -m training cache verifier [--limit N]
+
+`python -m training GROUP STEP --help` shows a step's options.
+"""
+
+import importlib
+import sys
+
+# group -> step -> (module with main(argv), what it does)
+STEPS: dict[str, dict[str, tuple[str, str]]] = {
+    "router": {
+        "outcomes": (
+            "training.router.outcomes",
+            "answer the tasks on both tiers, label them, write the examples",
+        ),
+        "label-cv": ("training.router.label_cv", "cross-validate the target, C and terms"),
+        "learning-curve": ("training.router.learning_curve", "AUC against training size"),
+    },
+    "cache": {
+        "pairs": ("training.cache.build_pairs", "build the verifier's labelled pair set"),
+        "verifier": ("training.cache.train_verifier", "train the pair verifier"),
+    },
+}
+
+
+def usage() -> str:
+    lines = ["usage: python -m training GROUP STEP [options]  (or: tiergate train ...)", ""]
+    for group, steps in STEPS.items():
+        lines += [f"  {f'{group} {step}':<22} {what}" for step, (_, what) in steps.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) < 2 or args[0] not in STEPS or args[1] not in STEPS[args[0]]:
+        wants_help = bool(args) and args[0] in ("-h", "--help")
+        print(usage(), file=sys.stdout if wants_help else sys.stderr)
+        return 0 if wants_help else 2
+    group, step, rest = args[0], args[1], args[2:]
+    module, _ = STEPS[group][step]
+    sys.argv = [f"python -m training {group} {step}", *rest]  # the step's usage line
+    importlib.import_module(module).main(rest)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

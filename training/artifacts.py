@@ -1,0 +1,101 @@
+"""Where training reads and writes, declared once, and the provenance every write records.
+
+Inputs live in training/data. The two artefacts the gateway loads at run time stay where it
+loads them (VERIFIER_MODEL, DIFFICULTY_EXAMPLES); training is their only writer, and each
+write leaves a sidecar beside the artefact (`<name>.provenance.json`): the data files it was
+made from with their sha256, the code's git commit, the command and its figures. Reports
+(cross-validation, learning curves) go to REPORTS, with the same provenance inside.
+"""
+
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from gateway.cache.verifier import DEFAULT_ARTIFACT
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "training" / "data"
+# Overridable, as bench/results is, so a trial run keeps its reports apart (ignored by git).
+REPORTS = Path(os.environ.get("TIERGATE_TRAINING_REPORTS") or ROOT / "training" / "reports")
+VERIFIER_MODEL = DEFAULT_ARTIFACT  # gateway/cache/verifier_model.json
+DIFFICULTY_EXAMPLES = ROOT / "router_policies" / "difficulty_examples.jsonl"
+
+
+def cpu_model() -> str:
+    """The CPU's name as lscpu shows it (figures move 2-3x between machine types)."""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _relative(path: Path) -> str:
+    path = path.resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def code_version() -> dict[str, Any]:
+    """The checkout's commit, and whether the Python code of training, gateway or engine
+    differs from it (then the commit alone does not reproduce the figures). Data and
+    artefacts are not code: their sha256 is recorded instead."""
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+        except OSError:
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    code = ("training/*.py", "gateway/*.py", "engine/*.py")
+    changed = git("status", "--porcelain", "--untracked-files=all", "--", *code)
+    return {"commit": commit, "dirty": None if changed is None else bool(changed)}
+
+
+def provenance(data: list[Path], figures: dict[str, Any]) -> dict[str, Any]:
+    """What a reader needs to trust or redo a figure or artefact: inputs, code, machine."""
+    return {
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "code": code_version(),
+        "data": {_relative(p): sha256_of(p) for p in data},
+        "figures": figures,
+        "machine": {"cpu_model": cpu_model(), "python": platform.python_version()},
+        "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def sidecar_of(artifact: Path) -> Path:
+    return artifact.with_name(f"{artifact.stem}.provenance.json")
+
+
+def write_artifact(artifact: Path, text: str, data: list[Path], figures: dict[str, Any]) -> Path:
+    """The artefact, then its sidecar (which names the artefact's own sha256)."""
+    artifact.write_text(text)
+    record = {"artifact": _relative(artifact), "sha256": sha256_of(artifact)}
+    record |= provenance(data, figures)
+    sidecar = sidecar_of(artifact)
+    sidecar.write_text(json.dumps(record, indent=1) + "\n")
+    return sidecar
+
+
+def write_report(name: str, report: dict[str, Any], data: list[Path]) -> Path:
+    """REPORTS/<name>.json: the report's figures, with their provenance under `provenance`."""
+    REPORTS.mkdir(parents=True, exist_ok=True)
+    path = REPORTS / f"{name}.json"
+    body = report | {"provenance": provenance(data, {})}
+    path.write_text(json.dumps(body, indent=1) + "\n")
+    return path
