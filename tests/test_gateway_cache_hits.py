@@ -16,7 +16,7 @@ from redis import Redis
 
 from gateway.app import create_app
 from gateway.policy import parse_policy
-from gateway.routing.router import extract_features
+from gateway.routing.features import extract_features
 from tests.paid_api import paid_api_app
 from tests.servers import eventually, redis_server, run_uvicorn
 
