@@ -26,6 +26,7 @@ from engine.protocol import (
     ModelList,
     Usage,
 )
+from engine.sampling_params import SamplingParams
 from gateway.api.cache_step import CacheControl, CacheStep, matched_text, scope_of
 from gateway.api.deps import State, admit, authenticate, drain_of, parse_body
 from gateway.api.embeddings import embedding_model_cards
@@ -83,6 +84,13 @@ def _not_found(model: str) -> OpenAIError:
         param="model",
         code="model_not_found",
     )
+
+
+def _completion_budget(body: OpenAIRequest) -> int:
+    """The most the answer may generate, reserved under tokens_per_minute until it ends:
+    max_tokens (unset: the engine's default) for each answer generated (n, or best_of)."""
+    most = getattr(body, "max_completion_tokens", None) or body.max_tokens
+    return (most or SamplingParams.max_tokens) * body.candidates()
 
 
 def _cache_step(ctx: RequestContext) -> CacheStep | None:
@@ -198,7 +206,7 @@ async def _complete(
         ctx = RequestContext(request, state, runtime, tenant, body, _features(body))
         ctx.embed = embed_once(state.embedder.current, ctx.features.last_user_text)
         tokens = ctx.features.approx_tokens
-        ctx.admission = await admit(request, runtime, tenant, tokens)
+        ctx.admission = await admit(request, runtime, tenant, tokens, _completion_budget(body))
         ctx.cache = _cache_step(ctx)
         call = await _from_cache(ctx) or await _from_tier(ctx)
     except OpenAIError as exc:  # refused before any answer: counted under the tier, if any
