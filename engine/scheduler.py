@@ -1,8 +1,9 @@
 """Continuous batching under a per-step token budget, chunked prefill, preemption by recompute.
 
-When a running sequence needs a page and none is left, the newest running sequence is
-preempted: its pages are released (full ones stay in the prefix cache, so it usually gets
-them back) and it re-prefills prompt + generated tokens when readmitted at the queue's head.
+When a running sequence needs a page and none is left, the newest running sequence of the
+tenant (cache salt) with the most running is preempted: its pages are released (full ones
+stay in the prefix cache, so it usually gets them back) and it re-prefills prompt +
+generated tokens when readmitted at the head of its tenant's queue.
 """
 
 from collections import Counter, deque
@@ -73,7 +74,8 @@ class Scheduler:
     def _reserve(self, seq: Sequence, n: int) -> bool:
         """Make room for n more tokens of seq, preempting the newest requests if needed."""
         while not self.kv.allocate(seq, n):
-            victim = self.running.pop()
+            victim = self._victim()
+            self.running.remove(victim)
             dropped = self._out.pop(victim.seq_id, None)  # its pages are about to go
             if dropped is not None:
                 self._budget += len(dropped[1].token_ids)
@@ -81,6 +83,13 @@ class Scheduler:
             if victim is seq:
                 return False
         return True
+
+    def _victim(self) -> Sequence:
+        """The newest running request of the tenant (cache salt) with the most running: the
+        one that just got in behind another tenant's many is not the first to go."""
+        running = Counter(s.cache_salt for s in self.running)
+        most = max(running.values())
+        return next(s for s in reversed(self.running) if running[s.cache_salt] == most)
 
     def _admit(self) -> None:
         deferred: set[int] = set()  # seq_ids whose prefix pages are still being computed

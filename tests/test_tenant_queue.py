@@ -89,6 +89,26 @@ def test_within_a_tenant_the_queue_keeps_arrival_order() -> None:
     assert admitted.index("b1") < admitted.index("a2")  # tenants alternate
 
 
+def test_preemption_takes_from_the_tenant_with_the_most_running() -> None:
+    """Regression (#29.3): the newest running request was preempted, which is the one
+    another tenant just got in beside a flood: it would be the first to lose its pages."""
+    config = EngineConfig(model="fake", max_num_seqs=4, max_waiting=16)
+    engine = LLMEngine(config, FakeRunner(num_pages=12, page_size=4))
+    long = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    for i in range(3):
+        engine.add_request(f"a{i}", f"a{i}", long, cache_salt="a")
+    engine.step()
+    engine.add_request("b0", "b0", long, cache_salt="b")  # the newest one running
+    seqs = dict(engine._seqs)
+    while engine.metrics.snapshot().preemptions == 0:
+        engine.step()
+    assert seqs["b0"].num_preemptions == 0
+    assert sum(seqs[f"a{i}"].num_preemptions for i in range(3)) == 1
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.free_pages() == engine.num_pages
+
+
 def test_through_the_gateway_the_tenant_is_the_share() -> None:
     """Tenant one floods a one-at-a-time engine; tenant two still gets a place in line."""
     text = POLICY.replace(
