@@ -61,9 +61,11 @@ def test_a_client_gone_before_the_first_token_is_aborted_and_frees_its_slot(
     with ThreadPoolExecutor(1) as pool:
         try:
             next(iter(busy))  # tenant two holds the engine's only running slot for ~25 s
+            prefilled = _snapshot(engine).prompt_tokens
             asyncio.run(_leave_while_queued(url, engine, stream))
-            wait_for(lambda: _snapshot(engine).waiting == 0)  # aborted while still queued
+            wait_for(lambda: _snapshot(engine).waiting == 0)
             assert _snapshot(engine).running == 1  # tenant two's stream still runs
+            assert _snapshot(engine).prompt_tokens == prefilled  # aborted, never admitted
             # Tenant one's slot is free again: its next request is admitted (a held slot
             # would answer 429 at once) and queues behind the stream.
             again = pool.submit(complete, url, KEY_A, "again", 2)

@@ -197,13 +197,13 @@ async def _answered(ctx: RequestContext) -> Call | None:
     upstream request is aborted (an engine frees its pages) and the caller frees the slot.
     """
     call: Call | None = None
-    error: OpenAIError | None = None
+    error: Exception | None = None
 
     async def open_call() -> None:
         nonlocal call, error
         try:
             call = await _from_cache(ctx) or await _from_tier(ctx)
-        except OpenAIError as exc:  # raised out here, not as a task group's ExceptionGroup
+        except Exception as exc:  # raised out here, not as a task group's ExceptionGroup
             error = exc
 
     finished = await unless_disconnected(ctx.request, open_call)
