@@ -5,7 +5,8 @@ AsyncEngines over tests/fake_runner.py. With two streams and a whole answer gene
 two more requests queued in the engine, its runner raises what no step can isolate (a
 BaseException): the step thread dies. Requests already answering get a clean error (an
 SSE error event, a 503 body) that names no internals; queued ones are served by the tier's
-fallback; the engine restarts in its slot and the next request is its own again.
+fallback (on a tier without one they get a clean 503 too); the engine restarts in its
+slot and the next request is its own again.
 """
 
 import asyncio
@@ -30,9 +31,11 @@ auth: {mode: none}
 engines:
   flaky: {kv_cache_mb: 1, max_num_seqs: 3}
   steady: {kv_cache_mb: 1}
+  lonely: {kv_cache_mb: 1, max_num_seqs: 1}
 tiers:
   small: {deployments: [{model: flaky}], fallback: large, retries: 0}
   large: {deployments: [{model: steady}]}
+  solo: {deployments: [{model: lonely}], retries: 0}
 """
 LONG = {"model": "small", "prompt": "tell", "max_tokens": 300, "ignore_eos": True}
 INTERNALS = ("Crash", "process state", "Traceback", "step loop")
@@ -73,10 +76,13 @@ def _clean(message: str) -> None:
     assert message and not any(word in message for word in INTERNALS), message
 
 
-async def _stream(http: httpx.AsyncClient, started: asyncio.Event) -> list[dict]:
+async def _stream(
+    http: httpx.AsyncClient, started: asyncio.Event, model: str = "small"
+) -> list[dict]:
     """The stream's data events, from a client that reads them all."""
     events: list[dict] = []
-    async with http.stream("POST", "/v1/completions", json={**LONG, "stream": True}) as r:
+    body = {**LONG, "model": model, "stream": True}
+    async with http.stream("POST", "/v1/completions", json=body) as r:
         assert r.status_code == 200
         async for line in r.aiter_lines():
             if not line.startswith("data: "):
@@ -88,8 +94,8 @@ async def _stream(http: httpx.AsyncClient, started: asyncio.Event) -> list[dict]
     raise AssertionError("the stream ended without [DONE]")
 
 
-def _running(engines: LocalEngines) -> tuple[int, int]:
-    snapshot = engines.get("flaky").metrics.snapshot()
+def _running(engines: LocalEngines, name: str = "flaky") -> tuple[int, int]:
+    snapshot = engines.get(name).metrics.snapshot()
     return snapshot.running, snapshot.waiting
 
 
@@ -137,3 +143,31 @@ def test_a_dead_step_loop_fails_cleanly_falls_back_and_restarts(
     again = httpx.post(f"{url}/v1/completions", json={**LONG, "max_tokens": 5}, timeout=60)
     assert again.status_code == 200 and again.headers["x-tiergate-tier"] == "small"
     assert len(factory.runners["flaky"]) == 2  # a new engine on a new runner
+
+
+async def _crash_without_fallback(url: str, factory: Factory, engines: LocalEngines) -> tuple:
+    async with httpx.AsyncClient(base_url=url, timeout=120) as http:
+        started = asyncio.Event()
+        stream = asyncio.create_task(_stream(http, started, "solo"))
+        await asyncio.wait_for(started.wait(), 60)
+        queued = asyncio.create_task(http.post("/v1/completions", json={**LONG, "model": "solo"}))
+        async with asyncio.timeout(60):
+            while _running(engines, "lonely") != (1, 1):
+                await asyncio.sleep(0.02)
+        factory.runners["lonely"][-1].crash = True
+        return await stream, await queued
+
+
+def test_without_a_fallback_every_request_in_the_dead_engine_gets_a_clean_503(
+    drill: tuple[str, Factory, LocalEngines],
+) -> None:
+    url, factory, engines = drill
+    events, queued = asyncio.run(_crash_without_fallback(url, factory, engines))
+    _clean(events[-1]["error"]["message"])
+    assert queued.status_code == 503  # never started: nothing else could take it
+    error = queued.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    _clean(error["message"])
+    wait_for(lambda: httpx.get(f"{url}/ready").status_code == 200, 60)
+    again = httpx.post(f"{url}/v1/completions", json={**LONG, "model": "solo", "max_tokens": 5})
+    assert again.status_code == 200 and again.headers["x-tiergate-tier"] == "solo"
