@@ -94,8 +94,9 @@ class Scheduler:
     def _admit(self) -> None:
         deferred: set[int] = set()  # seq_ids whose prefix pages are still being computed
         running = Counter(s.cache_salt for s in self.running)
+        salts = len({s.cache_salt for s in self.waiting})  # the scan stops once it saw each
         while self._budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self._next_waiting(running, deferred)
+            seq = self._next_waiting(running, deferred, salts)
             if seq is None:
                 break
             hit = self.kv.lookup(seq)
@@ -111,7 +112,7 @@ class Scheduler:
             running[seq.cache_salt] += 1
             self._schedule(seq, n)
 
-    def _next_waiting(self, running: Counter, deferred: set[int]) -> Sequence | None:
+    def _next_waiting(self, running: Counter, deferred: set[int], salts: int) -> Sequence | None:
         """The oldest waiting request of the tenant (cache salt) with the fewest running.
 
         Across tenants the queue is fair, within one it is first come, first served: one
@@ -127,6 +128,8 @@ class Scheduler:
                 best = seq
                 if running[seq.cache_salt] == 0:  # nobody comes before a tenant with none
                     break
+            if len(seen) == salts:  # every tenant's oldest is in view: the rest are younger
+                break
         return best
 
     def _on_admitted(self, seq: Sequence, num_cached: int) -> None:
