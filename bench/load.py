@@ -86,6 +86,8 @@ server: {{host: 127.0.0.1, reload_interval_s: 0}}
 auth:
   keys: [{{key: {KEY}, tenant: load}}]
   admin_key: {ADMIN_KEY}
+limits:  # one tenant on purpose: its throughput, not the default per-tenant cap of 32
+  default: {{max_concurrent: null}}
 engines:
   {common.MODEL}: {{{settings}{threads}}}
 tiers:

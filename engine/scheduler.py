@@ -1,11 +1,12 @@
 """Continuous batching under a per-step token budget, chunked prefill, preemption by recompute.
 
-When a running sequence needs a page and none is left, the newest running sequence is
-preempted: its pages are released (full ones stay in the prefix cache, so it usually gets
-them back) and it re-prefills prompt + generated tokens when readmitted at the queue's head.
+When a running sequence needs a page and none is left, the newest running sequence of the
+tenant (cache salt) with the most running is preempted: its pages are released (full ones
+stay in the prefix cache, so it usually gets them back) and it re-prefills prompt +
+generated tokens when readmitted at the head of its tenant's queue.
 """
 
-from collections import deque
+from collections import Counter, deque
 
 from engine.batch import SeqChunk
 from engine.config import EngineConfig
@@ -44,8 +45,9 @@ class Scheduler:
         """Pick this step's chunks; the caller runs them, then calls on_executed().
 
         Decodes go first (one token each, so a long prefill never stalls streaming requests),
-        then the next prefill chunks of running requests, then waiting requests in arrival
-        order while the token budget, max_num_seqs and free pages allow.
+        then the next prefill chunks of running requests, then waiting requests while the token
+        budget, max_num_seqs and free pages allow: in arrival order within a tenant, the
+        tenant with the fewest running first (`_next_waiting`).
         """
         self._out = {}
         self._budget = self.max_batched_tokens
@@ -72,7 +74,8 @@ class Scheduler:
     def _reserve(self, seq: Sequence, n: int) -> bool:
         """Make room for n more tokens of seq, preempting the newest requests if needed."""
         while not self.kv.allocate(seq, n):
-            victim = self.running.pop()
+            victim = self._victim()
+            self.running.remove(victim)
             dropped = self._out.pop(victim.seq_id, None)  # its pages are about to go
             if dropped is not None:
                 self._budget += len(dropped[1].token_ids)
@@ -81,22 +84,53 @@ class Scheduler:
                 return False
         return True
 
+    def _victim(self) -> Sequence:
+        """The newest running request of the tenant (cache salt) with the most running: the
+        one that just got in behind another tenant's many is not the first to go."""
+        running = Counter(s.cache_salt for s in self.running)
+        most = max(running.values())
+        return next(s for s in reversed(self.running) if running[s.cache_salt] == most)
+
     def _admit(self) -> None:
-        deferred: list[Sequence] = []
-        while self.waiting and self._budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
+        deferred: set[int] = set()  # seq_ids whose prefix pages are still being computed
+        running = Counter(s.cache_salt for s in self.running)
+        salts = len({s.cache_salt for s in self.waiting})  # the scan stops once it saw each
+        while self._budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self._next_waiting(running, deferred, salts)
+            if seq is None:
+                break
             hit = self.kv.lookup(seq)
             if hit.next_in_flight:  # wait a step or two, then reuse those pages
-                deferred.append(self.waiting.popleft())
+                deferred.add(seq.seq_id)
                 continue
             n = min(seq.num_tokens - hit.num_tokens, self._budget)
             if not self.kv.allocate(seq, n, hit):
-                break  # first come, first served: later requests wait too
-            self.waiting.popleft()
+                break  # pages are short: whoever comes next waits too
+            self.waiting.remove(seq)
             self._on_admitted(seq, hit.num_tokens)
             self.running.append(seq)
+            running[seq.cache_salt] += 1
             self._schedule(seq, n)
-        self.waiting.extendleft(reversed(deferred))
+
+    def _next_waiting(self, running: Counter, deferred: set[int], salts: int) -> Sequence | None:
+        """The oldest waiting request of the tenant (cache salt) with the fewest running.
+
+        Across tenants the queue is fair, within one it is first come, first served: one
+        tenant's hundred waiting requests never sit ahead of another tenant's one.
+        """
+        best: Sequence | None = None
+        seen: set[str | None] = set()
+        for seq in self.waiting:
+            if seq.cache_salt in seen or seq.seq_id in deferred:
+                continue
+            seen.add(seq.cache_salt)
+            if best is None or running[seq.cache_salt] < running[best.cache_salt]:
+                best = seq
+                if running[seq.cache_salt] == 0:  # nobody comes before a tenant with none
+                    break
+            if len(seen) == salts:  # every tenant's oldest is in view: the rest are younger
+                break
+        return best
 
     def _on_admitted(self, seq: Sequence, num_cached: int) -> None:
         seq.status = SeqStatus.RUNNING

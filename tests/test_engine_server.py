@@ -1,6 +1,7 @@
 """The engine's OpenAI-compatible server: real SmolLM2 engine, real uvicorn, real clients."""
 
 import asyncio
+import contextlib
 import json
 import os
 from collections.abc import Iterator
@@ -13,7 +14,7 @@ from engine.config import EngineConfig
 from engine.engine import AsyncEngine
 from engine.entrypoints.server import create_engine_app
 from tests.fake_runner import FakeRunner
-from tests.servers import run_uvicorn, running_engine, wait_idle
+from tests.servers import run_uvicorn, running_engine, wait_for, wait_idle
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # before litellm is imported
 
@@ -210,6 +211,36 @@ def test_non_stream_disconnect_aborts(base_url: str, engine: AsyncEngine) -> Non
         httpx.post(f"{base_url}/v1/completions", json=body, timeout=0.5)
     wait_idle(engine)
     assert engine.metrics.snapshot().generated_tokens - before < 300
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_client_gone_before_the_first_token_aborts_its_queued_request(stream: bool) -> None:
+    """Regression (#29.4): the server waited for the first output without watching the
+    connection, so a request whose client left stayed queued until the engine reached it."""
+    config = EngineConfig(model="fake", max_num_seqs=1)
+    engine = AsyncEngine(config, FakeRunner(delay=0.05))
+    long = {"model": "fake", "prompt": "abc", "max_tokens": 200, "ignore_eos": True}
+    with (
+        run_uvicorn(create_engine_app(engine, "fake")) as url,
+        httpx.stream("POST", f"{url}/v1/completions", json={**long, "stream": True}) as busy,
+    ):
+        lines = busy.iter_lines()  # kept: a dropped iterator would close the stream
+        assert next(lines).startswith("data: ")  # holds the only slot for ~10 s
+        prefilled = engine.metrics.snapshot().prompt_tokens
+        asyncio.run(_leave_while_queued(url, engine, {**long, "stream": stream}))
+        wait_for(lambda: engine.metrics.snapshot().waiting == 0)
+    wait_idle(engine)
+    assert engine.metrics.snapshot().prompt_tokens == prefilled  # aborted, never admitted
+    engine.shutdown()
+
+
+async def _leave_while_queued(url: str, engine: AsyncEngine, body: dict) -> None:
+    async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+        post = asyncio.create_task(http.post("/v1/completions", json=body))
+        await asyncio.to_thread(wait_for, lambda: engine.metrics.snapshot().waiting == 1)
+        post.cancel()  # httpx closes the socket of a cancelled request
+        with contextlib.suppress(asyncio.CancelledError):
+            await post
 
 
 @pytest.mark.parametrize("stream", [True, False])

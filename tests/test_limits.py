@@ -64,6 +64,50 @@ def test_tokens_per_minute_counts_the_real_usage() -> None:
         complete(url, KEY_B, "short")  # the refusal cost tenant two nothing
 
 
+def test_the_completion_budget_is_reserved_at_admission() -> None:
+    """Regression (#29.11): admission counted the prompt only, so 15 concurrent requests of
+    max_tokens 200 all fit tokens_per_minute 2000 and then used far more than it."""
+    with gateway("default: {tokens_per_minute: 2000}", step_delay_s=0.02) as url:
+        streams, refusals = [], 0
+        for _ in range(15):  # each stays in flight: 200 steps of 20 ms
+            try:
+                stream = _long_stream(url, KEY_A, max_tokens=200)
+                next(iter(stream))
+                streams.append(stream)
+            except openai.RateLimitError as exc:
+                assert_429(exc, "tokens_per_minute")
+                refusals += 1
+        for stream in streams:
+            stream.close()
+        assert 1 <= len(streams) <= 2000 // 200  # 201+ tokens reserved per request
+        assert refusals == 15 - len(streams)
+
+
+def test_the_reservation_settles_to_the_real_usage() -> None:
+    # The fake's context is 256 tokens, so max_tokens 1500 generates at most ~254: the
+    # second request fits only once the first gave back what it did not use.
+    with gateway("default: {tokens_per_minute: 2000}") as url:
+        for _ in range(2):
+            reply = client(url, KEY_A).completions.create(
+                model="small", prompt="go", max_tokens=1500, extra_body={"ignore_eos": True}
+            )
+            assert reply.usage is not None and reply.usage.total_tokens <= 256
+        with pytest.raises(openai.RateLimitError) as too_big:  # a budget alone over the limit
+            client(url, KEY_B).completions.create(model="small", prompt="go", max_tokens=5000)
+        assert_429(too_big.value, "tokens_per_minute")
+        assert "max_tokens" in too_big.value.response.json()["error"]["message"]
+
+
+def _long_stream(url: str, key: str, max_tokens: int) -> openai.Stream:
+    return client(url, key).completions.create(
+        model="small",
+        prompt="go",
+        max_tokens=max_tokens,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+
+
 def test_max_concurrent_holds_a_slot_per_request_in_flight() -> None:
     with gateway("default: {max_concurrent: 1}", step_delay_s=0.02) as url:
         for _ in range(3):  # one after another: each releases its slot when it ends

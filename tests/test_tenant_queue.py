@@ -25,7 +25,7 @@ PARAMS = SamplingParams(temperature=0, max_tokens=2)
 
 
 def _engine(**cfg: object) -> LLMEngine:
-    config = EngineConfig(model="fake", max_num_seqs=1, **cfg)  # type: ignore[arg-type]
+    config = EngineConfig(model="fake", **{"max_num_seqs": 1, **cfg})  # type: ignore[arg-type]
     return LLMEngine(config, FakeRunner())
 
 
@@ -52,6 +52,61 @@ def test_without_a_share_one_tenant_may_fill_the_queue() -> None:
         engine.add_request(f"a{i}", "x", PARAMS, cache_salt="a")
     with pytest.raises(QueueFullError):
         engine.add_request("b", "x", PARAMS, cache_salt="b")
+
+
+def test_a_tenant_with_fewer_running_is_admitted_first() -> None:
+    """Regression (#29.3): admission was first come, first served across tenants, so one
+    tenant's queued flood sat ahead of another tenant's single request."""
+    engine = _engine(max_num_seqs=2, max_waiting=16)
+    long = SamplingParams(temperature=0, max_tokens=50, ignore_eos=True)
+    for i in range(6):
+        engine.add_request(f"a{i}", "x", long, cache_salt="a")
+    engine.step()  # a0 and a1 take both slots
+    engine.add_request("b0", "x", PARAMS, cache_salt="b")
+    engine.abort_request("a1")
+    engine.step()  # a2 arrived before b0, but tenant b has nothing running
+    assert [s.request_id for s in engine.scheduler.running] == ["a0", "b0"]
+    engine.abort_request("a0")
+    for i in range(1, 6):
+        engine.abort_request(f"a{i}")
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.free_pages() == engine.num_pages
+
+
+def test_within_a_tenant_the_queue_keeps_arrival_order() -> None:
+    engine = _engine(max_num_seqs=2, max_waiting=16)
+    for i in range(4):
+        engine.add_request(f"a{i}", "x", PARAMS, cache_salt="a")
+    engine.add_request("b0", "x", PARAMS, cache_salt="b")
+    engine.add_request("b1", "x", PARAMS, cache_salt="b")
+    admitted: list[str] = []
+    while engine.has_unfinished():
+        before = {s.request_id for s in engine.scheduler.running}
+        engine.step()
+        admitted += [s.request_id for s in engine.scheduler.running if s.request_id not in before]
+    assert [r for r in admitted if r[0] == "a"] == ["a0", "a1", "a2", "a3"]
+    assert admitted.index("b1") < admitted.index("a2")  # tenants alternate
+
+
+def test_preemption_takes_from_the_tenant_with_the_most_running() -> None:
+    """Regression (#29.3): the newest running request was preempted, which is the one
+    another tenant just got in beside a flood: it would be the first to lose its pages."""
+    config = EngineConfig(model="fake", max_num_seqs=4, max_waiting=16)
+    engine = LLMEngine(config, FakeRunner(num_pages=12, page_size=4))
+    long = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    for i in range(3):
+        engine.add_request(f"a{i}", f"a{i}", long, cache_salt="a")
+    engine.step()
+    engine.add_request("b0", "b0", long, cache_salt="b")  # the newest one running
+    seqs = dict(engine._seqs)
+    while engine.metrics.snapshot().preemptions == 0:
+        engine.step()
+    assert seqs["b0"].num_preemptions == 0
+    assert sum(seqs[f"a{i}"].num_preemptions for i in range(3)) == 1
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.free_pages() == engine.num_pages
 
 
 def test_through_the_gateway_the_tenant_is_the_share() -> None:

@@ -1,9 +1,9 @@
 """The engine server's requests over HTTP: starting a request's choices (admission errors
-become HTTP statuses before any byte is sent), running them to their end unless the client
-leaves, and streaming them as server-sent events."""
+become HTTP statuses before any byte is sent; a client gone meanwhile aborts them), running
+them to their end unless the client leaves, and streaming them as server-sent events."""
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import anyio
 from fastapi import Request
@@ -65,6 +65,30 @@ async def start_choices(
     return await start_children(
         lambda index: start_outputs(engine, prompt, request_id, body, index), body.candidates()
     )
+
+
+async def started(
+    request: Request, start: Callable[[], Awaitable[list[Child]]]
+) -> list[Child] | None:
+    """`start()`'s choices, or None if the client leaves before their first outputs.
+
+    Templating and the wait in the engine's queue are watched too, as vLLM does: a client
+    gone before its first token aborts the request rather than leaving it queued.
+    """
+    children: list[Child] | None = None
+    failure: Exception | None = None
+
+    async def run() -> None:
+        nonlocal children, failure
+        try:
+            children = await start()
+        except Exception as exc:  # raised out here, not as a task group's ExceptionGroup
+            failure = exc
+
+    finished = await unless_disconnected(request, run)
+    if failure is not None:
+        raise failure
+    return children if finished else None
 
 
 async def collect(request: Request, children: list[Child]) -> list[RequestOutput] | None:

@@ -27,6 +27,7 @@ from engine.entrypoints.http import (
     json_response,
     sse_events,
     start_choices,
+    started,
 )
 from engine.entrypoints.openai_errors import OpenAIError, engine_error, install_error_handlers
 from engine.entrypoints.shapes import ChatShape, TextShape, chat_shapes, text_shapes
@@ -74,12 +75,18 @@ async def respond(
 async def chat_completion(
     engine: AsyncEngine, model: str, body: ChatCompletionRequest, request: Request
 ) -> Response:
-    try:
-        prompt = await render_chat(engine, body)
-    except (EngineError, ValueError) as exc:
-        raise engine_error(exc) from exc
     shapes = chat_shapes(model, body.callable_tools(), body.n or 1)
-    children = await start_choices(engine, prompt, shapes[0].id, body)
+
+    async def start() -> list[Child]:
+        try:
+            prompt = await render_chat(engine, body)
+        except (EngineError, ValueError) as exc:
+            raise engine_error(exc) from exc
+        return await start_choices(engine, prompt, shapes[0].id, body)
+
+    children = await started(request, start)
+    if children is None:  # the client left before the first token
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
     firsts = [first for first, _ in children]
     renderers = [chat_renderer(shape, first) for shape, first in zip(shapes, firsts, strict=True)]
     return await respond(request, body, shapes, children, lambda i, out: renderers[i](out))
@@ -109,7 +116,10 @@ async def text_completion(
     engine: AsyncEngine, model: str, body: CompletionRequest, request: Request
 ) -> Response:
     shapes = text_shapes(model, body.n or 1)
-    children = await start_choices(engine, body.prompt, shapes[0].id, body)
+    start = lambda: start_choices(engine, body.prompt, shapes[0].id, body)  # noqa: E731
+    children = await started(request, start)
+    if children is None:  # the client left before the first token
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
 
     def render(index: int, out: RequestOutput) -> Completion | None:
         if not out.text and not out.logprobs and not out.finished:

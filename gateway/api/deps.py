@@ -34,11 +34,14 @@ def drain_of(request: Request) -> Drain:
     return request.app.state.drain
 
 
-async def admit(request: Request, runtime: Runtime, tenant: str, approx_tokens: int) -> Admission:
-    """The request's place under its tenant's and key's limits, or a 429."""
+async def admit(
+    request: Request, runtime: Runtime, tenant: str, approx_tokens: int, completion_tokens: int = 0
+) -> Admission:
+    """The request's place under its tenant's and key's limits, or a 429. `completion_tokens`:
+    the most its answer may generate, reserved until it ends."""
     digest = getattr(request.state, "key_digest", None)  # set by `authenticate`
     limiter = request.app.state.limiter
-    return await limiter.admit(runtime.policy, tenant, digest, approx_tokens)
+    return await limiter.admit(runtime.policy, tenant, digest, approx_tokens, completion_tokens)
 
 
 def _mask(key: str) -> str:

@@ -19,6 +19,7 @@ from fastapi.responses import Response
 
 from engine.entrypoints.openai_errors import OpenAIError
 from engine.entrypoints.shapes import ChatShape, Shape, TextShape
+from engine.entrypoints.streaming import CLIENT_CLOSED_REQUEST, unless_disconnected
 from engine.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -26,6 +27,7 @@ from engine.protocol import (
     ModelList,
     Usage,
 )
+from engine.sampling_params import SamplingParams
 from gateway.api.cache_step import CacheControl, CacheStep, matched_text, scope_of
 from gateway.api.deps import State, admit, authenticate, drain_of, parse_body
 from gateway.api.embeddings import embedding_model_cards
@@ -84,6 +86,13 @@ def _not_found(model: str) -> OpenAIError:
         param="model",
         code="model_not_found",
     )
+
+
+def _completion_budget(body: OpenAIRequest) -> int:
+    """The most the answer may generate, reserved under tokens_per_minute until it ends:
+    max_tokens (unset: the engine's default) for each answer generated (n, or best_of)."""
+    most = getattr(body, "max_completion_tokens", None) or body.max_tokens
+    return (most or SamplingParams.max_tokens) * body.candidates()
 
 
 def _cache_step(ctx: RequestContext) -> CacheStep | None:
@@ -182,6 +191,29 @@ async def _from_tier(ctx: RequestContext) -> Call:
     return call
 
 
+async def _answered(ctx: RequestContext) -> Call | None:
+    """The cache's answer or a tier's first piece; None if the client leaves first.
+
+    Uvicorn does not cancel a handler whose client left, so the cache lookup, routing, the
+    retries and the wait in an engine's queue for the first token are cancelled here: the
+    upstream request is aborted (an engine frees its pages) and the caller frees the slot.
+    """
+    call: Call | None = None
+    error: Exception | None = None
+
+    async def open_call() -> None:
+        nonlocal call, error
+        try:
+            call = await _from_cache(ctx) or await _from_tier(ctx)
+        except Exception as exc:  # raised out here, not as a task group's ExceptionGroup
+            error = exc
+
+    finished = await unless_disconnected(ctx.request, open_call)
+    if error is not None:
+        raise error
+    return call if finished else None
+
+
 async def _complete(
     request: Request,
     state: GatewayState,
@@ -200,9 +232,9 @@ async def _complete(
         ctx = RequestContext(request, state, runtime, tenant, body, _features(body))
         ctx.embed = embed_once(state.embedder.current, ctx.features.last_user_text)
         tokens = ctx.features.approx_tokens
-        ctx.admission = await admit(request, runtime, tenant, tokens)
+        ctx.admission = await admit(request, runtime, tenant, tokens, _completion_budget(body))
         ctx.cache = _cache_step(ctx)
-        call = await _from_cache(ctx) or await _from_tier(ctx)
+        call = await _answered(ctx)
     except OpenAIError as exc:  # refused before any answer: counted under the tier, if any
         route = ctx.route if ctx is not None else "-"
         state.stats.request_done(route, getattr(request.state, "tier", "-"), "-", exc.status)
@@ -214,6 +246,11 @@ async def _complete(
             with anyio.CancelScope(shield=True):
                 await ctx.admission.finish()
         raise
+    if call is None:  # the client left before the answer started: nobody is left to read
+        tier = getattr(request.state, "tier", "-")
+        state.stats.request_done(ctx.route, tier, "-", CLIENT_CLOSED_REQUEST)
+        await ctx.admission.finish()
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
     shape = shape_of(call.served.model, ctx.body)
     if ctx.body.stream:
         return streamed(call, shape, ctx.body.include_usage, ctx.body.n or 1)

@@ -2,8 +2,10 @@
 
 The request path calls `Limiter.admit` once a request is authenticated and parsed (it
 raises a 429 `OpenAIError` or returns an `Admission`) and `Admission.finish` once the answer
-has ended, however it ended. Tokens are counted twice: the prompt estimate at admission,
-then corrected to the real prompt + completion usage at the end.
+has ended, however it ended. Tokens are counted twice: at admission the prompt estimate
+plus the completion budget (max_tokens for each answer generated, as OpenAI reserves it),
+so concurrent requests cannot all fit a budget that their answers then overrun; at the end
+corrected to the real prompt + completion usage (to the prompt estimate when there is none).
 
 Counters live in Redis when the policy names one (replicas share them) and in this process
 otherwise. A Redis that fails is skipped for a moment and the in-process store decides
@@ -41,18 +43,20 @@ class Admission:
 
     limiter: "Limiter | None"
     scopes: list[Scope] = field(default_factory=list)
-    estimate: int = 0  # tokens counted at admission
+    estimate: int = 0  # tokens counted at admission: the prompt's estimate + completion budget
+    prompt_estimate: int = 0  # what an answer that reports no usage settles at
     member: str = ""  # its concurrency slot's id in Redis
     store: RedisStore | None = None  # None: counted in process
     finished: bool = False
 
     async def finish(self, total_tokens: int | None = None) -> None:
-        """Settle the real token usage (None: keep the estimate) and free the slots."""
+        """Settle the real token usage (None: the prompt's estimate) and free the slots."""
         if self.finished or self.limiter is None or not self.scopes:
             self.finished = True
             return
         self.finished = True
-        delta = 0 if total_tokens is None else total_tokens - self.estimate
+        settled = self.prompt_estimate if total_tokens is None else total_tokens
+        delta = settled - self.estimate
         await self.limiter._finish(self, delta)
 
 
@@ -82,12 +86,21 @@ class Limiter:
         )
 
     async def admit(
-        self, policy: Policy, tenant: str, key_digest: str | None, prompt_tokens: int
+        self,
+        policy: Policy,
+        tenant: str,
+        key_digest: str | None,
+        prompt_tokens: int,
+        completion_tokens: int = 0,
     ) -> Admission:
-        """Count a request against its tenant's and its key's limits, or raise a 429."""
+        """Count a request against its tenant's and its key's limits, or raise a 429.
+
+        `completion_tokens`: the most the answer may generate; reserved until it ends.
+        """
         scopes = _scopes(policy, tenant, key_digest)
         if not scopes:
             return NOT_LIMITED
+        cost = prompt_tokens + completion_tokens
         member = uuid.uuid4().hex
         url = policy.limits_redis_url()
         store = await self._store(url)
@@ -95,18 +108,18 @@ class Limiter:
         if store is not None:
             try:
                 await self._resend(store)  # first: a slot it frees may be what this one needs
-                denial = await store.admit(scopes, prompt_tokens, member)
+                denial = await store.admit(scopes, cost, member)
             except RedisError as exc:
                 self._redis_failed(exc)
                 store = None
         if store is None:
             if url is not None:
                 self.fallbacks.inc()
-            denial = self.memory.admit(scopes, prompt_tokens)
+            denial = self.memory.admit(scopes, cost)
         if denial is not None:
             self.refused.labels(denial.scope.kind, denial.limit).inc()
             raise _too_many(denial)
-        return Admission(self, scopes, prompt_tokens, member, store)
+        return Admission(self, scopes, cost, prompt_tokens, member, store)
 
     async def _finish(self, admission: Admission, token_delta: int) -> None:
         store = admission.store
@@ -174,8 +187,9 @@ def _too_many(denial: Denial) -> OpenAIError:
     who = f"tenant {scope.name!r}" if scope.kind == "tenant" else "this API key"
     if denial.limit == "tokens_per_minute" and denial.cost > limit:
         message = (
-            f"Request too large: about {denial.cost} prompt tokens, over the limit of {limit} "
-            f"{what} for {who}. Send a shorter prompt."
+            f"Request too large: about {denial.cost} tokens (the prompt and max_tokens for "
+            f"each answer), over the limit of {limit} {what} for {who}. Lower max_tokens "
+            "or send a shorter prompt."
         )
     else:
         message = f"Rate limit reached for {who}: {limit} {what}. Retry after Retry-After seconds."

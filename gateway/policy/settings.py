@@ -226,6 +226,9 @@ class EngineSettings(StrictModel):
         return EngineConfig(model=self.model or name, kv_cache_bytes=self.kv_cache_mb * _MB, **same)
 
 
+DEFAULT_MAX_CONCURRENT = 32  # limits.default.max_concurrent when the policy does not set it
+
+
 class LimitSet(StrictModel):
     """Ceilings for one tenant or one key; a field left out (or null) sets no ceiling."""
 
@@ -255,6 +258,16 @@ class LimitsSettings(StrictModel):
     default: LimitSet = LimitSet()  # every tenant without an entry under `tenants`
     tenants: dict[str, LimitSet] = {}  # per tenant, field by field over `default`
     keys: dict[str, LimitSet] = {}  # per API key, by its SHA-256 hex; on top of its tenant's
+
+    @model_validator(mode="after")
+    def _default_share(self) -> "LimitsSettings":
+        # Unless the policy says otherwise (`null` lifts it), no tenant holds more than
+        # DEFAULT_MAX_CONCURRENT requests at once, so one tenant's flood cannot take every
+        # engine slot and queue place from the others.
+        if "max_concurrent" not in self.default.model_fields_set:
+            share = {"max_concurrent": DEFAULT_MAX_CONCURRENT}
+            self.default = self.default.model_copy(update=share)
+        return self
 
     def for_tenant(self, tenant: str) -> LimitSet:
         own = self.tenants.get(tenant)
