@@ -145,6 +145,16 @@ class AsyncEngine:
             return self.tokenizer.encode(text)
         return await asyncio.to_thread(self.tokenizer.encode, text)
 
+    def check_room(self, num_prompt_tokens: int, max_tokens: int | None = None) -> None:
+        """PromptTooLongError (CompletionTooLongError for max_tokens) when the context cannot
+        hold the prompt and the requested completion; reads only the fixed context length."""
+        self.engine.check_room(num_prompt_tokens, max_tokens)
+
+    @property
+    def carries_tools(self) -> bool:
+        """Whether the model's chat template shows it the request's `tools`."""
+        return getattr(self.tokenizer, "carries_tools", True)  # test tokenizers cannot tell
+
     async def apply_chat_template(self, messages: list[dict], tools: list[dict] | None) -> str:
         """The prompt for chat messages (a long one rendered in a worker thread).
 

@@ -19,7 +19,7 @@ from engine.engine import AsyncEngine
 from engine.entrypoints.api_key import RequireApiKey
 from engine.entrypoints.best_of import pick_best
 from engine.entrypoints.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
-from engine.entrypoints.chat_template import render_chat
+from engine.entrypoints.chat_template import prompt_ids
 from engine.entrypoints.choices import Child, usage_of
 from engine.entrypoints.http import (
     collect,
@@ -71,13 +71,20 @@ async def respond(
     return json_response(shapes[0].answer(choices, usage_of(finals)))  # type: ignore[arg-type]
 
 
+async def _prompt(
+    engine: AsyncEngine, body: ChatCompletionRequest | CompletionRequest
+) -> list[int]:
+    try:
+        return await prompt_ids(engine, body)
+    except (EngineError, ValueError) as exc:
+        prompt_param = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
+        raise engine_error(exc, prompt_param) from exc
+
+
 async def chat_completion(
     engine: AsyncEngine, model: str, body: ChatCompletionRequest, request: Request
 ) -> Response:
-    try:
-        prompt = await render_chat(engine, body)
-    except (EngineError, ValueError) as exc:
-        raise engine_error(exc) from exc
+    prompt = await _prompt(engine, body)
     shapes = chat_shapes(model, body.callable_tools(), body.n or 1)
     children = await start_choices(engine, prompt, shapes[0].id, body)
     firsts = [first for first, _ in children]
@@ -109,7 +116,8 @@ async def text_completion(
     engine: AsyncEngine, model: str, body: CompletionRequest, request: Request
 ) -> Response:
     shapes = text_shapes(model, body.n or 1)
-    children = await start_choices(engine, body.prompt, shapes[0].id, body)
+    prompt = await _prompt(engine, body)
+    children = await start_choices(engine, prompt, shapes[0].id, body)
 
     def render(index: int, out: RequestOutput) -> Completion | None:
         if not out.text and not out.logprobs and not out.finished:
