@@ -12,6 +12,7 @@ picks the behaviour:
   cutchoice     like echo, but streamed choice 1 never gets its finish_reason
   seedbomb      500 when the request's seed is 666, else like echo
   slowbomb      stalls 5 s when the request asks for more than 1000 tokens, else like echo
+  stall         stalls 5 s, then like echo
   leaky500      500 whose body names internal hosts
 """
 
@@ -93,7 +94,7 @@ def upstream_stub() -> FastAPI:
             return _error(429, "slow down", {"Retry-After": model.removeprefix("ratelimit-")})
         if model == "leaky500" or (model == "seedbomb" and body.get("seed") == 666):
             return _error(500, LEAK)
-        if model == "slowbomb" and (body.get("max_tokens") or 0) > 1000:
+        if model == "stall" or (model == "slowbomb" and (body.get("max_tokens") or 0) > 1000):
             await asyncio.sleep(5)
         n = body.get("n") or 1
         if body.get("stream"):

@@ -8,7 +8,7 @@ request upstream (the engine frees its pages, an HTTP stream is closed).
 
 import math
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from engine.outputs import TokenLogprobs
@@ -22,6 +22,8 @@ class GenerationRequest:
     request_id: str
     body: OpenAIRequest
     tenant: str  # also the engine's cache salt: tenants never share KV pages
+    # Prompt token ids by local engine, kept from the chain's checks so a call reuses them.
+    prompts: dict[str, list[int]] = field(default_factory=dict, repr=False)
 
     @property
     def is_chat(self) -> bool:
