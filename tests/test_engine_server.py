@@ -168,6 +168,26 @@ def test_tools_the_template_drops_are_400(client: openai.OpenAI) -> None:
     assert "cannot show it `tools`" in info.value.message
 
 
+def test_schemas_past_the_size_caps_are_400s_in_our_words(client: openai.OpenAI) -> None:
+    """#29.6: 2,000 forced functions made llguidance panic and the 400 carried the panic's
+    text; a schema past the caps compiled for seconds. Both: our message naming the limit."""
+    base: dict = {"model": NAME, "messages": USER, "max_tokens": 4}
+    many = [
+        {"type": "function", "function": {"name": f"f{i}", "parameters": {"type": "object"}}}
+        for i in range(2000)
+    ]
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(tools=many, tool_choice="required", **base)
+    assert info.value.param == "tools" and "at most 128 functions" in info.value.message
+    assert "panic" not in info.value.message
+    wide = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(1001)}}
+    big = {"type": "json_schema", "json_schema": {"name": "big", "schema": wide}}
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(response_format=big, **base)  # type: ignore[arg-type]
+    assert info.value.param == "response_format.json_schema.schema"
+    assert "at most 1000 properties" in info.value.message
+
+
 def test_bad_bodies_are_openai_400s(client: openai.OpenAI, base_url: str) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model=NAME, messages=USER, temperature=5)
