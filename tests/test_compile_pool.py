@@ -14,7 +14,7 @@ import pytest
 
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
-from engine.errors import InvalidParamError, QueueFullError
+from engine.errors import EngineDeadError, InvalidParamError, QueueFullError
 from engine.sampling_params import SamplingParams
 from engine.structured_output.compile_pool import CompilePool
 from engine.structured_output.constraints import JsonConstraint, SchemaSource
@@ -128,3 +128,9 @@ async def test_a_compile_waits_at_most_its_timeout(engine: AsyncEngine) -> None:
     assert isinstance(compiling, InvalidParamError) and compiling.param == "response_format"
     assert "did not compile within 0.3 s" in str(compiling)
     assert isinstance(queued, QueueFullError)
+
+
+async def test_a_constrained_request_after_shutdown_is_engine_dead(engine: AsyncEngine) -> None:
+    engine.shutdown()
+    with pytest.raises(EngineDeadError):
+        await first(engine, "hi", SamplingParams(max_tokens=2, constraint=constraint(0)), "late")

@@ -44,15 +44,9 @@ def requested_max_tokens(body: OpenAIRequest) -> int | None:
 def offers_tools(body: OpenAIRequest) -> bool:
     """Tools the model must read to choose from. A forced call (`tool_choice` required or
     named) is not among them: its grammar spells out the names and parameters."""
-    return (
-        isinstance(body, ChatCompletionRequest)
-        and bool(body.tools)
-        and body.tool_choice
-        in (
-            None,
-            "auto",
-        )
-    )
+    if not isinstance(body, ChatCompletionRequest) or not body.tools:
+        return False
+    return body.tool_choice in (None, "auto")
 
 
 def check_tools(engine: Prompting, body: OpenAIRequest) -> None:

@@ -12,7 +12,7 @@ import asyncio
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from engine.errors import InvalidParamError, QueueFullError
+from engine.errors import EngineDeadError, InvalidParamError, QueueFullError
 from engine.structured_output.constraints import Constraint
 from engine.structured_output.grammar import GrammarCompiler, GrammarState
 
@@ -37,7 +37,10 @@ class CompilePool:
             started.set()
             return self.compiler.state_for(constraint)
 
-        job = self._pool.submit(compile_one)
+        try:
+            job = self._pool.submit(compile_one)
+        except RuntimeError:  # shut down with its engine
+            raise EngineDeadError("engine shut down") from None
         try:
             # wait_for cancels the job on timeout, and so does the request's cancellation
             return await asyncio.wait_for(asyncio.wrap_future(job), self.timeout_s)
