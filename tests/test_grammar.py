@@ -203,6 +203,7 @@ def schema_of(properties: int, prefix: str = "p") -> JsonConstraint:
     [
         (schema_of(1001), "at most 1000 properties can be enforced (1001 given)"),
         (schema_of(3000), "at most 65536 bytes can be enforced"),
+        (schema_of(401), "objects of at most 400 properties can be enforced (401 in one)"),
     ],
 )
 def test_schemas_past_the_size_caps_are_refused_before_compiling(
@@ -213,6 +214,13 @@ def test_schemas_past_the_size_caps_are_refused_before_compiling(
     with pytest.raises(InvalidParamError) as info:
         compiler.state_for(constraint)
     assert info.value.param == "rf" and says in str(info.value)
+
+
+def test_the_widest_object_allowed_decodes(compiler: GrammarCompiler, tokenizer: Tokenizer) -> None:
+    """500 optional properties compiled, then failed at the first token (llguidance's
+    2,000 items in a parser row): the cap keeps every admitted object decodable."""
+    state = compiler.state_for(schema_of(400))
+    assert follows(state, tokenizer, '{"p5": 3, "p399": 4}') is True
 
 
 def test_deep_nesting_and_many_forced_functions_are_refused(compiler: GrammarCompiler) -> None:

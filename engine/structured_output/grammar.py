@@ -45,6 +45,9 @@ CACHE_BYTES = 128 << 20  # and their estimated size (see _template_bytes)
 # functions overflow llguidance's symbol table).
 MAX_SCHEMA_BYTES = 64 << 10  # the JSON text of all the request's schemas together
 MAX_PROPERTIES = 1000  # object properties declared, all schemas and nesting levels together
+# in one object: llguidance's parser allows 2,000 items in a row, ~4 per optional property,
+# and a wider object fails only once decoding reaches it
+MAX_OBJECT_PROPERTIES = 400
 MAX_DEPTH = 32  # nested objects / arrays in one schema
 MAX_FUNCTIONS = 128  # functions a forced tool call may choose from (OpenAI's tools limit)
 _LIMITS = llguidance.LLParserLimits(verbose_errors=False)  # errors without grammar internals
@@ -241,27 +244,33 @@ def check_size(constraint: Constraint) -> None:
         message = f"{param}: schemas of at most {MAX_SCHEMA_BYTES} bytes can be enforced"
         raise InvalidParamError(param, f"{message} ({size} given)")
     try:
-        properties = sum(_properties(json.loads(source.schema)) for source in sources)
+        counts = [_properties(json.loads(source.schema)) for source in sources]
     except RecursionError:
         message = f"{param}: schemas nested at most {MAX_DEPTH} levels deep can be enforced"
         raise InvalidParamError(param, message) from None
+    properties, widest = sum(c[0] for c in counts), max((c[1] for c in counts), default=0)
     if properties > MAX_PROPERTIES:
         message = f"{param}: schemas of at most {MAX_PROPERTIES} properties can be enforced"
         raise InvalidParamError(param, f"{message} ({properties} given)")
+    if widest > MAX_OBJECT_PROPERTIES:
+        message = f"{param}: objects of at most {MAX_OBJECT_PROPERTIES} properties can be enforced"
+        raise InvalidParamError(param, f"{message} ({widest} in one)")
 
 
-def _properties(schema: Any) -> int:
-    """Object properties declared anywhere in the schema (iterative: nesting is unbounded)."""
-    count, todo = 0, [schema]
+def _properties(schema: Any) -> tuple[int, int]:
+    """Object properties declared anywhere in the schema, and the most in one object
+    (iterative: nesting is unbounded here)."""
+    count, widest, todo = 0, 0, [schema]
     while todo:
         node = todo.pop()
         if isinstance(node, dict):
             if isinstance(node.get("properties"), dict):
                 count += len(node["properties"])
+                widest = max(widest, len(node["properties"]))
             todo.extend(node.values())
         elif isinstance(node, list):
             todo.extend(node)
-    return count
+    return count, widest
 
 
 def check_shape(schema: dict[str, Any], param: str) -> None:
