@@ -40,6 +40,16 @@ tiers:
     fallback: remote
   remote:
     deployments: [{{model: hosted_vllm/echo, api_base: "{stub}"}}]
+  remote_large:
+    deployments: [{{model: hosted_vllm/stall, api_base: "{stub}"}}]
+    timeout_s: 0.5
+    retries: 0
+    fallback: tiny_only
+  tiny:
+    deployments: [{{model: hosted_vllm/tinyctx, api_base: "{stub}"}}]
+    fallback: remote
+  tiny_only:
+    deployments: [{{model: hosted_vllm/tinyctx, api_base: "{stub}", client: litellm}}]
   no_tools:
     deployments: [{{model: hosted_vllm/notools, api_base: "{stub}", tools: false}}]
 """
@@ -118,3 +128,21 @@ def test_tool_requests_skip_templates_that_drop_tools(
         model="tooly", messages=SHORT, max_tokens=2
     )
     assert raw.headers["x-tiergate-tier"] == "tooly"
+
+
+def test_a_remote_context_too_small_passes_the_request_on(
+    stub: tuple[FastAPI, str], client: openai.OpenAI
+) -> None:
+    """#29.5 for remotes, whose context the gateway cannot count: their own 400
+    context_length_exceeded moves the request on as a skip would; after a timeout, the
+    timeout is the answer; with nothing after it, the 400 (also through litellm)."""
+    raw = client.chat.completions.with_raw_response.create(
+        model="tiny", messages=SHORT, max_tokens=2
+    )
+    assert raw.headers["x-tiergate-tier"] == "remote"
+    with pytest.raises(openai.APIStatusError) as caught:
+        client.chat.completions.create(model="remote_large", messages=SHORT, max_tokens=2)
+    assert caught.value.status_code == 504
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model="tiny_only", messages=SHORT, max_tokens=2)
+    assert refused.value.code == "context_length_exceeded"

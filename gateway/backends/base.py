@@ -75,6 +75,10 @@ class BackendError(Exception):
         self.param = param
 
 
+# OpenAI's code for a prompt (or max_tokens) the context cannot hold: the chain tries the
+# next deployment, whose context may be larger, rather than answering the 400 at once.
+CONTEXT_EXCEEDED = "context_length_exceeded"
+
 MAX_RETRY_AFTER_S = 3600.0  # an upstream asking for more is capped, not obeyed for days
 
 

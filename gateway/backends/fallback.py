@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from engine.entrypoints.chat_template import offers_tools
 from gateway.backends.balance import Balancer, Prefixes, prefixes_of
-from gateway.backends.base import Backend, BackendError, GenerationRequest, Piece
+from gateway.backends.base import CONTEXT_EXCEEDED, Backend, BackendError, GenerationRequest, Piece
 from gateway.policy import Deployment, Price, Tier
 
 logger = logging.getLogger("tiergate.fallback")
@@ -281,8 +281,14 @@ class FallbackChain:
                 if (refused := await refusal(dep, backend, request)) is not None:
                     refusals.append(refused)
                     continue
+                try:
+                    served = await self._try(request, tier, dep, backend, failures, prefixes)
+                except BackendError as exc:
+                    if exc.code != CONTEXT_EXCEEDED:
+                        raise
+                    refusals.append(exc)  # a remote's context that was too small after all
+                    continue
                 tried = True
-                served = await self._try(request, tier, dep, backend, failures, prefixes)
                 if served is not None:
                     return served
             if tried:  # the cooling ones are for when no ready one could take it
