@@ -276,25 +276,40 @@ class FallbackChain:
         failures: list[BackendError] = []
         refusals: list[BackendError] = []  # from deployments that could never answer it
         for group in (ready_ones, cooling):
-            tried = False
-            for tier, dep, backend in group:
-                if (refused := await refusal(dep, backend, request)) is not None:
-                    refusals.append(refused)
-                    continue
-                try:
-                    served = await self._try(request, tier, dep, backend, failures, prefixes)
-                except BackendError as exc:
-                    if exc.code != CONTEXT_EXCEEDED:
-                        raise
-                    refusals.append(exc)  # a remote's context that was too small after all
-                    continue
-                tried = True
-                if served is not None:
-                    return served
+            served, tried = await self._try_group(request, group, failures, refusals, prefixes)
+            if served is not None:
+                return served
             if tried:  # the cooling ones are for when no ready one could take it
                 break
         # A timeout is the caller's answer, not a 400 from a tier that could never answer.
         raise all_failed(failures) if failures or not refusals else refusals[0]
+
+    async def _try_group(
+        self,
+        request: GenerationRequest,
+        group: list[tuple[TierBackends, Deployment, Backend]],
+        failures: list[BackendError],
+        refusals: list[BackendError],
+        prefixes: Prefixes | None,
+    ) -> tuple[Served | None, bool]:
+        """The group's deployments in order, skipping those that cannot take the request:
+        the one that answers (or None), and whether any was tried."""
+        tried = False
+        for tier, dep, backend in group:
+            if (refused := await refusal(dep, backend, request)) is not None:
+                refusals.append(refused)
+                continue
+            try:
+                served = await self._try(request, tier, dep, backend, failures, prefixes)
+            except BackendError as exc:
+                if exc.code != CONTEXT_EXCEEDED:
+                    raise
+                refusals.append(exc)  # a remote's context that was too small after all
+                continue
+            tried = True
+            if served is not None:
+                return served, True
+        return None, tried
 
     async def _try(
         self,
