@@ -22,6 +22,7 @@ from engine.errors import EngineDeadError, RequestFailedError
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
+from engine.structured_output.compile_pool import CompilePool
 from engine.structured_output.grammar import GrammarState
 
 if TYPE_CHECKING:
@@ -71,6 +72,7 @@ class AsyncEngine:
         self.max_model_len = self.engine.max_model_len
         self.model_name = self.engine.model_name
         self.metrics = self.engine.metrics
+        self.compiles = CompilePool(self.engine.grammars)
         self._commands: queue.SimpleQueue[_Add | _Abort] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._lock = threading.Lock()  # orders "submit a command" against "the loop died"
@@ -93,6 +95,7 @@ class AsyncEngine:
         """Stop the loop after its current step; pending requests get EngineDeadError."""
         self._stopping = True
         self._wake.set()
+        self.compiles.shutdown()
         if self._thread is not None:
             self._thread.join(timeout)
         else:
@@ -121,8 +124,8 @@ class AsyncEngine:
         if isinstance(prompt, str):
             prompt = await self.encode(prompt)
         grammar = None
-        if params.constraint is not None:  # compiled here: a new schema takes a while
-            grammar = await asyncio.to_thread(self.engine.grammars.state_for, params.constraint)
+        if params.constraint is not None:  # compiled here, on its own pool: it takes a while
+            grammar = await self.compiles.state_for(params.constraint)
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
         self._submit(_Add(request_id, prompt, params, cache_salt, stream, grammar))
         finished = False
@@ -144,6 +147,16 @@ class AsyncEngine:
         if len(text) <= _INLINE_CHARS:
             return self.tokenizer.encode(text)
         return await asyncio.to_thread(self.tokenizer.encode, text)
+
+    def check_room(self, num_prompt_tokens: int, max_tokens: int | None = None) -> None:
+        """PromptTooLongError (CompletionTooLongError for max_tokens) when the context cannot
+        hold the prompt and the requested completion; reads only the fixed context length."""
+        self.engine.check_room(num_prompt_tokens, max_tokens)
+
+    @property
+    def carries_tools(self) -> bool:
+        """Whether the model's chat template shows it the request's `tools`."""
+        return getattr(self.tokenizer, "carries_tools", True)  # test tokenizers cannot tell
 
     async def apply_chat_template(self, messages: list[dict], tools: list[dict] | None) -> str:
         """The prompt for chat messages (a long one rendered in a worker thread).

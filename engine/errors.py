@@ -9,6 +9,12 @@ class PromptTooLongError(EngineError, ValueError):
     """The prompt (plus at least one new token) does not fit the model's context: HTTP 400."""
 
 
+class CompletionTooLongError(PromptTooLongError):
+    """`max_tokens` asks for more than the context leaves after the prompt: HTTP 400."""
+
+    param = "max_tokens"
+
+
 class QueueFullError(EngineError):
     """The waiting queue is at its bound: HTTP 429 with Retry-After."""
 

@@ -12,6 +12,7 @@ import torch
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import (
+    CompletionTooLongError,
     InvalidParamError,
     PromptTooLongError,
     QueueFullError,
@@ -137,14 +138,28 @@ class LLMEngine:
                 f"{self.max_model_len} tokens can hold (at most {limit} characters)"
             )
 
+    def check_room(self, num_prompt_tokens: int, max_tokens: int | None = None) -> None:
+        """Refuse a prompt that leaves no room for output, or a requested `max_tokens` the
+        context cannot hold after it (OpenAI's and vLLM's 400; per choice, as `n` choices
+        share the prompt). Without max_tokens the answer may run to the end of the context."""
+        limit = self.max_model_len
+        if num_prompt_tokens + 1 > limit:
+            raise PromptTooLongError(
+                f"prompt has {num_prompt_tokens} tokens; the context is {limit} tokens "
+                "and at least one must be left for the output"
+            )
+        if max_tokens is not None and num_prompt_tokens + max_tokens > limit:
+            raise CompletionTooLongError(
+                f"This model's maximum context length is {limit} tokens. However, you "
+                f"requested {num_prompt_tokens + max_tokens} tokens ({num_prompt_tokens} in "
+                f"the prompt, {max_tokens} in the completion). Please reduce the length of "
+                "the prompt or max_tokens."
+            )
+
     def _check_prompt(self, ids: list[int]) -> None:
         if not ids:
             raise ValueError("the prompt is empty")
-        if len(ids) + 1 > self.max_model_len:
-            raise PromptTooLongError(
-                f"prompt has {len(ids)} tokens; the context is {self.max_model_len} tokens "
-                "and at least one must be left for the output"
-            )
+        self.check_room(len(ids))
         vocab = self._vocab_size
         if not all(0 <= t < vocab for t in ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")

@@ -9,6 +9,7 @@ the GGUF metadata arrays takes seconds.
 """
 
 import contextlib
+import functools
 import json
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -95,6 +96,19 @@ class Tokenizer:
             **extra,
         )
 
+    @functools.cached_property
+    def carries_tools(self) -> bool:
+        """Whether the chat template shows the model a request's `tools`: some (SmolLM2's)
+        drop them silently. A probe conversation rendered with a tool must name it."""
+        probe = {"type": "function", "function": {"name": _PROBE_TOOL, "parameters": {}}}
+        try:
+            text = self.apply_chat_template([{"role": "user", "content": "hi"}], tools=[probe])
+        except Exception:  # a template that fails on tools cannot carry them either
+            return False
+        return _PROBE_TOOL in text
+
+
+_PROBE_TOOL = "tiergate_probe_tool"
 
 # ---- chat template (as Hugging Face renders it) -------------------------------------
 

@@ -9,7 +9,13 @@ import pytest
 
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
-from engine.errors import EngineDeadError, PromptTooLongError, QueueFullError, RequestFailedError
+from engine.errors import (
+    CompletionTooLongError,
+    EngineDeadError,
+    PromptTooLongError,
+    QueueFullError,
+    RequestFailedError,
+)
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
 from engine.runner import ModelRunner
@@ -175,6 +181,21 @@ def test_limits(runner: ModelRunner) -> None:
     engine.add_request("e", [1] * (engine.max_model_len - 2), SamplingParams(0, max_tokens=50))
     last = _run(engine)["e"][-1]
     assert last.finish_reason == "length" and last.completion_tokens == 2
+
+
+def test_check_room_refuses_a_completion_beyond_the_context(runner: ModelRunner) -> None:
+    """#29.12: a requested max_tokens the context cannot hold after the prompt is refused
+    (OpenAI's wording, on max_tokens); exactly the room left is accepted."""
+    engine = LLMEngine(_config(max_model_len=40), runner)
+    engine.check_room(30, 10)
+    engine.check_room(30, None)  # no max_tokens asked: the answer runs to the end
+    with pytest.raises(CompletionTooLongError) as info:
+        engine.check_room(30, 11)
+    assert info.value.param == "max_tokens"
+    assert str(info.value).startswith("This model's maximum context length is 40 tokens.")
+    assert "41 tokens (30 in the prompt, 11 in the completion)" in str(info.value)
+    with pytest.raises(PromptTooLongError):
+        engine.check_room(40, None)
 
 
 # -- AsyncEngine --------------------------------------------------------------------------

@@ -139,6 +139,56 @@ def test_prompt_too_long_is_400(client: openai.OpenAI, engine: AsyncEngine) -> N
     assert info.value.code == "context_length_exceeded"
 
 
+def test_max_tokens_beyond_the_context_is_400(client: openai.OpenAI, engine: AsyncEngine) -> None:
+    """#29.12: refused up front as OpenAI and vLLM do (each of the n choices needs the room),
+    on both endpoints, rather than silently capped."""
+    calls = (
+        lambda **kw: client.chat.completions.create(messages=USER, **kw),
+        lambda **kw: client.completions.create(prompt="Name one colour.", **kw),
+    )
+    for call in calls:
+        with pytest.raises(openai.BadRequestError) as info:
+            call(model=NAME, max_tokens=2147483647, n=16)
+        assert info.value.param == "max_tokens"
+        assert info.value.code == "context_length_exceeded"
+        context = f"This model's maximum context length is {engine.max_model_len} tokens."
+        assert context in info.value.message
+    # the room the prompt leaves is still served (here cut short by a stop)
+    done = client.completions.create(
+        model=NAME, prompt="Hi", max_tokens=engine.max_model_len - 1, stop=[" "], n=2
+    )
+    assert len(done.choices) == 2
+
+
+def test_tools_the_template_drops_are_400(client: openai.OpenAI) -> None:
+    """#29.7: SmolLM2's template drops `tools`; answering as if none were given is wrong."""
+    tool = {"type": "function", "function": {"name": "get_time", "parameters": {}}}
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=NAME, messages=USER, tools=[tool], max_tokens=2)
+    assert info.value.param == "tools"
+    assert "cannot show it `tools`" in info.value.message
+
+
+def test_schemas_past_the_size_caps_are_400s_in_our_words(client: openai.OpenAI) -> None:
+    """#29.6: 2,000 forced functions made llguidance panic and the 400 carried the panic's
+    text; a schema past the caps compiled for seconds. Both: our message naming the limit."""
+    base: dict = {"model": NAME, "messages": USER, "max_tokens": 4}
+    many = [
+        {"type": "function", "function": {"name": f"f{i}", "parameters": {"type": "object"}}}
+        for i in range(2000)
+    ]
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(tools=many, tool_choice="required", **base)
+    assert info.value.param == "tools" and "at most 128 functions" in info.value.message
+    assert "panic" not in info.value.message
+    wide = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(1001)}}
+    big = {"type": "json_schema", "json_schema": {"name": "big", "schema": wide}}
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(response_format=big, **base)  # type: ignore[arg-type]
+    assert info.value.param == "response_format.json_schema.schema"
+    assert "at most 1000 properties" in info.value.message
+
+
 def test_bad_bodies_are_openai_400s(client: openai.OpenAI, base_url: str) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model=NAME, messages=USER, temperature=5)

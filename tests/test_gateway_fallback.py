@@ -257,7 +257,7 @@ def test_disconnect_aborts_the_remote_request(
     body = {
         "model": tier,
         "messages": HELLO,
-        "max_tokens": 800,
+        "max_tokens": 600,  # what the engine's 704-token context leaves after the prompt
         "ignore_eos": True,
         "stream": True,
     }
@@ -283,3 +283,15 @@ def test_cost_from_tier_prices(gateway: tuple[FastAPI, str], client: openai.Open
     after = stats.snapshot()["tiergate_cost_usd"]["model=hosted_vllm/smol,tier=remote"]
     expected = (usage.prompt_tokens * 1.0 + usage.completion_tokens * 2.0) / 1e6
     assert after - before == pytest.approx(expected)
+
+
+@REMOTE_TIERS
+def test_a_remote_engine_refuses_max_tokens_beyond_its_context(
+    client: openai.OpenAI, tier: str
+) -> None:
+    """#29.12: the remote's own 400 comes back (not a fallback, not a silent cap); through
+    litellm without its words (litellm keeps the upstream body from us)."""
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model=tier, messages=HELLO, max_tokens=2147483647, n=2)
+    if tier == "remote":
+        assert "maximum context length" in caught.value.message

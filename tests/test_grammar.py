@@ -191,3 +191,68 @@ def test_a_tokenizer_llguidance_cannot_read_refuses_the_request() -> None:
     with pytest.raises(InvalidParamError) as info:
         compiler.state_for(tools)
     assert info.value.param == "tool_choice"
+
+
+def schema_of(properties: int, prefix: str = "p") -> JsonConstraint:
+    props = {f"{prefix}{i}": {"type": "integer"} for i in range(properties)}
+    return JsonConstraint(SchemaSource(json.dumps({"type": "object", "properties": props}), "rf"))
+
+
+@pytest.mark.parametrize(
+    ("constraint", "says"),
+    [
+        (schema_of(1001), "at most 1000 properties can be enforced (1001 given)"),
+        (schema_of(3000), "at most 65536 bytes can be enforced"),
+        (schema_of(401), "objects of at most 400 properties can be enforced (401 in one)"),
+    ],
+)
+def test_schemas_past_the_size_caps_are_refused_before_compiling(
+    compiler: GrammarCompiler, constraint: JsonConstraint, says: str
+) -> None:
+    """#29.6: what would compile for seconds (a 3,000-property schema took 2.8 s) or
+    overflow llguidance is refused first, with our message naming the limit."""
+    with pytest.raises(InvalidParamError) as info:
+        compiler.state_for(constraint)
+    assert info.value.param == "rf" and says in str(info.value)
+
+
+def test_the_widest_object_allowed_decodes(compiler: GrammarCompiler, tokenizer: Tokenizer) -> None:
+    """500 optional properties compiled, then failed at the first token (llguidance's
+    2,000 items in a parser row): the cap keeps every admitted object decodable."""
+    state = compiler.state_for(schema_of(400))
+    assert follows(state, tokenizer, '{"p5": 3, "p399": 4}') is True
+
+
+def test_deep_nesting_and_many_forced_functions_are_refused(compiler: GrammarCompiler) -> None:
+    deep: dict[str, Any] = {"type": "object"}
+    for _ in range(40):
+        deep = {"type": "array", "items": deep}
+    with pytest.raises(InvalidParamError) as info:
+        json_state(compiler, deep)
+    assert "at most 32 levels deep" in str(info.value)
+    with pytest.raises(InvalidParamError) as info:
+        tools_state(compiler, True, {f"f{i}": {"type": "object"} for i in range(2000)})
+    assert info.value.param == "tools" and "at most 128 functions (2000 given)" in str(info.value)
+
+
+def test_the_cache_is_bounded_by_bytes(tokenizer: Tokenizer) -> None:
+    """#29.6: compiled templates are kept within a byte budget (the least recently used go),
+    not only by count: large schemas once kept ~30 MB each, 128 of them."""
+    compiler = GrammarCompiler(tokenizer, tokenizer.vocab_size, cache_bytes=4 << 20)
+    schemas = [schema_of(200, prefix=f"s{k}_") for k in range(6)]
+    for schema in schemas:
+        compiler.state_for(schema)
+        assert compiler.cached_bytes <= 4 << 20
+    assert compiler.cached_state(schemas[-1]) is not None
+    assert compiler.cached_state(schemas[0]) is None  # evicted for the budget
+
+
+def test_library_failures_never_reach_the_client() -> None:
+    """A Rust panic's text says nothing a client can act on and names internals."""
+    from engine.structured_output.grammar import _reason
+
+    panic = "panic: assertion failed: grammar.symbols.len() < u16::MAX as usize - 10"
+    assert _reason(panic) == "the grammar is too large or complex to enforce"
+    assert (
+        _reason("unsupported pattern: look-behind\nat line 3") == "unsupported pattern: look-behind"
+    )

@@ -118,7 +118,10 @@ def test_through_the_gateway_the_tenant_is_the_share() -> None:
     app = create_app(parse_policy(text, env={}), engine_factory=fake_engine(0.05))
     with run_uvicorn(app) as url, ThreadPoolExecutor(4) as pool:
         running = client(url, KEY_A).completions.create(
-            model="small", prompt="go", max_tokens=400, stream=True
+            model="small",
+            prompt="go",
+            max_tokens=250,
+            stream=True,  # of the 256 context
         )
         try:
             next(iter(running))  # runs (the engine's only slot) for many seconds

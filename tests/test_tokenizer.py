@@ -125,3 +125,11 @@ def test_hf_folder_post_processor_bos(tmp_path: Path) -> None:
         tok.encode("hi")[0] == 1
         and tok.encode("hi")[1:] == backend.encode("hi", add_special_tokens=False).ids
     )
+
+
+@pytest.mark.parametrize(
+    ("name", "carries"), [("smollm2-135m", False), ("qwen2.5-coder-0.5b", True)]
+)
+def test_carries_tools(name: str, carries: bool) -> None:
+    """#29.7: SmolLM2's template drops `tools` (same prompt with or without); Qwen's shows them."""
+    assert load_tokenizer(resolve_model(name)).carries_tools is carries

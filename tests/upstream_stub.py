@@ -12,6 +12,8 @@ picks the behaviour:
   cutchoice     like echo, but streamed choice 1 never gets its finish_reason
   seedbomb      500 when the request's seed is 666, else like echo
   slowbomb      stalls 5 s when the request asks for more than 1000 tokens, else like echo
+  stall         stalls 5 s, then like echo
+  tinyctx       400 context_length_exceeded, as a server whose context is too small
   leaky500      500 whose body names internal hosts
 """
 
@@ -91,9 +93,13 @@ def upstream_stub() -> FastAPI:
         model = body["model"]
         if model.startswith("ratelimit-"):
             return _error(429, "slow down", {"Retry-After": model.removeprefix("ratelimit-")})
+        if model == "tinyctx":
+            error = {"message": "This model's maximum context length is 64 tokens.", "type": "x"}
+            body = {"error": {**error, "param": "messages", "code": "context_length_exceeded"}}
+            return JSONResponse(body, status_code=400)
         if model == "leaky500" or (model == "seedbomb" and body.get("seed") == 666):
             return _error(500, LEAK)
-        if model == "slowbomb" and (body.get("max_tokens") or 0) > 1000:
+        if model == "stall" or (model == "slowbomb" and (body.get("max_tokens") or 0) > 1000):
             await asyncio.sleep(5)
         n = body.get("n") or 1
         if body.get("stream"):

@@ -1,14 +1,25 @@
-"""A chat request's prompt: its messages and tools through the model's chat template, for
-both servers (the engine's and the gateway's local tiers)."""
+"""A request's prompt: a chat's messages and tools through the model's chat template, then
+its token ids checked against the context, for both servers (the engine's and the
+gateway's local tiers)."""
 
 from typing import Protocol
 
 from engine.errors import InvalidParamError, PromptTooLongError
-from engine.protocol import ChatCompletionRequest
+from engine.protocol import ChatCompletionRequest, CompletionRequest
+
+OpenAIRequest = ChatCompletionRequest | CompletionRequest
 
 
 class Templating(Protocol):
     async def apply_chat_template(self, messages: list[dict], tools: list[dict] | None) -> str: ...
+
+
+class Prompting(Templating, Protocol):
+    carries_tools: bool
+
+    async def encode(self, text: str) -> list[int]: ...
+
+    def check_room(self, num_prompt_tokens: int, max_tokens: int | None = None) -> None: ...
 
 
 async def render_chat(engine: Templating, body: ChatCompletionRequest) -> str:
@@ -24,3 +35,33 @@ async def render_chat(engine: Templating, body: ChatCompletionRequest) -> str:
     except Exception as exc:
         message = f"Could not apply the chat template: {exc}"
         raise InvalidParamError("messages", message) from exc
+
+
+def requested_max_tokens(body: OpenAIRequest) -> int | None:
+    return getattr(body, "max_completion_tokens", None) or body.max_tokens
+
+
+def offers_tools(body: OpenAIRequest) -> bool:
+    """Tools the model must read to choose from. A forced call (`tool_choice` required or
+    named) is not among them: its grammar spells out the names and parameters."""
+    if not isinstance(body, ChatCompletionRequest) or not body.tools:
+        return False
+    return body.tool_choice in (None, "auto")
+
+
+def check_tools(engine: Prompting, body: OpenAIRequest) -> None:
+    """A template that drops `tools` would answer as if none were given: refuse instead."""
+    if offers_tools(body) and not getattr(engine, "carries_tools", True):  # doubles: can't tell
+        message = "this model's chat template cannot show it `tools`; use a model that can"
+        raise InvalidParamError("tools", message)
+
+
+async def prompt_ids(engine: Prompting, body: OpenAIRequest) -> list[int]:
+    """The prompt's token ids, refused up front (PromptTooLongError, CompletionTooLongError,
+    InvalidParamError) when the model cannot take the request as asked."""
+    check_tools(engine, body)
+    is_chat = isinstance(body, ChatCompletionRequest)
+    prompt = await render_chat(engine, body) if is_chat else body.prompt
+    ids = await engine.encode(prompt) if isinstance(prompt, str) else list(prompt)
+    engine.check_room(len(ids), requested_max_tokens(body))
+    return ids

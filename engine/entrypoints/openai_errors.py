@@ -75,8 +75,9 @@ def engine_error(exc: EngineError | ValueError, prompt_param: str = "messages") 
             return OpenAIError(400, str(exc), param=getattr(exc, "param", prompt_param))
         return OpenAIError(500, f"Engine error: {exc}")
     status, code = known
-    if status == 400:
-        return OpenAIError(status, str(exc), param=prompt_param, code=code)
+    if status == 400:  # the prompt, or max_tokens (CompletionTooLongError), does not fit
+        param = getattr(exc, "param", prompt_param)
+        return OpenAIError(status, str(exc), param=param, code=code)
     if status == 429:
         headers = {"Retry-After": str(RETRY_AFTER_SECONDS)}
         message = str(exc) or "The engine's waiting queue is full; retry shortly."

@@ -19,7 +19,7 @@ from engine.engine import AsyncEngine
 from engine.entrypoints.api_key import RequireApiKey
 from engine.entrypoints.best_of import pick_best
 from engine.entrypoints.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
-from engine.entrypoints.chat_template import render_chat
+from engine.entrypoints.chat_template import prompt_ids
 from engine.entrypoints.choices import Child, usage_of
 from engine.entrypoints.http import (
     collect,
@@ -72,19 +72,28 @@ async def respond(
     return json_response(shapes[0].answer(choices, usage_of(finals)))  # type: ignore[arg-type]
 
 
+async def _prompt(
+    engine: AsyncEngine, body: ChatCompletionRequest | CompletionRequest
+) -> list[int]:
+    try:
+        return await prompt_ids(engine, body)
+    except (EngineError, ValueError) as exc:
+        prompt_param = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
+        raise engine_error(exc, prompt_param) from exc
+
+
+async def _start(
+    engine: AsyncEngine, body: ChatCompletionRequest | CompletionRequest, answer_id: str
+) -> list[Child]:
+    """The prompt's tokens, then its choices started (both watched for a client that leaves)."""
+    return await start_choices(engine, await _prompt(engine, body), answer_id, body)
+
+
 async def chat_completion(
     engine: AsyncEngine, model: str, body: ChatCompletionRequest, request: Request
 ) -> Response:
     shapes = chat_shapes(model, body.callable_tools(), body.n or 1)
-
-    async def start() -> list[Child]:
-        try:
-            prompt = await render_chat(engine, body)
-        except (EngineError, ValueError) as exc:
-            raise engine_error(exc) from exc
-        return await start_choices(engine, prompt, shapes[0].id, body)
-
-    children = await started(request, start)
+    children = await started(request, lambda: _start(engine, body, shapes[0].id))
     if children is None:  # the client left before the first token
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     firsts = [first for first, _ in children]
@@ -116,8 +125,7 @@ async def text_completion(
     engine: AsyncEngine, model: str, body: CompletionRequest, request: Request
 ) -> Response:
     shapes = text_shapes(model, body.n or 1)
-    start = lambda: start_choices(engine, body.prompt, shapes[0].id, body)  # noqa: E731
-    children = await started(request, start)
+    children = await started(request, lambda: _start(engine, body, shapes[0].id))
     if children is None:  # the client left before the first token
         return Response(status_code=CLIENT_CLOSED_REQUEST)
 

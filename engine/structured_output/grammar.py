@@ -9,7 +9,10 @@ matcher with each token it accepts and ends the request once the grammar is comp
 
 Schemas are checked against their JSON Schema meta-schema first, so an error names the
 offending place (`response_format.json_schema.schema.properties.age.minimum`); what the
-meta-schema allows but llguidance cannot enforce is refused with llguidance's message.
+meta-schema allows but llguidance cannot enforce is refused with llguidance's message
+(never a panic's text). A compile costs seconds and megabytes as a schema grows, so its
+size is capped (bytes, properties, nesting, forced functions) before any work, and the
+cache of compiled templates is bounded by their estimated bytes as well as their number.
 """
 
 import hashlib
@@ -36,6 +39,18 @@ from engine.tool_calls import CLOSE, OPEN
 # model could otherwise repeat until max_tokens.
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 _CACHE_SIZE = 128  # compiled constraints kept (least recently used go first)
+CACHE_BYTES = 128 << 20  # and their estimated size (see _template_bytes)
+# What one request may ask to compile: ~1 s and ~15 MB on a laptop core at these bounds
+# (a 3,000-property schema took 2.8 s, most of it in the meta-schema check; 2,000 forced
+# functions overflow llguidance's symbol table).
+MAX_SCHEMA_BYTES = 64 << 10  # the JSON text of all the request's schemas together
+MAX_PROPERTIES = 1000  # object properties declared, all schemas and nesting levels together
+# in one object: llguidance's parser allows 2,000 items in a row, ~4 per optional property,
+# and a wider object fails only once decoding reaches it
+MAX_OBJECT_PROPERTIES = 400
+MAX_DEPTH = 32  # nested objects / arrays in one schema
+MAX_FUNCTIONS = 128  # functions a forced tool call may choose from (OpenAI's tools limit)
+_LIMITS = llguidance.LLParserLimits(verbose_errors=False)  # errors without grammar internals
 _SHIFTS = np.arange(32, dtype=np.uint32)
 
 
@@ -56,26 +71,41 @@ class GrammarState:
 class GrammarCompiler:
     """Compiles constraints for one tokenizer; thread-safe (requests are added from any)."""
 
-    def __init__(self, tokenizer: Any, vocab_size: int) -> None:
+    def __init__(self, tokenizer: Any, vocab_size: int, cache_bytes: int = CACHE_BYTES) -> None:
         self._tokenizer = tokenizer  # engine.tokenizer.Tokenizer
         self._vocab_size = vocab_size  # the logits' width
         self._ll: llguidance.LLTokenizer | None = None
         self._lock = threading.Lock()
-        self._cache: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
+        self._cache: OrderedDict[str, tuple[llguidance.LLMatcher, int]] = OrderedDict()
+        self._cache_budget = cache_bytes
+        self.cached_bytes = 0  # the estimated size of the templates in the cache
+
+    def cached_state(self, constraint: Constraint) -> GrammarState | None:
+        """A fresh matcher from the cache (cheap: no compile), or None."""
+        key = _key(constraint)
+        with self._lock:
+            entry = self._cache.get(key)
+            if entry is None:
+                return None
+            self._cache.move_to_end(key)
+            return self._state(entry[0])
 
     def state_for(self, constraint: Constraint) -> GrammarState:
         """A fresh matcher for one request; InvalidParamError names a bad schema's field."""
-        key = hashlib.sha256(repr(constraint).encode()).hexdigest()
+        if (state := self.cached_state(constraint)) is not None:
+            return state
+        check_size(constraint)
+        template, size = self._compile(constraint)  # unlocked: other requests need not wait
         with self._lock:
-            template = self._cache.get(key)
-            if template is not None:
-                self._cache.move_to_end(key)
-                return self._state(template)
-        template = self._compile(constraint)  # unlocked: other requests need not wait
-        with self._lock:
-            self._cache[key] = template
-            while len(self._cache) > _CACHE_SIZE:
-                self._cache.popitem(last=False)
+            key = _key(constraint)
+            if key not in self._cache:
+                self._cache[key] = (template, size)
+                self.cached_bytes += size
+            while len(self._cache) > 1 and (
+                len(self._cache) > _CACHE_SIZE or self.cached_bytes > self._cache_budget
+            ):
+                _, (_, dropped) = self._cache.popitem(last=False)
+                self.cached_bytes -= dropped
             return self._state(template)
 
     def _state(self, template: llguidance.LLMatcher) -> GrammarState:
@@ -93,7 +123,8 @@ class GrammarCompiler:
                 )
             return self._ll
 
-    def _compile(self, constraint: Constraint) -> llguidance.LLMatcher:
+    def _compile(self, constraint: Constraint) -> tuple[llguidance.LLMatcher, int]:
+        """The template matcher and its estimated size in bytes."""
         try:
             ll = self.ll_tokenizer()
         except Exception as exc:  # a tokenizer llguidance cannot read: refuse, stay up
@@ -106,13 +137,13 @@ class GrammarCompiler:
         else:
             grammar = llguidance.LLMatcher.grammar_from_lark(self._tool_lark(constraint, ll))
             param = "tools"
-        matcher = llguidance.LLMatcher(ll, grammar, log_level=0)
+        matcher = llguidance.LLMatcher(ll, grammar, log_level=0, limits=_LIMITS)
         probe = matcher.deep_copy()  # some grammars fail only at their first mask
         probe.compute_bitmask()  # (a schema that is nothing but a reference to itself)
-        if probe.is_error():
-            reason = _first_line(probe.get_error())
+        if matcher.is_error() or probe.is_error():
+            reason = _reason(matcher.get_error() or probe.get_error())
             raise InvalidParamError(param, f"{param}: no output can satisfy it ({reason})")
-        return matcher
+        return matcher, _template_bytes(grammar)
 
     def _checked(
         self, source: SchemaSource, ll: llguidance.LLTokenizer
@@ -121,6 +152,7 @@ class GrammarCompiler:
         schema = json.loads(source.schema)
         if not isinstance(schema, dict):
             raise InvalidParamError(source.param, f"{source.param}: a schema must be an object")
+        check_shape(schema, source.param)
         try:
             meta = validators.validator_for(schema, default=Draft202012Validator)
         except Exception:  # e.g. a `$schema` that is not a string
@@ -135,11 +167,13 @@ class GrammarCompiler:
             raise InvalidParamError(where, f"{where}: invalid JSON schema: {exc.message}") from None
         try:
             grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)
-            is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, ll)
+            is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
+                grammar, ll, limits=_LIMITS
+            )
         except ValueError as exc:
             is_error, messages = True, [str(exc)]
         if is_error:
-            reason = _first_line(messages[0] if messages else "")
+            reason = _reason(messages[0] if messages else "")
             message = f"{source.param}: this schema cannot be enforced: {reason}"
             raise InvalidParamError(source.param, message)
         return schema, grammar
@@ -177,8 +211,78 @@ class GrammarCompiler:
         return json.dumps(text)
 
 
-def _first_line(message: str) -> str:
-    return message.strip().splitlines()[0] if message.strip() else "invalid grammar"
+def _key(constraint: Constraint) -> str:
+    return hashlib.sha256(repr(constraint).encode()).hexdigest()
+
+
+def _template_bytes(grammar: str) -> int:
+    # Measured: resident memory grows ~100 bytes per character of the grammar's text
+    # (10.6 MB for a 3,000-property schema's 103k), plus a fixed part per matcher.
+    return (256 << 10) + 128 * len(grammar)
+
+
+def _reason(message: str) -> str:
+    """llguidance's first line, unless it is the library's own failure (a Rust panic or
+    assertion): that says nothing the client can act on, and names internals."""
+    line = message.strip().splitlines()[0] if message.strip() else ""
+    if not line or "panic" in line or "assert" in line:
+        return "the grammar is too large or complex to enforce"
+    return line
+
+
+def check_size(constraint: Constraint) -> None:
+    """Refuse what would take too long or too much memory to compile, before any work."""
+    if isinstance(constraint, JsonConstraint):
+        sources, param = [constraint.source], constraint.source.param
+    else:
+        sources, param = [source for _, source in constraint.functions], "tools"
+        if len(sources) > MAX_FUNCTIONS:
+            message = f"tools: a forced call can choose from at most {MAX_FUNCTIONS} functions"
+            raise InvalidParamError(param, f"{message} ({len(sources)} given)")
+    size = sum(len(source.schema.encode()) for source in sources)
+    if size > MAX_SCHEMA_BYTES:
+        message = f"{param}: schemas of at most {MAX_SCHEMA_BYTES} bytes can be enforced"
+        raise InvalidParamError(param, f"{message} ({size} given)")
+    try:
+        counts = [_properties(json.loads(source.schema)) for source in sources]
+    except RecursionError:
+        message = f"{param}: schemas nested at most {MAX_DEPTH} levels deep can be enforced"
+        raise InvalidParamError(param, message) from None
+    properties, widest = sum(c[0] for c in counts), max((c[1] for c in counts), default=0)
+    if properties > MAX_PROPERTIES:
+        message = f"{param}: schemas of at most {MAX_PROPERTIES} properties can be enforced"
+        raise InvalidParamError(param, f"{message} ({properties} given)")
+    if widest > MAX_OBJECT_PROPERTIES:
+        message = f"{param}: objects of at most {MAX_OBJECT_PROPERTIES} properties can be enforced"
+        raise InvalidParamError(param, f"{message} ({widest} in one)")
+
+
+def _properties(schema: Any) -> tuple[int, int]:
+    """Object properties declared anywhere in the schema, and the most in one object
+    (iterative: nesting is unbounded here)."""
+    count, widest, todo = 0, 0, [schema]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, dict):
+            if isinstance(node.get("properties"), dict):
+                count += len(node["properties"])
+                widest = max(widest, len(node["properties"]))
+            todo.extend(node.values())
+        elif isinstance(node, list):
+            todo.extend(node)
+    return count, widest
+
+
+def check_shape(schema: dict[str, Any], param: str) -> None:
+    """Nesting the meta-schema check and the compiler would recurse through: bounded."""
+    todo: list[tuple[Any, int]] = [(schema, 1)]
+    while todo:
+        node, depth = todo.pop()
+        if depth > MAX_DEPTH:
+            message = f"{param}: schemas nested at most {MAX_DEPTH} levels deep can be enforced"
+            raise InvalidParamError(param, message)
+        children = node.values() if isinstance(node, dict) else node
+        todo.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
 
 
 def mask_logits(logits: torch.Tensor, states: list[GrammarState | None]) -> None:

@@ -8,7 +8,7 @@ request upstream (the engine frees its pages, an HTTP stream is closed).
 
 import math
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from engine.outputs import TokenLogprobs
@@ -22,6 +22,8 @@ class GenerationRequest:
     request_id: str
     body: OpenAIRequest
     tenant: str  # also the engine's cache salt: tenants never share KV pages
+    # Prompt token ids by local engine, kept from the chain's checks so a call reuses them.
+    prompts: dict[str, list[int]] = field(default_factory=dict, repr=False)
 
     @property
     def is_chat(self) -> bool:
@@ -72,6 +74,10 @@ class BackendError(Exception):
         self.code = code
         self.param = param
 
+
+# OpenAI's code for a prompt (or max_tokens) the context cannot hold: the chain tries the
+# next deployment, whose context may be larger, rather than answering the 400 at once.
+CONTEXT_EXCEEDED = "context_length_exceeded"
 
 MAX_RETRY_AFTER_S = 3600.0  # an upstream asking for more is capped, not obeyed for days
 

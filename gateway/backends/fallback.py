@@ -13,8 +13,9 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
+from engine.entrypoints.chat_template import offers_tools
 from gateway.backends.balance import Balancer, Prefixes, prefixes_of
-from gateway.backends.base import Backend, BackendError, GenerationRequest, Piece
+from gateway.backends.base import CONTEXT_EXCEEDED, Backend, BackendError, GenerationRequest, Piece
 from gateway.policy import Deployment, Price, Tier
 
 logger = logging.getLogger("tiergate.fallback")
@@ -176,6 +177,24 @@ class _Answer:
         await self._pieces.aclose()
 
 
+async def refusal(
+    dep: Deployment, backend: Backend, request: GenerationRequest
+) -> BackendError | None:
+    """Why the deployment cannot take this request at all (skipped, as LiteLLM's pre-call
+    checks do): tools its template drops, a context too small. None: try it."""
+    if not dep.tools and offers_tools(request.body):
+        message = f"{backend.name}: this deployment does not take `tools` (policy tools: false)"
+        return BackendError(400, message, False, False, param="tools")
+    check = getattr(backend, "refusal", None)  # local engines know their context and template
+    if check is None:
+        return None
+    try:
+        return await check(request)
+    except Exception:  # a check that fails must not take the chain down: the call will tell
+        logger.exception("%s: checking the request failed", backend.name)
+        return None
+
+
 def _serves(tier: TierBackends, model: str) -> bool:
     return any(d.model == model for d, _ in tier.backends)
 
@@ -249,13 +268,48 @@ class FallbackChain:
             key = deployment_key(dep)
             return not self._cooldowns.cooling(key, tenant) and not self.balancer.is_down(key)
 
-        # When everything is cooling down or down, trying anyway beats a certain error.
+        # When everything that can hold the request is cooling down or down, trying anyway
+        # beats a certain error.
+        flags = [ready(dep) for _, dep, _ in candidates]
+        ready_ones = [c for c, up in zip(candidates, flags, strict=True) if up]
+        cooling = [c for c, up in zip(candidates, flags, strict=True) if not up]
         failures: list[BackendError] = []
-        for tier, dep, backend in [c for c in candidates if ready(c[1])] or candidates:
-            served = await self._try(request, tier, dep, backend, failures, prefixes)
+        refusals: list[BackendError] = []  # from deployments that could never answer it
+        for group in (ready_ones, cooling):
+            served, tried = await self._try_group(request, group, failures, refusals, prefixes)
             if served is not None:
                 return served
-        raise all_failed(failures)
+            if tried:  # the cooling ones are for when no ready one could take it
+                break
+        # A timeout is the caller's answer, not a 400 from a tier that could never answer.
+        raise all_failed(failures) if failures or not refusals else refusals[0]
+
+    async def _try_group(
+        self,
+        request: GenerationRequest,
+        group: list[tuple[TierBackends, Deployment, Backend]],
+        failures: list[BackendError],
+        refusals: list[BackendError],
+        prefixes: Prefixes | None,
+    ) -> tuple[Served | None, bool]:
+        """The group's deployments in order, skipping those that cannot take the request:
+        the one that answers (or None), and whether any was tried."""
+        tried = False
+        for tier, dep, backend in group:
+            if (refused := await refusal(dep, backend, request)) is not None:
+                refusals.append(refused)
+                continue
+            try:
+                served = await self._try(request, tier, dep, backend, failures, prefixes)
+            except BackendError as exc:
+                if exc.code != CONTEXT_EXCEEDED:
+                    raise
+                refusals.append(exc)  # a remote's context that was too small after all
+                continue
+            tried = True
+            if served is not None:
+                return served, True
+        return None, tried
 
     async def _try(
         self,

@@ -18,7 +18,7 @@ from typing import Any
 
 from engine.config import EngineConfig
 from engine.entrypoints.best_of import candidate_params, pick_best, ranks
-from engine.entrypoints.chat_template import render_chat
+from engine.entrypoints.chat_template import prompt_ids
 from engine.entrypoints.choices import (
     Child,
     choice_params,
@@ -225,8 +225,9 @@ def _engine_error(exc: Exception, name: str) -> BackendError:
         logger.error("%s failed: %s: %s", name, type(exc).__name__, exc)  # the caller sees less
         return BackendError(502, f"{name}: the engine failed", retry=False, fallback=True)
     status, code = known
-    if status == 400:  # the prompt does not fit: the request's fault, no fallback
-        return BackendError(status, str(exc), retry=False, fallback=False, code=code)
+    if status == 400:  # the prompt or max_tokens does not fit: the request's fault
+        param = getattr(exc, "param", None)
+        return BackendError(status, str(exc), retry=False, fallback=False, code=code, param=param)
     if isinstance(exc, TenantQueueFullError):  # this tenant's doing: no cooldown for others
         message, wait = f"{name}: {exc}", RETRY_AFTER_SECONDS
         return BackendError(status, message, False, False, wait, code=code)
@@ -247,10 +248,24 @@ class LocalBackend:
         slot.holders.add(self)  # a request holding this policy keeps the engine from retiring
         self._attempts = itertools.count()
 
-    async def _prompt(self, engine: Any, request: GenerationRequest) -> str | list[int]:
-        if not request.is_chat:
-            return request.body.prompt
-        return await render_chat(engine, request.body)
+    async def _prompt(self, engine: Any, request: GenerationRequest) -> list[int]:
+        """The prompt's ids, checked against the engine's context and template; rendered once
+        per engine for a request (the chain's `refusal` check, then the call)."""
+        ids = request.prompts.get(self._slot.name)
+        if ids is None:
+            ids = await prompt_ids(engine, request.body)
+            request.prompts[self._slot.name] = ids
+        return ids
+
+    async def refusal(self, request: GenerationRequest) -> BackendError | None:
+        """Why this engine cannot take the request at all (its context cannot hold it, its
+        template cannot show the tools), before it is tried; None when it can."""
+        try:
+            await self._prompt(self._slot.engine, request)
+        except (EngineError, ValueError) as exc:
+            error = _engine_error(exc, self.name)
+            return error if error.status == 400 else None  # a dead engine: the call says so
+        return None
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Piece]:
         """The request's `n` choices as sibling engine requests (same prompt and salt, so

@@ -15,7 +15,13 @@ from typing import Any
 import httpx
 
 from engine.protocol import Usage
-from gateway.backends.base import BackendError, GenerationRequest, Piece, parse_retry_after
+from gateway.backends.base import (
+    CONTEXT_EXCEEDED,
+    BackendError,
+    GenerationRequest,
+    Piece,
+    parse_retry_after,
+)
 from gateway.backends.forward import (
     SALTED_PROVIDERS,
     forwarded_messages,
@@ -36,7 +42,8 @@ def status_error(status: int, text: str, model: str, retry_after: str | None) ->
     message = f"{model}: upstream answered HTTP {status}"
     wait = parse_retry_after(retry_after)
     if status in (400, 413, 422):
-        return BackendError(400, upstream_message(text) or message, retry=False, fallback=False)
+        code = CONTEXT_EXCEEDED if upstream_code(text) == CONTEXT_EXCEEDED else None
+        return BackendError(400, upstream_message(text) or message, False, False, code=code)
     if status in (429, 503):  # overloaded whoever asks: everyone waits
         return BackendError(status, message, True, True, wait, deployment_fault=True)
     if status >= 500 or status == 408:
@@ -52,6 +59,14 @@ def upstream_message(text: str) -> str | None:
     except (ValueError, KeyError, TypeError):
         return None
     return message[:500] if isinstance(message, str) else None
+
+
+def upstream_code(text: str) -> str | None:
+    try:
+        code = json.loads(text)["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return code if isinstance(code, str) else None
 
 
 def usage_of(raw: dict[str, Any] | None, salted: bool) -> Usage | None:

@@ -13,7 +13,13 @@ from types import ModuleType
 from typing import Any
 
 from engine.protocol import Usage
-from gateway.backends.base import BackendError, GenerationRequest, Piece, parse_retry_after
+from gateway.backends.base import (
+    CONTEXT_EXCEEDED,
+    BackendError,
+    GenerationRequest,
+    Piece,
+    parse_retry_after,
+)
 from gateway.backends.forward import (
     OPENAI_FIELDS,
     SALTED_PROVIDERS,
@@ -62,7 +68,8 @@ def to_backend_error(exc: Exception, model: str) -> BackendError:
     if isinstance(exc, llm_errors.ContextWindowExceededError | llm_errors.BadRequestError):
         text = getattr(getattr(exc, "response", None), "text", "")
         message = upstream_message(text) or f"{model}: the request was refused as invalid"
-        return BackendError(400, message, retry=False, fallback=False)
+        too_long = isinstance(exc, llm_errors.ContextWindowExceededError)
+        return BackendError(400, message, False, False, code=CONTEXT_EXCEEDED if too_long else None)
     if isinstance(exc, llm_errors.ServiceUnavailableError):
         wait = _retry_after(exc)
         return BackendError(503, f"{model}: unavailable", True, True, wait, deployment_fault=True)

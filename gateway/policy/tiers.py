@@ -37,6 +37,9 @@ class Deployment(StrictModel):
     # remote only. auto: OpenAI-speaking providers (hosted_vllm/, openai/) are called
     # directly, the rest through litellm; litellm: always through litellm.
     client: Literal["auto", "litellm"] = "auto"
+    # remote only: false when its model cannot take `tools` (requests offering them skip it;
+    # a local engine's chat template tells for itself)
+    tools: bool = True
 
     _check_timeout = field_validator("timeout_s")(positive)
 
