@@ -2,7 +2,8 @@
 
 `to_chat` turns the system prompt, the messages' content blocks (text; an assistant's
 tool_use blocks become its tool_calls; a user's tool_result blocks become tool messages),
-the tools' input_schema and tool_choice into a ChatCompletionRequest. Blocks the chat API
+the tools' input_schema, tool_choice and output_config.format (a JSON schema: structured
+output) into a ChatCompletionRequest. Blocks the chat API
 has no twin for (images, documents, thinking) are a 400 naming the block.
 """
 
@@ -32,6 +33,17 @@ class AnthropicToolChoice(BaseModel):
     disable_parallel_tool_use: bool | None = None
 
 
+class OutputFormat(BaseModel):
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(BaseModel):
+    model_config = ConfigDict(extra="allow")  # e.g. `effort`: nothing here to tune
+
+    format: OutputFormat | None = None
+
+
 class AnthropicMessage(BaseModel):
     role: Literal["user", "assistant"]
     content: str | list[dict[str, Any]]
@@ -52,6 +64,7 @@ class MessagesRequest(BaseModel):
     top_k: int | None = None
     stream: bool = False
     metadata: dict[str, Any] | None = None
+    output_config: OutputConfig | None = None  # structured output: `format` a JSON schema
 
 
 def _bad(message: str, param: str) -> OpenAIError:
@@ -166,6 +179,8 @@ def to_chat(body: MessagesRequest) -> ChatCompletionRequest:
         for t in body.tools or []
     ]
     choice, parallel = _tool_choice(body.tool_choice)
+    form = body.output_config.format if body.output_config is not None else None
+    schema = {"name": "output", "schema": form.schema_} if form is not None else None
     chat = {
         "model": body.model,
         "messages": messages,
@@ -174,6 +189,7 @@ def to_chat(body: MessagesRequest) -> ChatCompletionRequest:
         "tool_choice": choice,
         "parallel_tool_calls": parallel,
         "stop": body.stop_sequences,
+        "response_format": {"type": "json_schema", "json_schema": schema} if schema else None,
         "temperature": body.temperature,
         "top_p": body.top_p,
         "top_k": body.top_k,
