@@ -39,6 +39,11 @@ class City(BaseModel):
     country: str
 
 
+class Capital(BaseModel):
+    city: str
+    country: str
+
+
 # ---- the Responses API, openai client
 
 
@@ -179,7 +184,7 @@ def messages_forced_tool(client: anthropic.Anthropic, model: str) -> None:
     record = {
         "name": "record_city",
         "description": "Record a city and its country",
-        "input_schema": City.model_json_schema(),
+        "input_schema": Capital.model_json_schema(),
     }
     message = client.messages.create(
         model=model,
@@ -191,7 +196,7 @@ def messages_forced_tool(client: anthropic.Anthropic, model: str) -> None:
     )
     assert message.stop_reason == "tool_use"
     (use,) = [block for block in message.content if block.type == "tool_use"]
-    assert City.model_validate(use.input).name == "Paris"
+    assert Capital.model_validate(use.input).city == "Paris"
 
 
 def messages_streamed(client: anthropic.Anthropic, model: str) -> None:
