@@ -38,7 +38,7 @@ async def save(
     if cache is None:
         return False
     record = json.dumps({"response": response, "messages": messages}, ensure_ascii=False)
-    if len(record) > STORED_MAX_CHARS:
+    if len(record) > STORED_MAX_CHARS or not cache.records.healthy:  # down: no waiting on it
         return False
     try:
         await cache.records.put_record(_key(tenant, response["id"]), record, STORED_TTL_S)
