@@ -24,7 +24,7 @@ def usage_of(chat_usage: dict[str, Any] | None) -> dict[str, Any] | None:
     cached = (chat_usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
     return {
         "input_tokens": chat_usage["prompt_tokens"],
-        "input_tokens_details": {"cached_tokens": cached},
+        "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
         "output_tokens": chat_usage["completion_tokens"],
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": chat_usage["total_tokens"],
