@@ -6,6 +6,7 @@ order. The SDK types are the oracle; the chunks are what the chat pipeline strea
 import json
 from typing import Any
 
+import pytest
 from anthropic.types import RawMessageStreamEvent
 from openai.types.responses import ResponseStreamEvent
 from pydantic import BaseModel, TypeAdapter
@@ -137,3 +138,20 @@ def test_whole_answers_validate_as_the_sdks_objects() -> None:
     anthropic_message = Message.model_validate(whole_message("m", completion))
     assert anthropic_message.stop_reason == "tool_use"
     assert [block.type for block in anthropic_message.content] == ["text", "tool_use"]
+
+
+def test_chat_errors_name_the_callers_fields() -> None:
+    from engine.entrypoints.openai_errors import OpenAIError
+    from gateway.api import messages_request, responses_request
+
+    ask = [{"role": "user", "content": "x"}]
+    body = messages_request.MessagesRequest(
+        model="m", max_tokens=4, messages=ask, stop_sequences=list("abcde")
+    )
+    with pytest.raises(OpenAIError) as stops:
+        messages_request.to_chat(body)
+    assert "'stop_sequences'" in stops.value.message and stops.value.param == "stop_sequences"
+    call = {"type": "function_call", "call_id": "c", "name": "f", "arguments": {"a": 1}}
+    with pytest.raises(OpenAIError) as arguments:
+        responses_request.to_chat(ResponsesRequest(model="m", input=[call]), [])
+    assert arguments.value.status == 400 and arguments.value.param == "input[0]"

@@ -13,9 +13,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from engine.entrypoints.openai_errors import OpenAIError
-from engine.protocol import ChatCompletionRequest, validation_error_message
+from engine.protocol import ChatCompletionRequest
+from gateway.api.translated import renamed_error
 
 _INT32_MAX = 2**31 - 1
+_CHAT_NAMES = {"stop": "stop_sequences", "response_format": "output_config.format"}
 
 
 class AnthropicTool(BaseModel):
@@ -199,6 +201,4 @@ def to_chat(body: MessagesRequest) -> ChatCompletionRequest:
     try:
         return ChatCompletionRequest.model_validate(chat)
     except ValidationError as exc:
-        message, param = validation_error_message(exc)
-        renamed = {"stop": "stop_sequences"}
-        raise _bad(message, renamed.get(param or "", param or "")) from None
+        raise renamed_error(exc, _CHAT_NAMES) from None

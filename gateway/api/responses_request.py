@@ -12,10 +12,16 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from engine.entrypoints.openai_errors import OpenAIError
-from engine.protocol import ChatCompletionRequest, validation_error_message
+from engine.protocol import ChatCompletionRequest
+from gateway.api.translated import renamed_error
 
 _INT32_MAX = 2**31 - 1
 _TEXT_PARTS = ("input_text", "output_text", "text")
+_CHAT_NAMES = {
+    "max_tokens": "max_output_tokens",
+    "response_format": "text.format",
+    "messages": "input",
+}
 
 
 class FunctionTool(BaseModel):
@@ -110,9 +116,10 @@ def _add_item(messages: list[dict[str, Any]], item: Any, param: str) -> None:
         messages.append({"role": role, "content": content})
     elif kind == "function_call":
         call = {"id": item.get("call_id"), "type": "function"}
-        call["function"] = {"name": item.get("name"), "arguments": item.get("arguments", "")}
-        if not all(isinstance(v, str) for v in (call["id"], item.get("name"))):
-            raise _bad("a function_call item needs call_id and name", param)
+        arguments = item.get("arguments", "")
+        call["function"] = {"name": item.get("name"), "arguments": arguments}
+        if not all(isinstance(v, str) for v in (call["id"], item.get("name"), arguments)):
+            raise _bad("a function_call item needs call_id, name and arguments (a string)", param)
         _calls_message(messages)["tool_calls"].append(call)
     elif kind == "function_call_output":
         output = item.get("output")
@@ -177,16 +184,5 @@ def to_chat(body: ResponsesRequest, history: list[dict[str, Any]]) -> ChatComple
     }
     try:
         return ChatCompletionRequest.model_validate(chat)
-    except ValidationError as exc:  # e.g. a temperature out of range: named as chat names it
-        message, param = validation_error_message(exc)
-        raise _bad(message, _responses_param(param)) from None
-
-
-def _responses_param(param: str | None) -> str | None:
-    renamed = {"max_tokens": "max_output_tokens", "response_format": "text.format"}
-    if param is None:
-        return None
-    head = param.split(".", 1)[0].split("[", 1)[0]
-    if head == "messages":
-        return "input"
-    return renamed.get(head, param)
+    except ValidationError as exc:  # e.g. a temperature out of range
+        raise renamed_error(exc, _CHAT_NAMES) from None

@@ -1,5 +1,6 @@
 """Another API's answer made from the chat pipeline's: its whole JSON, or its SSE stream
-rewritten event by event as it is sent.
+rewritten event by event as it is sent; and the chat request's validation errors named in
+the other API's fields.
 
 The chat response keeps its own ending and closing logic (a disconnect still aborts the
 tier): the stream wrapper only rewrites the bytes it sends. `[DONE]` is the chat stream's
@@ -11,7 +12,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from fastapi.responses import Response
+from pydantic import ValidationError
 from starlette.types import Message, Receive, Scope, Send
+
+from engine.entrypoints.openai_errors import OpenAIError
+from engine.protocol import validation_error_message
 
 
 class Events(Protocol):
@@ -61,3 +66,14 @@ def chat_json(response: Response) -> dict[str, Any] | None:
     if response.status_code != 200 or not response.body:
         return None
     return json.loads(response.body)
+
+
+def renamed_error(exc: ValidationError, names: dict[str, str]) -> OpenAIError:
+    """The chat request's 400 for a translated body, its field named as the caller sent it
+    (`names`: chat field -> the other API's)."""
+    message, param = validation_error_message(exc)
+    head = (param or "").split(".", 1)[0].split("[", 1)[0]
+    if head in names:
+        message = message.replace(f"'{head}", f"'{names[head]}", 1)
+        param = names[head]
+    return OpenAIError(400, message, param=param)
