@@ -29,6 +29,7 @@ ANTHROPIC_WEATHER: dict[str, Any] = {
     "input_schema": WEATHER_TOOL["parameters"],
 }
 ASK_WEATHER = "What is the weather in Paris right now?"
+QUESTION = "Which city is the capital of France?"
 WEATHER = '{"temp_c": 18, "sky": "sunny"}'
 # anthropic 2.x has no temperature argument; the API takes one (as Anthropic's does)
 GREEDY: dict[str, Any] = {"extra_body": {"temperature": 0}}
@@ -223,3 +224,69 @@ def messages_streamed(client: anthropic.Anthropic, model: str) -> None:
     assert final.stop_reason == "tool_use"
     (use,) = [block for block in final.content if block.type == "tool_use"]
     assert use.input == {"city": "Paris"}
+
+
+# ---- openai-agents, its default model provider (the Responses API) pointed at the gateway
+
+
+def agents_run(base_url: str, key: str, model: str, **agent: Any) -> Any:
+    """Run an agent to its end on the default OpenAIProvider, greedy; returns the result."""
+    import asyncio
+
+    from agents import Agent, ModelSettings, RunConfig, Runner, set_tracing_disabled
+    from agents.models.openai_provider import OpenAIProvider
+
+    set_tracing_disabled(True)  # no traces sent to OpenAI
+    provider = OpenAIProvider(openai_client=openai.AsyncOpenAI(base_url=base_url, api_key=key))
+    settings = ModelSettings(temperature=0, max_tokens=60)
+    built = Agent(name="assistant", model=model, model_settings=settings, **agent)
+    config = RunConfig(model_provider=provider, tracing_disabled=True)
+    return asyncio.run(
+        Runner.run(built, ASK_WEATHER if agent.get("tools") else QUESTION, run_config=config)
+    )
+
+
+def agents_tool(base_url: str, key: str, model: str) -> str:
+    """A function tool the agent calls, then answers with its result."""
+    from agents import function_tool
+
+    seen: list[str] = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """Get the current weather in a city."""
+        seen.append(city)
+        return WEATHER
+
+    result = agents_run(base_url, key, model, tools=[get_weather])
+    assert seen == ["Paris"] and "18" in result.final_output
+    return result.final_output
+
+
+def agents_structured(base_url: str, key: str, model: str) -> City:
+    result = agents_run(
+        base_url, key, model, output_type=City, instructions="Name the capital of France."
+    )
+    assert isinstance(result.final_output, City) and result.final_output.name == "Paris"
+    return result.final_output
+
+
+def agents_streamed(base_url: str, key: str, model: str) -> str:
+    import asyncio
+
+    from agents import Agent, ModelSettings, RunConfig, Runner
+    from agents.models.openai_provider import OpenAIProvider
+
+    provider = OpenAIProvider(openai_client=openai.AsyncOpenAI(base_url=base_url, api_key=key))
+    settings = ModelSettings(temperature=0, max_tokens=16)
+    agent = Agent(name="assistant", model=model, model_settings=settings)
+    config = RunConfig(model_provider=provider, tracing_disabled=True)
+
+    async def run() -> tuple[str, list[str]]:
+        streamed = Runner.run_streamed(agent, "Name three colours.", run_config=config)
+        kinds = [event.type async for event in streamed.stream_events()]
+        return streamed.final_output, kinds
+
+    final, kinds = asyncio.run(run())
+    assert final and "raw_response_event" in kinds
+    return final

@@ -94,3 +94,9 @@ def test_messages_text_and_tool_round_trip(messages: anthropic.Anthropic, tier: 
 def test_messages_forced_tool_and_stream(messages: anthropic.Anthropic, tier: str) -> None:
     flows.messages_forced_tool(messages, tier)
     flows.messages_streamed(messages, tier)
+
+
+@pytest.mark.parametrize("tier", CLIENTS)
+def test_openai_agents_structured_output_and_function_tool(url: str, tier: str) -> None:
+    flows.agents_structured(f"{url}/v1", KEY, tier)
+    flows.agents_tool(f"{url}/v1", KEY, tier)

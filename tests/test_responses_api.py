@@ -3,7 +3,6 @@ over loopback with the openai client and openai-agents' default (Responses) mode
 quick-start flows, repeats answered from the cache, stored responses (tenant-scoped),
 errors, and the requests counted like chat's."""
 
-import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -161,28 +160,11 @@ def test_requests_are_counted_under_their_route_and_tier(url: str) -> None:
     assert _requests(url, "200") == before + 1
 
 
-def test_openai_agents_function_tool_on_the_default_responses_model(url: str) -> None:
-    from agents import (
-        Agent,
-        ModelSettings,
-        Runner,
-        function_tool,
-        set_default_openai_client,
-        set_tracing_disabled,
-    )
-
-    set_tracing_disabled(True)
-    # the default model provider, pointed at the gateway: its default is the Responses API
-    set_default_openai_client(openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=KEY))
-    seen: list[str] = []
-
-    @function_tool
-    def get_weather(city: str) -> str:
-        """Get the current weather in a city."""
-        seen.append(city)
-        return flows.WEATHER
-
-    settings = ModelSettings(temperature=0, max_tokens=60)
-    agent = Agent(name="weather", tools=[get_weather], model="auto", model_settings=settings)
-    result = asyncio.run(Runner.run(agent, flows.ASK_WEATHER))
-    assert seen == ["Paris"] and "18" in result.final_output
+def test_openai_agents_flows_on_the_default_responses_model(url: str) -> None:
+    base = f"{url}/v1"
+    answer = flows.agents_tool(base, KEY, "auto")
+    assert flows.agents_tool(base, KEY, "auto") == answer  # again, the cache where it serves
+    city = flows.agents_structured(base, KEY, "auto")
+    assert flows.agents_structured(base, KEY, "auto") == city
+    text = flows.agents_streamed(base, KEY, "auto")
+    assert flows.agents_streamed(base, KEY, "auto") == text
