@@ -127,7 +127,8 @@ def responses_streamed_tool(client: openai.OpenAI, model: str) -> None:
     assert json.loads(call.arguments) == {"city": "Paris"}
 
 
-def responses_streamed_text(client: openai.OpenAI, model: str) -> str:
+def responses_streamed_text(client: openai.OpenAI, model: str) -> tuple[str, str]:
+    """Text streamed; returns it and the response's id."""
     deltas = []
     with client.responses.stream(
         model=model, input="Name three colours.", max_output_tokens=16, temperature=0
@@ -138,7 +139,7 @@ def responses_streamed_text(client: openai.OpenAI, model: str) -> str:
         final = stream.get_final_response()
     assert "".join(deltas) == final.output_text and final.output_text
     assert final.usage is not None and final.usage.output_tokens > 0
-    return final.output_text
+    return final.output_text, final.id
 
 
 # ---- Anthropic's Messages API, anthropic client

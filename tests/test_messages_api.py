@@ -15,7 +15,7 @@ from gateway.policy import parse_policy
 from tests import agent_flows as flows
 from tests.servers import run_uvicorn
 
-KEY = "sk-messages-a"
+KEY, TIGHT = "sk-messages-a", "sk-messages-tight"
 QWEN = "qwen2.5-coder-0.5b"
 ASK: list[Any] = [{"role": "user", "content": "Name three colours."}]
 
@@ -23,7 +23,8 @@ ASK: list[Any] = [{"role": "user", "content": "Name three colours."}]
 def policy(cache_path: Path) -> str:
     return f"""
 auth:
-  keys: [{{key: {KEY}, tenant: one}}]
+  keys: [{{key: {KEY}, tenant: one}}, {{key: {TIGHT}, tenant: tight}}]
+limits: {{tenants: {{tight: {{requests_per_minute: 1}}}}}}
 cache: {{enabled: true, store: embedded, path: {cache_path}}}
 engines:
   {QWEN}: {{kv_cache_mb: 64, max_num_seqs: 4, max_model_len: 2048, num_threads: 1}}
@@ -147,3 +148,12 @@ def test_errors_have_anthropics_shape(url: str, body: dict, status: int, kind: s
     error = reply.json()
     assert error["type"] == "error" and error["error"]["type"] == kind
     assert error["error"]["message"]
+
+
+def test_limits_apply_and_refuse_in_anthropics_shape(url: str) -> None:
+    tight = client(url, TIGHT)
+    assert tight.messages.create(model="auto", max_tokens=2, messages=ASK).content
+    with pytest.raises(anthropic.RateLimitError) as limited:
+        tight.messages.create(model="auto", max_tokens=2, messages=ASK)
+    assert limited.value.body["error"]["type"] == "rate_limit_error"
+    assert limited.value.response.headers.get("retry-after")

@@ -71,8 +71,10 @@ def test_structured_output_then_from_the_cache(url: str) -> None:
 
 
 def test_streamed_text_and_function_call(url: str) -> None:
-    text = flows.responses_streamed_text(client(url), "auto")
-    assert flows.responses_streamed_text(client(url), "auto") == text  # a hit streams too
+    text, response_id = flows.responses_streamed_text(client(url), "auto")
+    again, _ = flows.responses_streamed_text(client(url), "auto")
+    assert again == text  # a hit streams too
+    assert client(url).responses.retrieve(response_id).output_text == text  # stored once sent
     flows.responses_streamed_tool(client(url), "auto")
 
 
