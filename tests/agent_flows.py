@@ -203,6 +203,11 @@ def messages_forced_tool(client: anthropic.Anthropic, model: str) -> None:
 
 def messages_streamed(client: anthropic.Anthropic, model: str) -> None:
     """Text and a tool call streamed; the SDK's stream helper assembles both."""
+    messages_streamed_text(client, model)
+    messages_streamed_tool(client, model)
+
+
+def messages_streamed_text(client: anthropic.Anthropic, model: str) -> None:
     with client.messages.stream(
         model=model,
         max_tokens=16,
@@ -212,6 +217,9 @@ def messages_streamed(client: anthropic.Anthropic, model: str) -> None:
         text = "".join(stream.text_stream)
         final = stream.get_final_message()
     assert text and final.content[0].text == text and final.usage.output_tokens > 0
+
+
+def messages_streamed_tool(client: anthropic.Anthropic, model: str) -> None:
     with client.messages.stream(
         model=model,
         max_tokens=60,

@@ -79,8 +79,12 @@ def test_responses_structured_output(responses: openai.OpenAI, tier: str) -> Non
 
 
 @pytest.mark.parametrize("tier", CLIENTS)
-def test_responses_streamed(responses: openai.OpenAI, tier: str) -> None:
+def test_responses_streamed_text(responses: openai.OpenAI, tier: str) -> None:
     flows.responses_streamed_text(responses, tier)
+
+
+@pytest.mark.parametrize("tier", CLIENTS)
+def test_responses_streamed_tool(responses: openai.OpenAI, tier: str) -> None:
     flows.responses_streamed_tool(responses, tier)
 
 
@@ -91,9 +95,14 @@ def test_messages_text_and_tool_round_trip(messages: anthropic.Anthropic, tier: 
 
 
 @pytest.mark.parametrize("tier", CLIENTS)
-def test_messages_forced_tool_and_stream(messages: anthropic.Anthropic, tier: str) -> None:
+def test_messages_streamed_text(messages: anthropic.Anthropic, tier: str) -> None:
+    flows.messages_streamed_text(messages, tier)
+
+
+@pytest.mark.parametrize("tier", CLIENTS)
+def test_messages_forced_tool_and_streamed_tool(messages: anthropic.Anthropic, tier: str) -> None:
     flows.messages_forced_tool(messages, tier)
-    flows.messages_streamed(messages, tier)
+    flows.messages_streamed_tool(messages, tier)
 
 
 @pytest.mark.parametrize("tier", CLIENTS)
