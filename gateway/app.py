@@ -12,7 +12,16 @@ from fastapi import FastAPI
 
 from engine.entrypoints.body_limit import BodyLimit
 from engine.entrypoints.openai_errors import install_error_handlers
-from gateway.api import admin, admin_cache, dashboard, embeddings, health, openai
+from gateway.api import (
+    admin,
+    admin_cache,
+    dashboard,
+    embeddings,
+    health,
+    messages,
+    openai,
+    responses,
+)
 from gateway.api.headers import TiergateHeaders
 from gateway.api.openapi import install_openapi
 from gateway.backends.balance import Balancer
@@ -208,6 +217,8 @@ def create_app(
     install_error_handlers(app)
     install_openapi(app)
     app.include_router(openai.router)
+    app.include_router(responses.router)
+    app.include_router(messages.router)
     app.include_router(health.router)
     app.include_router(embeddings.router)
     app.include_router(admin.router)

@@ -68,11 +68,13 @@ class Process:
 
 
 class Engine(Process):
-    """`tiergate engine` with the small model, one thread, a small KV budget."""
+    """`tiergate engine` with the small model (or `model`), one thread, a small KV budget."""
 
-    def __init__(self, log: Path | None = None) -> None:
+    def __init__(
+        self, log: Path | None = None, model: str = ENGINE_MODEL, served: str = "smol"
+    ) -> None:
         port = free_port()
-        args = ["engine", "--model", ENGINE_MODEL, "--port", str(port), "--served-name", "smol"]
+        args = ["engine", "--model", model, "--port", str(port), "--served-name", served]
         args += ["--kv-cache-mb", "32", "--threads", "1", "--max-model-len", "2048"]
         super().__init__(args, port, log)
 

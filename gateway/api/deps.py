@@ -48,15 +48,24 @@ def _mask(key: str) -> str:
     return f"{key[:6]}...{key[-4:]}" if len(key) > 12 else "***"
 
 
-def authenticate(request: Request, runtime: Runtime) -> str:
-    """The caller's tenant; with `auth: {mode: none}` everyone is tenant "default"."""
+def _presented_key(request: Request, x_api_key: bool) -> bytes | None:
+    token = bearer_token(request.headers.get("authorization", ""))
+    if token is None and x_api_key and (header := request.headers.get("x-api-key")):
+        token = header.strip().encode("latin-1")  # where Anthropic's SDKs send it
+    return token or None
+
+
+def authenticate(request: Request, runtime: Runtime, x_api_key: bool = False) -> str:
+    """The caller's tenant; with `auth: {mode: none}` everyone is tenant "default".
+    `x_api_key`: the key may also come as `x-api-key` (/v1/messages, as Anthropic's API)."""
     if runtime.policy.auth.mode == "none":
         return "default"
-    token = bearer_token(request.headers.get("authorization", ""))
+    token = _presented_key(request, x_api_key)
     if token is None:
+        where = "'x-api-key: YOUR_KEY' or " if x_api_key else ""
         raise OpenAIError(
             401,
-            "You didn't provide an API key. Send it as 'Authorization: Bearer YOUR_KEY'.",
+            f"You didn't provide an API key. Send it as {where}'Authorization: Bearer YOUR_KEY'.",
             code="missing_api_key",
         )
     # Keys are looked up by their SHA-256, so policies may store hashes instead of keys.

@@ -214,17 +214,30 @@ async def _answered(ctx: RequestContext) -> Call | None:
     return call if finished else None
 
 
+ShapeOf = Callable[[str, OpenAIRequest], Shape]
+
+
 async def _complete(
-    request: Request,
-    state: GatewayState,
-    model: type[OpenAIRequest],
-    shape_of: Callable[[str, OpenAIRequest], Shape],
+    request: Request, state: GatewayState, model: type[OpenAIRequest], shape_of: ShapeOf
 ) -> Response:
     runtime = state.runtime
-    ctx: RequestContext | None = None
     try:
         tenant = authenticate(request, runtime)
         body = await parse_body(request, model)
+    except OpenAIError as exc:
+        state.stats.request_done("-", "-", "-", exc.status)
+        raise
+    return await serve(request, state, tenant, body, shape_of)
+
+
+async def serve(
+    request: Request, state: GatewayState, tenant: str, body: OpenAIRequest, shape_of: ShapeOf
+) -> Response:
+    """An authenticated, parsed request through the pipeline: limits, cache, router, tier.
+    The translating surfaces (/v1/responses, /v1/messages) hand their chat body in here."""
+    runtime = state.runtime
+    ctx: RequestContext | None = None
+    try:
         asked = body.model if body.model in runtime.policy.routes else "-"
         state.stats.tenant_request(asked, tenant)
         if body.model not in runtime.router.model_names():  # before the cache can answer
@@ -257,7 +270,7 @@ async def _complete(
     return await whole(call, shape, request)
 
 
-def _chat_shape(model: str, body: OpenAIRequest) -> Shape:
+def chat_shape(model: str, body: OpenAIRequest) -> Shape:
     return ChatShape(model, body.callable_tools())  # tool calls parsed out of the answer
 
 
@@ -267,7 +280,7 @@ def _text_shape(model: str, body: OpenAIRequest) -> Shape:
 
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request, state: State) -> Response:
-    return await _complete(request, state, ChatCompletionRequest, _chat_shape)
+    return await _complete(request, state, ChatCompletionRequest, chat_shape)
 
 
 @router.post("/v1/completions")

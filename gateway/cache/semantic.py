@@ -265,6 +265,12 @@ class SemanticCache:
         self.settings = settings
         return True
 
+    @property
+    def records(self) -> Store:
+        """The store itself, for the small records kept beside the entries (stored API
+        responses): one place for what replicas share."""
+        return self._store
+
     def info(self) -> dict:
         return {
             **self.tables.stats(),

@@ -63,6 +63,17 @@ class Store(Protocol):
         """Drop entries whose TTL has passed (every replica sees the same expiry)."""
         ...
 
+    async def put_record(self, key: str, value: str, ttl_s: float) -> None:
+        """A small value kept beside the entries (stored API responses) for `ttl_s`;
+        the store keeps at most MAX_RECORDS, dropping the soonest to expire."""
+        ...
+
+    async def get_record(self, key: str) -> str | None: ...
+
+    async def delete_record(self, key: str) -> bool:
+        """Remove a record; whether it existed."""
+        ...
+
     def info(self) -> dict: ...
 
     async def close(self) -> None: ...
@@ -76,6 +87,7 @@ def answer_from_json(text: str | bytes) -> CachedAnswer:
     return CachedAnswer(**json.loads(text))
 
 
+MAX_RECORDS = 100_000  # records (not entries) an embedded store keeps; Redis: TTLs bound them
 CLOSE_WAIT_S = 5.0  # longest a close waits for background work
 
 

@@ -4,6 +4,7 @@ Layout under `cache.redis_prefix` (P):
   P:e:<id>    hash: one entry (scope, tenant, route, question, vector, answer JSON, times);
               it carries its TTL, so Redis itself drops an expired answer
   P:lru       sorted set: id -> last use; beyond `max_entries` the oldest are evicted
+  P:r:<key>   string: a record beside the entries (a stored API response), with its TTL
   P:events    stream of inserts and deletes; every replica follows it to keep its in-memory
               tables and FAISS indexes in step, and rebuilds them from the hashes at start
               and after every reconnect (events may have been missed meanwhile)
@@ -210,6 +211,25 @@ class RedisStore:
         except _ERRORS as exc:
             raise self._down(exc) from exc
 
+    async def put_record(self, key: str, value: str, ttl_s: float) -> None:
+        try:
+            await self._client.set(self._record(key), value, px=max(1, int(ttl_s * 1000)))
+        except _ERRORS as exc:
+            raise self._down(exc) from exc
+
+    async def get_record(self, key: str) -> str | None:
+        try:
+            value = await self._client.get(self._record(key))
+        except _ERRORS as exc:
+            raise self._down(exc) from exc
+        return value.decode() if value is not None else None
+
+    async def delete_record(self, key: str) -> bool:
+        try:
+            return bool(await self._client.delete(self._record(key)))
+        except _ERRORS as exc:
+            raise self._down(exc) from exc
+
     def info(self) -> dict:
         return {
             "kind": self.kind,
@@ -230,6 +250,9 @@ class RedisStore:
 
     def _key(self, entry_id: str) -> str:
         return f"{self.prefix}:e:{entry_id}"
+
+    def _record(self, key: str) -> str:
+        return f"{self.prefix}:r:{key}"
 
     def _announce(self, pipe: object, op: str, ids: list[str]) -> None:
         event = {"op": op, "ids": " ".join(ids), "origin": self._origin}

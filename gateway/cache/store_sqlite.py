@@ -16,7 +16,7 @@ from typing import TypeVar
 import numpy as np
 
 from gateway.cache.entry import CachedAnswer, Entry, facts_only
-from gateway.cache.store import StoreUnavailable, answer_from_json, answer_to_json
+from gateway.cache.store import MAX_RECORDS, StoreUnavailable, answer_from_json, answer_to_json
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS entries (
@@ -36,6 +36,12 @@ CREATE TABLE IF NOT EXISTS entries (
 );
 CREATE INDEX IF NOT EXISTS entries_by_last_used ON entries (last_used);
 CREATE INDEX IF NOT EXISTS entries_by_tenant_route ON entries (tenant, route);
+CREATE TABLE IF NOT EXISTS records (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL,
+    expires_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS records_by_expiry ON records (expires_at);
 """
 T = TypeVar("T")
 # What loading reads: everything but the answer text, which only a hit needs.
@@ -96,6 +102,18 @@ class SqliteStore:
 
     async def purge(self, tenant: str | None, route: str | None) -> list[str]:
         return await self._call(self._purge, tenant, route)
+
+    async def put_record(self, key: str, value: str, ttl_s: float) -> None:
+        await self._call(self._put_record, key, value, time.time() + ttl_s)
+
+    async def get_record(self, key: str) -> str | None:
+        sql = "SELECT value FROM records WHERE key = ? AND expires_at > ?"
+        row = await self._call(self._one, sql, key, time.time())
+        return row[0] if row else None
+
+    async def delete_record(self, key: str) -> bool:
+        sql = "DELETE FROM records WHERE key = ? RETURNING key"
+        return await self._call(self._one, sql, key) is not None
 
     def info(self) -> dict:
         return {
@@ -189,6 +207,17 @@ class SqliteStore:
         deleted = [r[0] for r in rows.fetchall()]
         self._count -= len(deleted)
         return deleted
+
+    def _put_record(self, key: str, value: str, expires_at: float) -> None:
+        db = self._connection()
+        with _transaction(db):
+            db.execute("DELETE FROM records WHERE expires_at <= ?", (time.time(),))
+            db.execute("INSERT OR REPLACE INTO records VALUES (?, ?, ?)", (key, value, expires_at))
+            db.execute(
+                "DELETE FROM records WHERE key IN (SELECT key FROM records"
+                " ORDER BY expires_at DESC LIMIT -1 OFFSET ?)",
+                (MAX_RECORDS,),
+            )
 
     def _one(self, sql: str, *args: object) -> tuple | None:
         return self._connection().execute(sql, args).fetchone()
