@@ -89,11 +89,13 @@ def test_chat_shape_with_tools_streams_tool_call_deltas() -> None:
     parsed = [OaiChunk.model_validate(c) for c in chunks]
     content = "".join(c.choices[0].delta.content or "" for c in parsed)
     assert content == "On it.\n"
-    last = parsed[-1].choices[0]
-    assert last.finish_reason == "tool_calls"
-    (delta,) = last.delta.tool_calls
-    assert (delta.index, delta.type, delta.function.name) == (0, "function", "get_weather")
-    assert json.loads(delta.function.arguments) == {"city": "Paris"}
+    assert parsed[-1].choices[0].finish_reason == "tool_calls"
+    # as OpenAI streams a call: its id and name first, the arguments after
+    head, args = [d for c in parsed for d in c.choices[0].delta.tool_calls or []]
+    assert (head.index, head.type, head.function.name) == (0, "function", "get_weather")
+    assert head.id.startswith("call_") and head.function.arguments == ""
+    assert (args.index, args.id, args.function.name) == (0, None, None)
+    assert json.loads(args.function.arguments) == {"city": "Paris"}
 
 
 def test_choices_stream_apart_with_their_own_tool_calls_and_offsets() -> None:
@@ -104,10 +106,10 @@ def test_choices_stream_apart_with_their_own_tool_calls_and_offsets() -> None:
     held = [shape.delta(first_half, index=1), shape.delta("Plain ", index=0)]
     assert sse_json(held[0])["choices"][0]["delta"]["content"] == ""  # choice 1's call waits
     assert sse_json(held[1])["choices"][0]["delta"]["content"] == "Plain "
-    shape.delta(second_half, index=1)
-    call = OaiChunk.model_validate(sse_json(shape.finish("stop", 1))).choices[0]
-    assert (call.index, call.finish_reason) == (1, "tool_calls")
-    assert call.delta.tool_calls[0].function.name == "get_weather"
+    call = OaiChunk.model_validate(sse_json(shape.delta(second_half, index=1))).choices[0]
+    assert call.index == 1 and call.delta.tool_calls[0].function.name == "get_weather"
+    end = OaiChunk.model_validate(sse_json(shape.finish("stop", 1))).choices[0]
+    assert (end.index, end.finish_reason) == (1, "tool_calls")
     plain = OaiChunk.model_validate(sse_json(shape.finish("stop", 0))).choices[0]
     assert (plain.index, plain.finish_reason, plain.delta.tool_calls) == (0, "stop", None)
     whole = OaiChat.model_validate_json(
