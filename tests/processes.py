@@ -69,11 +69,13 @@ class Process:
 
 
 class Engine(Process):
-    """`tiergate engine` with the small model, one thread, a small KV budget."""
+    """`tiergate engine` (the small model unless told), one thread, a small KV budget."""
 
-    def __init__(self, log: Path | None = None) -> None:
+    def __init__(
+        self, log: Path | None = None, model: str = ENGINE_MODEL, served_name: str = "smol"
+    ) -> None:
         port = free_port()
-        args = ["engine", "--model", ENGINE_MODEL, "--port", str(port), "--served-name", "smol"]
+        args = ["engine", "--model", model, "--port", str(port), "--served-name", served_name]
         args += ["--kv-cache-mb", "32", "--threads", "1", "--max-model-len", "2048"]
         super().__init__(args, port, log)
 

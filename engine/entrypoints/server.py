@@ -52,7 +52,7 @@ async def respond(
     body: ChatCompletionRequest | CompletionRequest,
     shapes: Sequence[ChatShape] | Sequence[TextShape],
     children: list[Child],
-    render: Callable[[int, RequestOutput], BaseModel | None],
+    render: Callable[[int, RequestOutput], BaseModel | list[BaseModel] | None],
 ) -> Response:
     """A request's answer from its started choices: streamed (`render` dresses each engine
     output of choice i as an event), or whole once every choice has ended (the best of
@@ -87,10 +87,10 @@ async def chat_completion(
 
 def chat_renderer(
     shape: ChatShape, first: RequestOutput
-) -> Callable[[RequestOutput], ChatCompletionChunk | None]:
+) -> Callable[[RequestOutput], list[ChatCompletionChunk] | None]:
     """One choice's chunks: the role on its first, each tool call once it closes."""
 
-    def render(out: RequestOutput) -> ChatCompletionChunk | None:
+    def render(out: RequestOutput) -> list[ChatCompletionChunk] | None:
         (text, tool_calls), reason = shape.feed(out.text), out.finish_reason
         if out.finished:
             held, last_calls, reason = shape.end(reason)
@@ -101,7 +101,7 @@ def chat_renderer(
         role = "assistant" if out is first else None
         content = text or (None if out.finished or tool_calls else "")
         delta = DeltaMessage(role=role, content=content, tool_calls=tool_calls)
-        return shape.chunk(delta, reason, out.logprobs)
+        return shape.chunks(delta, reason, out.logprobs)
 
     return render
 

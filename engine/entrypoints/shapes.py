@@ -131,6 +131,23 @@ class ChatShape(_ChoiceShape):
         choice = ChunkChoice(index=self.index, delta=delta, finish_reason=reason, logprobs=shaped)
         return ChatCompletionChunk(**self.head.fields(), choices=[choice])
 
+    def chunks(
+        self,
+        delta: DeltaMessage,
+        reason: str | None = None,
+        logprobs: Logprobs = None,
+    ) -> list[ChatCompletionChunk]:
+        """The delta as one chunk, or as one per round of its tool-call deltas: the openai
+        SDK merges a call's deltas across chunks only, so no chunk holds two of one call
+        (OpenAI sends the id and name in one chunk, the arguments in the next)."""
+        rounds = _rounds(delta.tool_calls or [])
+        if len(rounds) <= 1:
+            return [self.chunk(delta, reason, logprobs)]
+        first = delta.model_copy(update={"tool_calls": rounds[0]})
+        out = [self.chunk(first, None, logprobs)]
+        out += [self.chunk(DeltaMessage(tool_calls=r)) for r in rounds[1:-1]]
+        return [*out, self.chunk(DeltaMessage(tool_calls=rounds[-1]), reason)]
+
     def usage_chunk(self, usage: Usage) -> ChatCompletionChunk:
         return ChatCompletionChunk(**self.head.fields(), choices=[], usage=usage)
 
@@ -197,12 +214,13 @@ class ChatShape(_ChoiceShape):
             tool_calls=calls,
             reasoning_content=reasoning,
         )
-        return sse(shape.chunk(delta, logprobs=logprobs))
+        return b"".join(sse(c) for c in shape.chunks(delta, logprobs=logprobs))
 
     def finish(self, reason: str, index: int = 0) -> bytes:
         shape = self.at(index)
         held, tool_calls, reason = shape.end(reason)
-        return sse(shape.chunk(DeltaMessage(content=held, tool_calls=tool_calls), reason))
+        delta = DeltaMessage(content=held, tool_calls=tool_calls)
+        return b"".join(sse(c) for c in shape.chunks(delta, reason))
 
     def usage(self, usage: Usage) -> bytes:
         return sse(self.usage_chunk(usage))
@@ -214,6 +232,16 @@ class ChatShape(_ChoiceShape):
 
 def _openai(deltas: list[ToolCallDelta]) -> list[dict[str, Any]]:
     return [d.openai() for d in deltas]
+
+
+def _rounds(calls: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Tool-call deltas in order, a new round wherever a call's index comes again."""
+    rounds: list[list[dict[str, Any]]] = []
+    for call in calls:
+        if not rounds or any(c["index"] == call["index"] for c in rounds[-1]):
+            rounds.append([])
+        rounds[-1].append(call)
+    return rounds
 
 
 class TextShape(_ChoiceShape):
