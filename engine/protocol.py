@@ -326,10 +326,7 @@ class AssistantMessage(BaseModel):
 
     @model_serializer(mode="wrap")
     def _drop_no_reasoning(self, handler: Any) -> dict[str, Any]:
-        out = handler(self)
-        if out.get("reasoning_content") is None:
-            out.pop("reasoning_content", None)
-        return out
+        return {k: v for k, v in handler(self).items() if v is not None or k != "reasoning_content"}
 
 
 class ChatChoice(_Choice):
