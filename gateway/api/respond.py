@@ -210,9 +210,9 @@ async def _stream(call: Call, shape: Shape, include_usage: bool, n: int) -> Asyn
                     piece.text,
                     piece.logprobs,
                     piece.index,
-                    piece.tool_calls,
-                    piece.refusal,
-                    piece.reasoning,
+                    tool_calls=piece.tool_calls,
+                    refusal=piece.refusal,
+                    reasoning=piece.reasoning,
                 )
             if piece.finish_reason is not None:
                 yield shape.finish(piece.finish_reason, piece.index)
