@@ -2,8 +2,9 @@
 
 A deployment's answer and a cache hit are both a `Served` with pieces, so shaping,
 streaming and the per-call record are one code path. The `Call` record sees every piece;
-when an answer completes it hands the whole text to the after-response hooks (the cache
-stores it there), and whatever the outcome it counts the request in the stats.
+when an answer completes it hands the whole answer (text, a remote's tool calls and
+refusal) to the after-response hooks (the cache stores it there), and whatever the
+outcome it counts the request in the stats.
 """
 
 import time
