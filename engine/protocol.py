@@ -320,7 +320,13 @@ class _Response(BaseModel):
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    refusal: str | None = None  # OpenAI sends it, null unless the model refused
     tool_calls: list[dict[str, Any]] | None = None
+    reasoning_content: str | None = None  # a reasoning model's (vLLM's name); absent if none
+
+    @model_serializer(mode="wrap")
+    def _drop_no_reasoning(self, handler: Any) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items() if v is not None or k != "reasoning_content"}
 
 
 class ChatChoice(_Choice):
@@ -336,7 +342,9 @@ class ChatCompletion(_Response):
 class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    refusal: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
+    reasoning_content: str | None = None
 
     @model_serializer(mode="wrap")
     def _drop_none(self, handler: Any) -> dict[str, Any]:

@@ -93,6 +93,23 @@ def test_tool_calls_name_a_declared_function_with_matching_arguments(
     assert follows(tools_state(compiler, False, schemas), tokenizer, "I will call move") is None
 
 
+def test_parallel_calls_may_end_after_each_complete_call(
+    compiler: GrammarCompiler, tokenizer: Tokenizer
+) -> None:
+    """Issue 23 (a): after every closed call the model may stop (an end-of-sequence token
+    is allowed), inside a call it may not."""
+    state = tools_state(compiler, True, {"move": POINT})
+    one = tool_call("move", {"x": 1, "y": 2})
+    cut = one.index("}") + 1  # inside the call: its arguments closed, the call not
+    for text, may_end in ((one[:cut], False), (one[cut:], True), (f"\n{one}", True)):
+        for token in tokenizer.encode(text):
+            state.accept(token)
+        logits = torch.zeros(1, tokenizer.vocab_size)
+        mask_logits(logits, [state])
+        allowed = set((logits[0] == 0).nonzero()[:, 0].tolist())
+        assert bool(allowed & set(tokenizer.eos_token_ids)) is may_end
+
+
 def test_the_tags_are_the_models_own_tokens_when_it_has_them(
     compiler: GrammarCompiler, tokenizer: Tokenizer
 ) -> None:
@@ -180,6 +197,11 @@ def test_which_requests_are_constrained() -> None:
     one = constraint_of(chat(tools=TOOLS, tool_choice=named, parallel_tool_calls=False))
     assert isinstance(one, ToolCallConstraint) and not one.parallel
     assert [name for name, _ in one.functions] == ["b"]
+    # a named choice makes one call unless parallel calls are asked for outright (#23)
+    default = constraint_of(chat(tools=TOOLS, tool_choice=named))
+    assert isinstance(default, ToolCallConstraint) and not default.parallel
+    several = constraint_of(chat(tools=TOOLS, tool_choice=named, parallel_tool_calls=True))
+    assert isinstance(several, ToolCallConstraint) and several.parallel
 
 
 def test_a_tokenizer_llguidance_cannot_read_refuses_the_request() -> None:

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types import Completion as OaiCompletion
 from openai.types.chat import ChatCompletion as OaiChat
 from openai.types.chat import ChatCompletionChunk as OaiChunk
@@ -81,19 +82,34 @@ def test_chat_shape_with_tools_answers_tool_calls_whole() -> None:
     assert plain.choices[0].message.content == CALL and plain.choices[0].finish_reason == "stop"
 
 
+def events(sse: bytes) -> list[dict]:
+    return [json.loads(e) for e in sse.decode().split("data: ")[1:]]
+
+
 def test_chat_shape_with_tools_streams_tool_call_deltas() -> None:
     shape = ChatShape("m", {"get_weather"})
     text = f"On it.\n{CALL}"
-    chunks = [sse_json(shape.delta(text[i : i + 5])) for i in range(0, len(text), 5)]
-    chunks.append(sse_json(shape.finish("stop")))
+    chunks = [c for i in range(0, len(text), 5) for c in events(shape.delta(text[i : i + 5]))]
+    chunks += events(shape.finish("stop"))
     parsed = [OaiChunk.model_validate(c) for c in chunks]
+    state = ChatCompletionStreamState()  # the openai SDK's own assembly of a stream
+    for chunk in parsed:
+        state.handle_chunk(chunk)
+    (whole,) = state.get_final_completion().choices[0].message.tool_calls
+    assert (whole.type, whole.function.name, whole.function.arguments) == (
+        "function",
+        "get_weather",
+        '{"city": "Paris"}',
+    )
     content = "".join(c.choices[0].delta.content or "" for c in parsed)
     assert content == "On it.\n"
-    last = parsed[-1].choices[0]
-    assert last.finish_reason == "tool_calls"
-    (delta,) = last.delta.tool_calls
-    assert (delta.index, delta.type, delta.function.name) == (0, "function", "get_weather")
-    assert json.loads(delta.function.arguments) == {"city": "Paris"}
+    assert parsed[-1].choices[0].finish_reason == "tool_calls"
+    # as OpenAI streams a call: its id and name first, the arguments after
+    head, args = [d for c in parsed for d in c.choices[0].delta.tool_calls or []]
+    assert (head.index, head.type, head.function.name) == (0, "function", "get_weather")
+    assert head.id.startswith("call_") and head.function.arguments == ""
+    assert (args.index, args.id, args.function.name) == (0, None, None)
+    assert json.loads(args.function.arguments) == {"city": "Paris"}
 
 
 def test_choices_stream_apart_with_their_own_tool_calls_and_offsets() -> None:
@@ -104,10 +120,10 @@ def test_choices_stream_apart_with_their_own_tool_calls_and_offsets() -> None:
     held = [shape.delta(first_half, index=1), shape.delta("Plain ", index=0)]
     assert sse_json(held[0])["choices"][0]["delta"]["content"] == ""  # choice 1's call waits
     assert sse_json(held[1])["choices"][0]["delta"]["content"] == "Plain "
-    shape.delta(second_half, index=1)
-    call = OaiChunk.model_validate(sse_json(shape.finish("stop", 1))).choices[0]
-    assert (call.index, call.finish_reason) == (1, "tool_calls")
-    assert call.delta.tool_calls[0].function.name == "get_weather"
+    call = OaiChunk.model_validate(events(shape.delta(second_half, index=1))[0]).choices[0]
+    assert call.index == 1 and call.delta.tool_calls[0].function.name == "get_weather"
+    end = OaiChunk.model_validate(sse_json(shape.finish("stop", 1))).choices[0]
+    assert (end.index, end.finish_reason) == (1, "tool_calls")
     plain = OaiChunk.model_validate(sse_json(shape.finish("stop", 0))).choices[0]
     assert (plain.index, plain.finish_reason, plain.delta.tool_calls) == (0, "stop", None)
     whole = OaiChat.model_validate_json(

@@ -4,10 +4,18 @@ import json
 
 import pytest
 
-from engine.tool_calls import ParsedAnswer, ToolCallStream, parse_tool_calls
+from engine.tool_calls import (
+    ParsedAnswer,
+    ToolCallStream,
+    as_deltas,
+    merge_deltas,
+    parse_tool_calls,
+    split_answer,
+)
 
 NAMES = {"get_weather", "add"}
 WEATHER = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+PARIS = ("get_weather", {"city": "Paris"})
 
 
 def calls(parsed: ParsedAnswer | None) -> list[tuple[str, dict]]:
@@ -61,32 +69,79 @@ def test_anything_else_stays_content(text: str) -> None:
     assert parse_tool_calls(text, NAMES) is None
 
 
-def stream(pieces: list[str]) -> tuple[str, ParsedAnswer]:
+def stream(pieces: list[str]) -> tuple[str, list[dict], ParsedAnswer]:
     s = ToolCallStream(NAMES)
-    shown = "".join(s.feed(p) for p in pieces)
-    return shown, s.finish()
+    shown, sent = "", []
+    for piece in pieces:
+        text, calls = s.feed(piece)
+        shown, sent = shown + text, sent + calls
+    return shown, sent, s.finish()
 
 
 def test_stream_plain_text_goes_out_at_once_but_a_possible_tag() -> None:
     s = ToolCallStream(NAMES)
-    assert s.feed("Hello") == "Hello"
-    assert s.feed(" wor") == " wor"
-    assert s.feed("ld <tool") == "ld "  # could be the tag: held
-    assert s.feed("box>") == "<toolbox>"  # it was not
+    assert s.feed("Hello") == ("Hello", [])
+    assert s.feed(" wor") == (" wor", [])
+    assert s.feed("ld <tool") == ("ld ", [])  # could be the tag: held
+    assert s.feed("box>") == ("<toolbox>", [])  # it was not
     assert s.finish() == ParsedAnswer(None)
 
 
-def test_stream_holds_a_tagged_call_and_parses_it_at_the_end() -> None:
-    text = f"Checking.\n<tool_call>\n{WEATHER}\n</tool_call>"
-    shown, end = stream([text[i : i + 3] for i in range(0, len(text), 3)])
-    assert shown == "Checking.\n"
-    assert calls(end) == [("get_weather", {"city": "Paris"})] and end.content is None
+def test_stream_sends_each_tagged_call_once_it_closes() -> None:
+    text = f"Checking.\n<tool_call>\n{WEATHER}\n</tool_call>\n<tool_call>\n{WEATHER}\n</tool_call>"
+    s = ToolCallStream(NAMES)
+    cut = text.index("</tool_call>") + len("</tool_call>")
+    shown, first = s.feed(text[:cut])
+    assert shown == "Checking.\n" and calls(ParsedAnswer(None, first)) == [PARIS]
+    shown, second = s.feed(text[cut:])
+    assert shown == "" and calls(ParsedAnswer(None, second)) == [PARIS]  # no "\n" between
+    assert s.finish() == ParsedAnswer(None)
 
 
 def test_stream_holds_bare_json_and_gives_it_back_when_it_is_no_call() -> None:
-    shown, end = stream(["  ", "{", '"name": "get_weather", ', '"arguments": {"city": "Paris"}}'])
-    assert shown == "" and calls(end) == [("get_weather", {"city": "Paris"})]
-    shown, end = stream(["{", '"city": "Paris"}'])
+    shown, sent, end = stream(
+        ["  ", "{", '"name": "get_weather", ', '"arguments": {"city": "Paris"}}']
+    )
+    assert shown == "" and not sent and calls(end) == [PARIS]
+    shown, sent, end = stream(["{", '"city": "Paris"}'])
     assert shown == "" and end == ParsedAnswer('{"city": "Paris"}')
-    shown, end = stream(["Sure: ", "{", "}"])  # JSON after text is content, as it comes
+    shown, sent, end = stream(["Sure: ", "{", "}"])  # JSON after text is content, as it comes
     assert shown == "Sure: {}" and end == ParsedAnswer(None)
+
+
+CUT = '<tool_call>\n{"name": "get_weather", "arguments": {"ci'
+
+
+def test_a_call_cut_by_the_end_is_dropped_and_the_complete_ones_kept() -> None:
+    """Issue 23 (a): the complete calls, finish_reason tool_calls, no markup in content."""
+    text = f"<tool_call>\n{WEATHER}\n</tool_call>\n{CUT}"
+    content, tool_calls, reason = split_answer(text, "length", NAMES)
+    assert content is None and reason == "tool_calls"
+    assert calls(ParsedAnswer(None, tool_calls or [])) == [PARIS]
+    shown, sent, end = stream([text[i : i + 5] for i in range(0, len(text), 5)])
+    assert shown == "" and calls(ParsedAnswer(None, sent)) == [PARIS] and end == ParsedAnswer(None)
+
+
+def test_a_lone_cut_call_leaves_no_markup_and_the_reason_as_it_was() -> None:
+    assert split_answer(f"Let me look.\n{CUT}", "length", NAMES) == (
+        "Let me look.\n",
+        None,
+        "length",
+    )
+    assert split_answer("plain text", "length", NAMES) == ("plain text", None, "length")
+    assert split_answer(CUT, "length", set()) == (CUT, None, "length")  # no tools: no parsing
+
+
+def test_deltas_are_openais_id_and_name_first_then_the_arguments() -> None:
+    call = {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": "{}"}}
+    deltas = as_deltas([call], first=2)
+    assert [d.openai() for d in deltas] == [
+        {
+            "index": 2,
+            "id": "call_1",
+            "type": "function",
+            "function": {"name": "add", "arguments": ""},
+        },
+        {"index": 2, "function": {"arguments": "{}"}},
+    ]
+    assert merge_deltas(deltas) == [call]

@@ -117,18 +117,19 @@ async def collect(request: Request, children: list[Child]) -> list[RequestOutput
 
 async def sse_events(
     children: list[Child],
-    render: Callable[[int, RequestOutput], BaseModel | None],
+    render: Callable[[int, RequestOutput], BaseModel | list[BaseModel] | None],
     usage_event: Callable[[list[RequestOutput]], BaseModel] | None,
 ) -> AsyncIterator[bytes]:
-    """A stream's SSE events: one per engine output of any choice, then usage if asked,
-    then [DONE]."""
+    """A stream's SSE events: those of each engine output of any choice (one, or several
+    for an output that closes tool calls), then usage if asked, then [DONE]."""
     lasts = [first for first, _ in children]
     items = interleave(children)
     try:
         async for index, out in items:
             lasts[index] = out
-            if (event := render(index, out)) is not None:
-                yield sse(event)
+            event = render(index, out)
+            for one in event if isinstance(event, list) else [event] if event else []:
+                yield sse(one)
         if usage_event is not None:
             yield sse(usage_event(lasts))
         yield sse("[DONE]")

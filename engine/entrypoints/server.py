@@ -30,7 +30,7 @@ from engine.entrypoints.http import (
     started,
 )
 from engine.entrypoints.openai_errors import OpenAIError, engine_error, install_error_handlers
-from engine.entrypoints.shapes import ChatShape, TextShape, chat_shapes, text_shapes
+from engine.entrypoints.shapes import ChatShape, Ended, TextShape, chat_shapes, text_shapes
 from engine.entrypoints.shutdown import serve_gracefully
 from engine.entrypoints.streaming import CLIENT_CLOSED_REQUEST
 from engine.errors import EngineError
@@ -53,7 +53,7 @@ async def respond(
     body: ChatCompletionRequest | CompletionRequest,
     shapes: Sequence[ChatShape] | Sequence[TextShape],
     children: list[Child],
-    render: Callable[[int, RequestOutput], BaseModel | None],
+    render: Callable[[int, RequestOutput], BaseModel | list[BaseModel] | None],
 ) -> Response:
     """A request's answer from its started choices: streamed (`render` dresses each engine
     output of choice i as an event), or whole once every choice has ended (the best of
@@ -66,7 +66,7 @@ async def respond(
     if finals is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     choices = [
-        shape.choice(final.text, final.finish_reason, final.logprobs)
+        shape.choice(Ended(final.text, final.finish_reason or "stop", final.logprobs))
         for shape, final in zip(shapes, pick_best(finals, body), strict=True)
     ]
     return json_response(shapes[0].answer(choices, usage_of(finals)))  # type: ignore[arg-type]
@@ -103,20 +103,21 @@ async def chat_completion(
 
 def chat_renderer(
     shape: ChatShape, first: RequestOutput
-) -> Callable[[RequestOutput], ChatCompletionChunk | None]:
-    """One choice's chunks: the role on its first, tool calls parsed at its end."""
+) -> Callable[[RequestOutput], list[ChatCompletionChunk] | None]:
+    """One choice's chunks: the role on its first, each tool call once it closes."""
 
-    def render(out: RequestOutput) -> ChatCompletionChunk | None:
-        text, tool_calls, reason = shape.feed(out.text), None, out.finish_reason
+    def render(out: RequestOutput) -> list[ChatCompletionChunk] | None:
+        (text, tool_calls), reason = shape.feed(out.text), out.finish_reason
         if out.finished:
-            held, tool_calls, reason = shape.end(reason)
+            held, last_calls, reason = shape.end(reason)
             text += held or ""
-        if not text and not out.logprobs and not out.finished and out is not first:
+            tool_calls = (tool_calls or []) + (last_calls or []) or None
+        if not (text or tool_calls or out.logprobs or out.finished) and out is not first:
             return None
         role = "assistant" if out is first else None
-        content = text or (None if out.finished else "")
+        content = text or (None if out.finished or tool_calls else "")
         delta = DeltaMessage(role=role, content=content, tool_calls=tool_calls)
-        return shape.chunk(delta, reason, out.logprobs)
+        return shape.chunks(delta, reason, out.logprobs)
 
     return render
 

@@ -5,7 +5,9 @@ The two endpoints differ only in how an answer is dressed; a shape does the dres
 request flow is written once. A shape dresses one choice (`index`); the `n` choices of one
 request share an id and time (`shapes(...)`). Logprobs (when the request asked) go in as
 the engine's per-token entries. Tool calls are parsed out of the text when `tools` names
-what an answer may call (`ChatCompletionRequest.callable_tools()`).
+what an answer may call (`ChatCompletionRequest.callable_tools()`): one place for every
+source, since a local model, a remote without a tool parser and a cache hit of either give
+the calls as text; a remote's own `tool_calls` (and refusal, reasoning) pass through.
 
 Two stream styles use the same pieces: the gateway's (`opening`, a `delta` per piece,
 `finish`, `usage`: SSE bytes; `whole` for every choice) and the engine server's (a `chunk`
@@ -35,7 +37,7 @@ from engine.protocol import (
     completion_id,
     created_now,
 )
-from engine.tool_calls import ToolCallStream, as_deltas, split_answer
+from engine.tool_calls import ToolCallDelta, ToolCallStream, as_deltas, call_reason, split_answer
 
 Logprobs = list[TokenLogprobs] | None
 
@@ -54,19 +56,31 @@ class Head:
 
 @dataclass
 class Ended:
-    """One choice of a whole answer."""
+    """One choice of a whole answer: the text, and the structure a remote sent beside it."""
 
     text: str
     reason: str  # the finish reason
     logprobs: Logprobs = None
+    tool_calls: list[dict[str, Any]] | None = None  # whole calls (OpenAI's message shape)
+    refusal: str | None = None
+    reasoning: str | None = None
 
 
 class Shape(Protocol):
     """The gateway's stream: `index` is the choice (0..n-1) a chunk belongs to; every
-    choice streams its own."""
+    choice streams its own. A delta's structure (tool-call deltas, refusal, reasoning) is
+    chat's: text completions have none."""
 
     def opening(self, n: int = 1) -> bytes | None: ...
-    def delta(self, text: str, logprobs: Logprobs = None, index: int = 0) -> bytes: ...
+    def delta(
+        self,
+        text: str,
+        logprobs: Logprobs = None,
+        index: int = 0,
+        tool_calls: list[ToolCallDelta] | None = None,
+        refusal: str | None = None,
+        reasoning: str | None = None,
+    ) -> bytes: ...
     def finish(self, reason: str, index: int = 0) -> bytes: ...
     def usage(self, usage: Usage) -> bytes: ...
     def whole(self, choices: Sequence[Ended], usage: Usage) -> bytes: ...
@@ -103,6 +117,7 @@ class ChatShape(_ChoiceShape):
         self.index = index
         self._tools = tools
         self._calls = ToolCallStream(tools) if tools else None
+        self._sent_calls = False  # a remote's tool-call deltas went out
         self._siblings: dict[int, ChatShape] = {index: self}  # the choices, shared
 
     def _sibling(self, index: int) -> "ChatShape":
@@ -116,26 +131,57 @@ class ChatShape(_ChoiceShape):
         choice = ChunkChoice(index=self.index, delta=delta, finish_reason=reason, logprobs=shaped)
         return ChatCompletionChunk(**self.head.fields(), choices=[choice])
 
+    def chunks(
+        self,
+        delta: DeltaMessage,
+        reason: str | None = None,
+        logprobs: Logprobs = None,
+    ) -> list[ChatCompletionChunk]:
+        """The delta as one chunk, or as one per round of its tool-call deltas: the openai
+        SDK merges a call's deltas across chunks only, so no chunk holds two of one call
+        (OpenAI sends the id and name in one chunk, the arguments in the next)."""
+        rounds = _rounds(delta.tool_calls or [])
+        if len(rounds) <= 1:
+            return [self.chunk(delta, reason, logprobs)]
+        first = delta.model_copy(update={"tool_calls": rounds[0]})
+        out = [self.chunk(first, None, logprobs)]
+        out += [self.chunk(DeltaMessage(tool_calls=r)) for r in rounds[1:-1]]
+        return [*out, self.chunk(DeltaMessage(tool_calls=rounds[-1]), reason)]
+
     def usage_chunk(self, usage: Usage) -> ChatCompletionChunk:
         return ChatCompletionChunk(**self.head.fields(), choices=[], usage=usage)
 
-    def feed(self, text: str) -> str:
-        """The text to send now: what may be a tool call is held for `end`."""
-        return self._calls.feed(text) if self._calls is not None else text
+    def feed(self, text: str) -> tuple[str, list[dict[str, Any]] | None]:
+        """The text to send now and the tool-call deltas parsed out of it: what may be a
+        tool call is held until it closes (or the answer ends)."""
+        if self._calls is None:
+            return text, None
+        first = self._calls.calls
+        shown, calls = self._calls.feed(text)
+        return shown, _openai(as_deltas(calls, first)) if calls else None
 
     def end(self, reason: str | None) -> tuple[str | None, list[dict[str, Any]] | None, str | None]:
         """At the answer's end: the text held back, the tool calls, the finish reason."""
         if self._calls is None:
             return None, None, reason
+        first = self._calls.calls
         end = self._calls.finish()
-        if not end.tool_calls:
-            return end.content, None, reason
-        return end.content, as_deltas(end.tool_calls), "tool_calls" if reason == "stop" else reason
+        deltas = _openai(as_deltas(end.tool_calls, first)) if end.tool_calls else None
+        called = self._calls.calls > 0 or self._sent_calls
+        return end.content, deltas, call_reason(reason, called) if reason else reason
 
-    def choice(self, text: str, reason: str | None, logprobs: Logprobs = None) -> ChatChoice:
-        shaped = None if logprobs is None else chat_logprobs(logprobs)
-        content, calls, reason = split_answer(text, reason or "stop", self._tools)
-        message = AssistantMessage(content=content, tool_calls=calls)
+    def choice(self, ended: Ended) -> ChatChoice:
+        shaped = None if ended.logprobs is None else chat_logprobs(ended.logprobs)
+        content, calls, reason = split_answer(ended.text, ended.reason or "stop", self._tools)
+        calls = (ended.tool_calls or []) + (calls or []) or None
+        if not ended.text and content == "" and (calls or ended.refusal):
+            content = None  # OpenAI's null beside calls or a refusal
+        message = AssistantMessage(
+            content=content,
+            refusal=ended.refusal,
+            tool_calls=calls,
+            reasoning_content=ended.reasoning,
+        )
         return ChatChoice(index=self.index, message=message, finish_reason=reason, logprobs=shaped)
 
     def answer(self, choices: list[ChatChoice], usage: Usage) -> ChatCompletion:
@@ -148,21 +194,54 @@ class ChatShape(_ChoiceShape):
         role = DeltaMessage(role="assistant", content="")
         return b"".join(sse(self.at(i).chunk(role)) for i in range(n))
 
-    def delta(self, text: str, logprobs: Logprobs = None, index: int = 0) -> bytes:
+    def delta(
+        self,
+        text: str,
+        logprobs: Logprobs = None,
+        index: int = 0,
+        tool_calls: list[ToolCallDelta] | None = None,
+        refusal: str | None = None,
+        reasoning: str | None = None,
+    ) -> bytes:
         shape = self.at(index)
-        return sse(shape.chunk(DeltaMessage(content=shape.feed(text)), logprobs=logprobs))
+        shown, parsed = shape.feed(text)
+        calls = (parsed or []) + _openai(tool_calls or []) or None
+        shape._sent_calls = shape._sent_calls or bool(tool_calls)
+        structured = calls is not None or refusal is not None or reasoning is not None
+        delta = DeltaMessage(
+            content=shown or (None if structured else ""),
+            refusal=refusal,
+            tool_calls=calls,
+            reasoning_content=reasoning,
+        )
+        return b"".join(sse(c) for c in shape.chunks(delta, logprobs=logprobs))
 
     def finish(self, reason: str, index: int = 0) -> bytes:
         shape = self.at(index)
         held, tool_calls, reason = shape.end(reason)
-        return sse(shape.chunk(DeltaMessage(content=held, tool_calls=tool_calls), reason))
+        delta = DeltaMessage(content=held, tool_calls=tool_calls)
+        return b"".join(sse(c) for c in shape.chunks(delta, reason))
 
     def usage(self, usage: Usage) -> bytes:
         return sse(self.usage_chunk(usage))
 
     def whole(self, choices: Sequence[Ended], usage: Usage) -> bytes:
-        shaped = [self.at(i).choice(c.text, c.reason, c.logprobs) for i, c in enumerate(choices)]
+        shaped = [self.at(i).choice(c) for i, c in enumerate(choices)]
         return self.answer(shaped, usage).model_dump_json().encode()
+
+
+def _openai(deltas: list[ToolCallDelta]) -> list[dict[str, Any]]:
+    return [d.openai() for d in deltas]
+
+
+def _rounds(calls: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Tool-call deltas in order, a new round wherever a call's index comes again."""
+    rounds: list[list[dict[str, Any]]] = []
+    for call in calls:
+        if not rounds or any(c["index"] == call["index"] for c in rounds[-1]):
+            rounds.append([])
+        rounds[-1].append(call)
+    return rounds
 
 
 class TextShape(_ChoiceShape):
@@ -189,9 +268,12 @@ class TextShape(_ChoiceShape):
     def usage_chunk(self, usage: Usage) -> Completion:
         return Completion(**self.head.fields(), choices=[], usage=usage)
 
-    def choice(self, text: str, reason: str | None, logprobs: Logprobs = None) -> CompletionChoice:
+    def choice(self, ended: Ended) -> CompletionChoice:
+        logprobs = ended.logprobs
         shaped = None if logprobs is None else completion_logprobs(logprobs)
-        return CompletionChoice(index=self.index, text=text, finish_reason=reason, logprobs=shaped)
+        return CompletionChoice(
+            index=self.index, text=ended.text, finish_reason=ended.reason, logprobs=shaped
+        )
 
     def answer(self, choices: list[CompletionChoice], usage: Usage) -> Completion:
         return Completion(**self.head.fields(), choices=choices, usage=usage)
@@ -200,7 +282,7 @@ class TextShape(_ChoiceShape):
     def opening(self, n: int = 1) -> bytes | None:
         return None
 
-    def delta(self, text: str, logprobs: Logprobs = None, index: int = 0) -> bytes:
+    def delta(self, text: str, logprobs: Logprobs = None, index: int = 0, **_: Any) -> bytes:
         return sse(self.at(index).chunk(text, logprobs=logprobs))
 
     def finish(self, reason: str, index: int = 0) -> bytes:
@@ -210,7 +292,7 @@ class TextShape(_ChoiceShape):
         return sse(self.usage_chunk(usage))
 
     def whole(self, choices: Sequence[Ended], usage: Usage) -> bytes:
-        shaped = [self.at(i).choice(c.text, c.reason, c.logprobs) for i, c in enumerate(choices)]
+        shaped = [self.at(i).choice(c) for i, c in enumerate(choices)]
         return self.answer(shaped, usage).model_dump_json().encode()
 
 

@@ -65,7 +65,11 @@ def _tool_constraint(body: _ChatFields) -> ToolCallConstraint | None:
             continue
         params = _schema_text(fn.parameters) if fn.parameters is not None else ANY_ARGUMENTS
         functions.append((fn.name, SchemaSource(params, f"tools[{i}].function.parameters")))
-    parallel = getattr(body, "parallel_tool_calls", None) is not False
+    # A named choice asks for that call: one, as vLLM writes it and as the clients that name
+    # a tool (structured output through a tool) read it, unless parallel calls are asked
+    # for outright. `required` may make several; the model may stop after each.
+    asked = getattr(body, "parallel_tool_calls", None)
+    parallel = asked is True or (asked is None and named is None)
     return ToolCallConstraint(tuple(functions), parallel)
 
 

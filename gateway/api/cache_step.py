@@ -18,9 +18,11 @@ from starlette.datastructures import Headers
 
 from engine.entrypoints.openai_errors import OpenAIError
 from engine.protocol import ChatCompletionRequest, Usage
+from engine.tool_calls import as_deltas, call_id
 from gateway.api.respond import Answer
 from gateway.backends.base import OpenAIRequest, Piece
 from gateway.backends.fallback import Served
+from gateway.cache.entry import STORABLE_FINISH_REASONS
 from gateway.cache.semantic import CachedAnswer, CacheQuery, Embed, Lookup, SemanticCache
 from gateway.policy import Policy, Price, RouteCacheSettings
 
@@ -106,13 +108,17 @@ def scope_of(tenant: str, body: OpenAIRequest, headers: dict[str, str] | None = 
 
 
 class _Replay:
-    """A stored answer as pieces: words, then the finish reason and usage."""
+    """A stored answer as pieces: words, then the last with the refusal, the tool calls
+    (fresh ids: an id names one answer's call), the finish reason and usage."""
 
     def __init__(self, answer: CachedAnswer, prompt_tokens: int) -> None:
         usage = Usage.of(prompt_tokens, answer.completion_tokens, prompt_tokens)
         words = re.findall(r"\s*\S+\s*|\s+", answer.text) or [""]
         self._pieces = [Piece(w) for w in words[:-1]]
-        self._pieces.append(Piece(words[-1], answer.finish_reason, usage))
+        calls = [{**call, "id": call_id()} for call in answer.tool_calls or []]
+        last = Piece(words[-1], answer.finish_reason, usage, refusal=answer.refusal)
+        last.tool_calls = as_deltas(calls) or None
+        self._pieces.append(last)
 
     def __aiter__(self) -> "_Replay":
         return self
@@ -162,7 +168,7 @@ class CacheStep:
         """The after-response hook that stores a complete answer (in the background)."""
 
         def store(answer: Answer) -> None:
-            if answer.finish_reason not in ("stop", "length"):
+            if answer.finish_reason not in STORABLE_FINISH_REASONS:
                 return
             cached = CachedAnswer(
                 answer.text,
@@ -172,6 +178,8 @@ class CacheStep:
                 tier,
                 model,
                 self.query.max_tokens,
+                answer.tool_calls,
+                answer.refusal,
             )
             task = asyncio.ensure_future(self._store(cached))
             tasks.add(task)

@@ -2,13 +2,15 @@
 
 A deployment's answer and a cache hit are both a `Served` with pieces, so shaping,
 streaming and the per-call record are one code path. The `Call` record sees every piece;
-when an answer completes it hands the whole text to the after-response hooks (the cache
-stores it there), and whatever the outcome it counts the request in the stats.
+when an answer completes it hands the whole answer (text, a remote's tool calls and
+refusal) to the after-response hooks (the cache stores it there), and whatever the
+outcome it counts the request in the stats.
 """
 
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import anyio
 from fastapi import Request
@@ -24,6 +26,7 @@ from engine.entrypoints.streaming import (
 )
 from engine.outputs import TokenLogprobs
 from engine.protocol import Usage, error_response_body
+from engine.tool_calls import ToolCallDelta, merge_deltas
 from gateway.backends.base import BackendError, Piece
 from gateway.backends.fallback import Served
 from gateway.limits import NOT_LIMITED, Admission
@@ -39,6 +42,8 @@ class Answer:
     text: str
     finish_reason: str
     usage: Usage
+    tool_calls: list[dict[str, Any]] | None = None  # a remote's structured calls, whole
+    refusal: str | None = None
 
 
 AfterHook = Callable[[Answer], None]
@@ -81,7 +86,7 @@ class Call:
         usage = self.usage_or_estimate(answer.usage, answer.all_text())
         await self.done(200, usage)
         for hook in self.after:
-            hook(Answer(first.text, first.reason, usage))
+            hook(Answer(first.text, first.reason, usage, first.tool_calls, first.refusal))
         return usage
 
 
@@ -94,17 +99,27 @@ def backend_error(exc: BackendError) -> OpenAIError:
 
 @dataclass
 class Gathered:
-    """An answer's pieces so far, per choice: text, finish reason, logprobs; the usage."""
+    """An answer's pieces so far, per choice: text, finish reason, logprobs, the structure
+    (tool-call deltas, refusal, reasoning); the usage."""
 
     texts: dict[int, list[str]] = field(default_factory=dict)
     reasons: dict[int, str] = field(default_factory=dict)
     logprobs: dict[int, list[TokenLogprobs]] = field(default_factory=dict)
+    calls: dict[int, list[ToolCallDelta]] = field(default_factory=dict)
+    refusals: dict[int, list[str]] = field(default_factory=dict)
+    reasonings: dict[int, list[str]] = field(default_factory=dict)
     usage: Usage | None = None
 
     def add(self, piece: Piece) -> None:
         self.texts.setdefault(piece.index, []).append(piece.text)
         if piece.logprobs is not None:  # asked for: kept even when empty
             self.logprobs.setdefault(piece.index, []).extend(piece.logprobs)
+        if piece.tool_calls:
+            self.calls.setdefault(piece.index, []).extend(piece.tool_calls)
+        if piece.refusal:
+            self.refusals.setdefault(piece.index, []).append(piece.refusal)
+        if piece.reasoning:
+            self.reasonings.setdefault(piece.index, []).append(piece.reasoning)
         if piece.finish_reason is not None:
             self.reasons[piece.index] = piece.finish_reason
         self.usage = piece.usage or self.usage
@@ -126,6 +141,9 @@ class Gathered:
                 "".join(self.texts.get(i, [])),
                 self.reasons.get(i, "stop"),
                 self.logprobs.get(i),
+                merge_deltas(self.calls[i]) if i in self.calls else None,
+                "".join(self.refusals[i]) if i in self.refusals else None,
+                "".join(self.reasonings[i]) if i in self.reasonings else None,
             )
             for i in indexes
         ]
@@ -188,8 +206,15 @@ async def _stream(call: Call, shape: Shape, include_usage: bool, n: int) -> Asyn
             yield opening
         async for piece in call.served.pieces:
             answer.add(piece)
-            if piece.text or piece.logprobs:
-                yield shape.delta(piece.text, piece.logprobs, piece.index)
+            if piece.says:
+                yield shape.delta(
+                    piece.text,
+                    piece.logprobs,
+                    piece.index,
+                    tool_calls=piece.tool_calls,
+                    refusal=piece.refusal,
+                    reasoning=piece.reasoning,
+                )
             if piece.finish_reason is not None:
                 yield shape.finish(piece.finish_reason, piece.index)
         answer.check_ended(call.served.model)

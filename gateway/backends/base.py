@@ -1,9 +1,12 @@
-"""What every backend takes and gives: one validated OpenAI request in, text pieces out.
+"""What every backend takes and gives: one validated OpenAI request in, pieces out.
 
 A backend's `generate` is an async generator of `Piece`s, each of one choice (`index`,
 0..n-1 for a request's `n`); a choice's last piece carries its finish reason, and the
-answer's last piece the usage of all choices. Closing the generator early aborts the
-request upstream (the engine frees its pages, an HTTP stream is closed).
+answer's last piece the usage of all choices. A piece holds the answer's structure beside
+its text, as a remote sent it: tool-call deltas (OpenAI's: id and name, then argument
+fragments), refusal and reasoning text. A local model's calls come as text: the chat shape
+parses them (engine/entrypoints/shapes.py), for every source alike. Closing the generator
+early aborts the request upstream (the engine frees its pages, an HTTP stream is closed).
 """
 
 import math
@@ -13,6 +16,7 @@ from typing import Protocol
 
 from engine.outputs import TokenLogprobs
 from engine.protocol import ChatCompletionRequest, CompletionRequest, Usage
+from engine.tool_calls import ToolCallDelta
 
 OpenAIRequest = ChatCompletionRequest | CompletionRequest
 
@@ -37,6 +41,15 @@ class Piece:
     usage: Usage | None = None  # set on the last piece when the backend reports it
     logprobs: list[TokenLogprobs] | None = None  # the new tokens', when the request asked
     index: int = 0  # the choice this piece belongs to
+    tool_calls: list[ToolCallDelta] | None = None  # a remote's structured calls
+    refusal: str | None = None  # new refusal text
+    reasoning: str | None = None  # new reasoning text (`reasoning_content`)
+
+    @property
+    def says(self) -> bool:
+        """Whether it carries anything for the caller besides its finish reason and usage."""
+        structure = self.tool_calls or self.refusal or self.reasoning
+        return bool(self.text or self.logprobs or structure)
 
 
 class BackendError(Exception):

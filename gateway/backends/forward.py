@@ -38,6 +38,8 @@ OPENAI_FIELDS = frozenset(
         "parallel_tool_calls",
         "response_format",
         "n",  # the choices come back with their index (the cache never takes n > 1)
+        "logprobs",  # chat: a bool; completions: how many alternatives
+        "top_logprobs",
     }
 )
 # Completions only: a chat request's `best_of` is an unknown extra, dropped like the rest.
@@ -47,7 +49,7 @@ VLLM_FIELDS = frozenset({"top_k", "ignore_eos"})
 MESSAGE_FIELDS = frozenset({"role", "content", "name", "tool_calls", "tool_call_id"})
 # Sent by the backends themselves (model, prompt, stream, salt) or refused at validation.
 _OWN_FIELDS = frozenset({"model", "messages", "prompt", "stream", "stream_options", "cache_salt"})
-_DEFAULT_ONLY = frozenset({"logprobs", "echo"})  # validated to their defaults: not sent
+_DEFAULT_ONLY = frozenset({"echo"})  # validated to its default: not sent
 
 SALTED_PROVIDERS = frozenset({"hosted_vllm"})  # servers known to take `cache_salt`
 _PROCESS_SECRET = secrets.token_bytes(32)  # when the policy sets no auth.cache_salt_secret

@@ -277,7 +277,11 @@ class LocalBackend:
         try:
             engine = slot.engine
             prompt = await self._prompt(engine, request)
-            params = candidate_params(to_sampling_params(request.body), request.body)
+            # Without max_tokens an answer may run to the end of the context, chat and text
+            # alike, as on the engine's own server (the engine caps it at the room left).
+            context = getattr(engine, "max_model_len", None)
+            sampling = to_sampling_params(request.body, default_max_tokens=context)
+            params = candidate_params(sampling, request.body)
             # One engine id per attempt: a retry must not collide with the last one's abort.
             engine_id = f"{request.request_id}-{next(self._attempts)}"
 

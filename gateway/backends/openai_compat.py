@@ -28,6 +28,7 @@ from gateway.backends.forward import (
     sampling_fields,
     tenant_cache_salt,
 )
+from gateway.backends.upstream import choice_piece
 from gateway.policy import Deployment
 
 logger = logging.getLogger("tiergate.remote")
@@ -75,12 +76,6 @@ def usage_of(raw: dict[str, Any] | None, salted: bool) -> Usage | None:
     # Unsalted, an upstream's cached-token count would tell a tenant what others sent.
     cached = (raw.get("prompt_tokens_details") or {}).get("cached_tokens") or 0 if salted else 0
     return Usage.of(raw["prompt_tokens"], raw.get("completion_tokens") or 0, cached)
-
-
-def _choice_text(choice: dict[str, Any], is_chat: bool) -> str:
-    if not is_chat:
-        return choice.get("text") or ""
-    return (choice.get("delta") or choice.get("message") or {}).get("content") or ""
 
 
 def missing_key(model: str, env: str) -> BackendError:
@@ -170,14 +165,7 @@ class OpenAICompatBackend:
         """One piece per choice; the last carries the usage."""
         try:
             answer = json.loads(raw)
-            pieces = [
-                Piece(
-                    _choice_text(choice, is_chat),
-                    choice.get("finish_reason") or "stop",
-                    index=int(choice.get("index") or 0),
-                )
-                for choice in answer["choices"]
-            ]
+            pieces = [choice_piece(choice, is_chat, whole=True) for choice in answer["choices"]]
             pieces[-1].usage = usage_of(answer.get("usage"), self._salted)
             return pieces
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
@@ -209,11 +197,8 @@ class OpenAICompatBackend:
             logger.warning("%s: error in stream: %s", self.name, chunk["error"])
             raise BackendError(502, f"{self.name}: failed mid-stream", False, False)
         usage = usage_of(chunk.get("usage"), self._salted)
-        pieces = [
-            Piece(_choice_text(c, is_chat), c.get("finish_reason"), index=int(c.get("index") or 0))
-            for c in chunk.get("choices") or []
-        ]
-        pieces = [p for p in pieces if p.text or p.finish_reason]
+        pieces = [choice_piece(c, is_chat, whole=False) for c in chunk.get("choices") or []]
+        pieces = [p for p in pieces if p.says or p.finish_reason]
         if usage is not None:
             pieces = pieces or [Piece()]
             pieces[-1].usage = usage

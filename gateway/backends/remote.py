@@ -28,6 +28,7 @@ from gateway.backends.forward import (
     tenant_cache_salt,
 )
 from gateway.backends.openai_compat import missing_key, upstream_message
+from gateway.backends.upstream import choice_piece
 from gateway.policy import Deployment
 
 logger = logging.getLogger("tiergate.remote")
@@ -199,16 +200,14 @@ def _usage(raw: Any, salted: bool) -> Usage | None:
     return Usage.of(raw.prompt_tokens, raw.completion_tokens or 0, cached)
 
 
+def _as_dict(choice: Any) -> dict[str, Any]:
+    # litellm's choices are pydantic models: dumped, they read like the JSON they came from
+    return choice if isinstance(choice, dict) else choice.model_dump()
+
+
 def _whole_answer(response: Any, is_chat: bool, salted: bool) -> list[Piece]:
     """One piece per choice; the last carries the usage."""
-    pieces = [
-        Piece(
-            (c.message.content if is_chat else c.text) or "",
-            c.finish_reason or "stop",
-            index=c.index or 0,
-        )
-        for c in response.choices
-    ]
+    pieces = [choice_piece(_as_dict(c), is_chat, whole=True) for c in response.choices]
     pieces[-1].usage = _usage(response.usage, salted)  # no choices: IndexError, malformed
     return pieces
 
@@ -216,11 +215,8 @@ def _whole_answer(response: Any, is_chat: bool, salted: bool) -> list[Piece]:
 def _stream_pieces(chunk: Any, is_chat: bool, salted: bool) -> list[Piece]:
     """A chunk's pieces, one per choice in it (the usage on the last)."""
     usage = _usage(getattr(chunk, "usage", None), salted)
-    pieces = [
-        Piece((c.delta.content if is_chat else c.text) or "", c.finish_reason, index=c.index or 0)
-        for c in chunk.choices or []
-    ]
-    pieces = [p for p in pieces if p.text or p.finish_reason]
+    pieces = [choice_piece(_as_dict(c), is_chat, whole=False) for c in chunk.choices or []]
+    pieces = [p for p in pieces if p.says or p.finish_reason]
     if usage is not None:
         pieces = pieces or [Piece()]
         pieces[-1].usage = usage

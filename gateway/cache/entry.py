@@ -2,21 +2,28 @@
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-STORABLE_FINISH_REASONS = ("stop", "length")  # errors and cut streams are never stored
+# errors and cut streams are never stored; "tool_calls": a remote's calls, sent whole
+STORABLE_FINISH_REASONS = ("stop", "length", "tool_calls")
 
 
 @dataclass(frozen=True)
 class CachedAnswer:
+    """The answer as its tier gave it: a local model's calls are in `text` (the shape parses
+    them again on a hit), a remote's in `tool_calls` (OpenAI's whole message calls)."""
+
     text: str
-    finish_reason: str  # "stop" or "length"
+    finish_reason: str  # one of STORABLE_FINISH_REASONS, as the tier said it
     prompt_tokens: int
     completion_tokens: int
     tier: str
     model: str
     max_tokens: int | None  # the limit of the request that produced it (None: none)
+    tool_calls: list[dict[str, Any]] | None = None
+    refusal: str | None = None
 
     def serves(self, max_tokens: int | None) -> bool:
         return answer_serves(
