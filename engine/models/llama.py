@@ -1,4 +1,5 @@
-"""Llama-family decoder (llama, qwen2) over paged KV, fp32.
+"""Llama-family decoder (llama, qwen2) over paged KV, fp32; a family that differs in one
+step subclasses it (models/qwen3.py: Attention.project), built of engine/layers/.
 
 Q/K/V and gate/up projections are fused into one matmul each: at small batch sizes on
 CPU, fewer and larger GEMMs run closer to the machine's peak. Every module runs its steps
