@@ -1,9 +1,11 @@
 """Decode-only steps in one C call (engine/csrc/decode_step.c): the model's layers as
 the C kernels run them from Python, without the Python in between.
 
-Built once per runner, when every matmul weight is packed in panels (the C kernels are
-loaded and the model's widths fit them), fp32 or int8 alike; otherwise `build` returns
-None and every step takes the model's own forward.
+Built once per runner, for the architectures whose layer decode_step.c computes (ARCHS:
+llama's, with or without a qkv bias) when every matmul weight is packed in panels (the C
+kernels are loaded and the model's widths fit them), fp32 or int8 alike; otherwise `build`
+returns None and every step takes the model's own forward (a Qwen3 layer's q / k norms,
+say, which the C step has not got).
 """
 
 import ctypes
@@ -16,6 +18,9 @@ from engine.models.llama import LlamaForCausalLM
 from engine.quantization.packing import is_panels
 
 _I64, _F32, _PTR = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+# what decode_step.c's layer is: RMSNorm, fused q|k|v (+ bias), rope, attention, o; RMSNorm,
+# fused gate|up, SiLU x up, down. A subclass of LlamaForCausalLM with more is not in here.
+ARCHS = ("llama", "qwen2")
 
 
 class DecodeModel(ctypes.Structure):
@@ -93,14 +98,12 @@ class FusedDecode:
         model: LlamaForCausalLM,
         kv_caches: Sequence[tuple[torch.Tensor, torch.Tensor]],
     ) -> "FusedDecode | None":
-        if kernels is None or not is_panels(model.packed_head):
+        if model.config.arch not in ARCHS or kernels is None:
             return None
-        if not model.embed_tokens.weight.is_contiguous():
+        if not is_panels(model.packed_head) or not model.embed_tokens.weight.is_contiguous():
             return None
-        for layer in model.layers:
-            projections = (*layer.self_attn.children(), *layer.mlp.children())
-            if any(not is_panels(p.packed) for p in projections):
-                return None  # some width is not a whole number of panel pairs
+        if any(not is_panels(p.packed) for p in model.projections().values()):
+            return None  # some width is not a whole number of panel pairs
         return FusedDecode(kernels, model, kv_caches)
 
     def logits(

@@ -13,16 +13,8 @@ import torch.nn.functional as F
 
 from engine import native
 from engine.attention import AttentionContext, write_kv
+from engine.layers.rotary import Rope, apply_rope
 from engine.quantization.matmuls import Matmuls
-
-Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin) [T, 1, D/2] for the step's positions
-
-
-def apply_rope(x: torch.Tensor, rope: Rope) -> torch.Tensor:
-    """x [T, heads, D] rotated by position (half-split / NEOX layout)."""
-    cos, sin = rope
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
 class TorchOps(Matmuls):

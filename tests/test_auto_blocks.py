@@ -12,8 +12,8 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as QT
 
+from engine.layers.linear import Linear
 from engine.model_registry import resolve_model
-from engine.models.llama import Linear
 from engine.ops import TorchOps, select_ops
 from engine.quantization import kernel_choice, memory_roofline
 from engine.quantization.block_weights import BlockWeight

@@ -14,8 +14,8 @@ from engine.attention import build_context, new_kv_pools
 from engine.batch import SeqChunk
 from engine.config import EngineConfig
 from engine.fused_decode import FusedDecode
+from engine.layers.linear import Linear
 from engine.model_registry import resolve_model
-from engine.models.llama import Linear
 from engine.ops import select_ops
 from engine.quantization import file_blocks
 from engine.quantization.block_weights import BlockWeight

@@ -12,8 +12,8 @@ import torch
 from gguf import GGMLQuantizationType as QT
 from gguf.quants import dequantize, quantize
 
+from engine.layers.linear import Linear
 from engine.model_registry import resolve_model
-from engine.models.llama import Linear
 from engine.ops import select_ops
 from engine.quantization import file_blocks
 from engine.quantization.gguf_blocks import int8_blocks

@@ -8,8 +8,8 @@ from prometheus_client import generate_latest
 from engine.attention import build_context
 from engine.batch import SeqChunk
 from engine.config import EngineConfig
+from engine.layers.linear import Linear
 from engine.llm_engine import LLMEngine
-from engine.models.llama import Linear
 from engine.quantization.quant import Int8Weight
 from engine.runner import ModelRunner
 from engine.sampling_params import SamplingParams

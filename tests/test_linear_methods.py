@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from engine import native
 from engine.config import WEIGHT_FORMATS
-from engine.models.llama import Linear
+from engine.layers.linear import Linear
 from engine.ops import NativeOps
 from engine.quantization import matmuls
 from engine.quantization.block_weights import from_parts

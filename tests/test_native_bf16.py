@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from engine import native
 from engine.config import EngineConfig
 from engine.cpu_features import cpu_features
-from engine.models.llama import Linear
+from engine.layers.linear import Linear
 from engine.ops import NativeOps, TorchOps
 from engine.quantization.bf16 import bf16_path
 from engine.quantization.packing import is_panels, unpack_panels

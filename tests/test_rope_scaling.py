@@ -10,9 +10,9 @@ import torch
 import transformers
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+from engine.layers.rope_scaling import UnsupportedRopeScaling, hf_rope_scaling, inv_frequencies
 from engine.model_registry import resolve_model
 from engine.models.config import hf_config
-from engine.models.rope import UnsupportedRopeScaling, hf_rope_scaling, inv_frequencies
 from engine.weights import load_model
 from tests.test_model_reference import one_pass_logits
 from tests.tiny_gguf import llama3_rope_factors, write_llama_gguf

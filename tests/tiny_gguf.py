@@ -19,6 +19,8 @@ _LAYER_NAMES = {
     "self_attn.k_proj": "attn_k",
     "self_attn.v_proj": "attn_v",
     "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
     "mlp.gate_proj": "ffn_gate",
     "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
@@ -71,11 +73,12 @@ def write_llama_gguf(
     extra: GGUFWriterStep,
     types: dict[str, gguf.GGMLQuantizationType] | None = None,
 ) -> Path:
-    """A transformers LlamaForCausalLM as a GGUF, f32 but for the tensors `types` names
-    (GGUF names) in those quantized blocks; `extra` adds metadata and tensors."""
+    """A transformers LlamaForCausalLM (or Qwen3ForCausalLM: its architecture, Q/K not
+    permuted) as a GGUF, f32 but for the tensors `types` names (GGUF names) in those
+    quantized blocks; `extra` adds metadata and tensors."""
     c = model.config
-    head_dim = c.hidden_size // c.num_attention_heads
-    writer = gguf.GGUFWriter(path, "llama")
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    writer = gguf.GGUFWriter(path, c.model_type)
     writer.add_context_length(c.max_position_embeddings)
     writer.add_embedding_length(c.hidden_size)
     writer.add_block_count(c.num_hidden_layers)
@@ -91,7 +94,8 @@ def write_llama_gguf(
         w = t.detach().float().numpy()
         if name == "lm_head.weight" and c.tie_word_embeddings:
             continue
-        w, name = _permuted(name, w, c), _gguf_name(name)
+        w = _permuted(name, w, c) if c.model_type == "llama" else w
+        name = _gguf_name(name)
         qtype = (types or {}).get(name)
         if qtype is None:
             writer.add_tensor(name, w)

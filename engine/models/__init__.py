@@ -1,13 +1,16 @@
-"""Model classes by architecture name."""
+"""Model classes by architecture name: each class names the architectures it serves."""
 
 import torch
 from torch import nn
 
-from engine.models.config import SUPPORTED_ARCHS, ModelConfig
+from engine.models.config import ModelConfig
 from engine.models.llama import LlamaForCausalLM
+from engine.models.qwen3 import Qwen3ForCausalLM
 from engine.ops import TorchOps
 
-MODELS: dict[str, type[nn.Module]] = dict.fromkeys(SUPPORTED_ARCHS, LlamaForCausalLM)
+MODELS: dict[str, type[nn.Module]] = {
+    arch: cls for cls in (LlamaForCausalLM, Qwen3ForCausalLM) for arch in cls.architectures
+}
 
 
 def build_model(config: ModelConfig, ops: TorchOps) -> nn.Module:

@@ -5,12 +5,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.models.rope import gguf_rope_scaling, hf_rope_scaling
+from engine.layers.rope_scaling import gguf_rope_scaling, hf_rope_scaling
 
 
 @dataclass
 class ModelConfig:
-    arch: str  # "llama" or "qwen2"
+    arch: str  # one of SUPPORTED_ARCHS
     vocab_size: int
     hidden_size: int
     num_layers: int
@@ -23,10 +23,10 @@ class ModelConfig:
     max_position: int  # the model's context length
     tie_embeddings: bool
     attention_bias: bool
-    rope_scaling: dict[str, Any] | None = None  # see models/rope.py; None: plain rope
+    rope_scaling: dict[str, Any] | None = None  # see layers/rope_scaling.py; None: plain rope
 
 
-SUPPORTED_ARCHS = ("llama", "qwen2")  # all built by models/llama.py
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3")  # the classes: models/__init__.py
 # llama.cpp's converter stores llama3 rope scaling as this tensor of per-frequency factors.
 ROPE_FREQS = "rope_freqs.weight"
 

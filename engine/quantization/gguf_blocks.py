@@ -16,17 +16,12 @@ import numpy as np
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from engine.models.config import ModelConfig
-from engine.models.llama import Linear, LlamaForCausalLM
+from engine.layers.linear import DeclaresProjections
 from engine.quantization.block_weights import PANEL, BlockWeight, FileBlocks, from_parts
 from engine.quantization.memory_roofline import KeptBlocks
 from engine.quantization.quant import W8A8_GROUP, Int8Weight
 
 KEPT_TYPES = (GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q5_0, GGMLQuantizationType.Q4_0)
-_FUSED = {
-    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
-}
 
 
 def int8_blocks(
@@ -55,19 +50,16 @@ def _nibbles(raw: np.ndarray) -> np.ndarray:
     return ((q | (high.astype(np.uint8) << 4)).astype(np.int16) - 16).astype(np.int8)
 
 
-def attach_blocks(model: LlamaForCausalLM, blocks: dict[str, Int8Weight]) -> int:
+def attach_blocks(model: DeclaresProjections, blocks: dict[str, Int8Weight]) -> int:
     """Give each projection (and the LM head) whose every part the file holds as kept
     blocks those blocks (Hugging Face names -> plain w8a8), for pack_weights to use;
     returns how many got them."""
     attached = 0
-    for i, layer in enumerate(model.layers):
-        for name, lin in layer.named_modules():
-            if not isinstance(lin, Linear):
-                continue
-            parts = [blocks.get(f"layers.{i}.{p}.weight") for p in _FUSED.get(name, (name,))]
-            if all(p is not None for p in parts):
-                lin.blocks = _rows_joined(parts)
-                attached += 1
+    for name, lin in model.projections().items():
+        parts = [blocks.get(f"{source}.weight") for source, _ in lin.sources(name)]
+        if all(p is not None for p in parts):
+            lin.blocks = _rows_joined(parts)
+            attached += 1
     if model.lm_head is not None:
         model.lm_head.blocks = blocks.get("lm_head.weight")
         attached += model.lm_head.blocks is not None
@@ -84,19 +76,19 @@ def _rows_joined(parts: list[Int8Weight]) -> Int8Weight:
     return Int8Weight(q, torch.cat([p.scale for p in parts]), W8A8_GROUP)
 
 
-def model_records(model: LlamaForCausalLM, files: dict[str, FileBlocks]) -> dict[str, BlockWeight]:
+def model_records(
+    model: DeclaresProjections, files: dict[str, FileBlocks]
+) -> dict[str, BlockWeight]:
     """ "blocks" weights for each projection (fused parts stacked) and the LM head ("head")
     the file holds, in part at least, in a type with records (block_weights.FILE_TYPES; files:
     Hugging Face names -> type and raw rows); a projection with none stays out (w8a8)."""
     found = {}
-    for i, layer in enumerate(model.layers):
-        for name, lin in layer.named_modules():
-            if not isinstance(lin, Linear):
-                continue
-            parts = [files.get(f"layers.{i}.{p}.weight") for p in _FUSED.get(name, (name,))]
-            rows = _part_rows(model.config, name, lin.out_features)
-            if any(p is not None for p in parts) and all(n % PANEL == 0 for n in rows):
-                found[f"layers.{i}.{name}"] = from_parts(parts, rows, lin.weight)
+    for name, lin in model.projections().items():
+        sources = lin.sources(name)
+        parts = [files.get(f"{source}.weight") for source, _ in sources]
+        rows = [n for _, n in sources]
+        if any(p is not None for p in parts) and all(n % PANEL == 0 for n in rows):
+            found[name] = from_parts(parts, rows, lin.weight)
     head = model.embed_tokens if model.lm_head is None else model.lm_head
     blocks = files.get("embed_tokens.weight" if model.lm_head is None else "lm_head.weight")
     if blocks is not None and head.weight.shape[0] % PANEL == 0:
@@ -104,29 +96,21 @@ def model_records(model: LlamaForCausalLM, files: dict[str, FileBlocks]) -> dict
     return found
 
 
-def _part_rows(cfg: ModelConfig, name: str, rows: int) -> list[int]:
-    """Output rows of each part of a (fused) projection, in the order they are stacked."""
-    if name == "self_attn.qkv_proj":
-        return [cfg.num_heads * cfg.head_dim] + [cfg.num_kv_heads * cfg.head_dim] * 2
-    return [cfg.intermediate_size] * 2 if name == "mlp.gate_up_proj" else [rows]
-
-
-def attach_records(model: LlamaForCausalLM, records: dict[str, BlockWeight]) -> None:
+def attach_records(model: DeclaresProjections, records: dict[str, BlockWeight]) -> None:
     """model_records' weights onto their projections, for pack_weights to use."""
-    for name, lin in model.named_modules():
-        if isinstance(lin, Linear) and name.startswith("layers."):
-            lin.blocks = records.get(name)
+    for name, lin in model.projections().items():
+        lin.blocks = records.get(name)
     if model.lm_head is not None:
         model.lm_head.blocks = records.get("head")
     else:
         model.head_blocks = records.get("head")
 
 
-def attach_kept(model: LlamaForCausalLM, records: dict[str, BlockWeight]) -> None:
+def attach_kept(model: DeclaresProjections, records: dict[str, BlockWeight]) -> None:
     """For weights "auto": model_records' weights beside the int8 blocks attach_blocks gave
     (KeptBlocks), so auto may pick either; a projection without records keeps its own."""
-    for name, lin in model.named_modules():
-        if isinstance(lin, Linear) and name.startswith("layers.") and name in records:
+    for name, lin in model.projections().items():
+        if name in records:
             lin.blocks = KeptBlocks(lin.blocks, records[name])
     if "head" in records and model.lm_head is not None:
         model.lm_head.blocks = KeptBlocks(model.lm_head.blocks, records["head"])

@@ -1,0 +1,1 @@
+"""The building blocks every model is made of: projections, norms, rotary embedding."""
