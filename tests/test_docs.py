@@ -4,6 +4,8 @@ it and in docs/ leads to a file (and a heading) that exists."""
 import re
 from pathlib import Path
 
+from bench import summary
+
 ROOT = Path(__file__).resolve().parent.parent
 README_MAX_LINES = 300
 LINK = re.compile(r"\[[^\]\n]*\]\(([^)\s]+)\)")
@@ -55,3 +57,10 @@ def test_readme_links_every_guide() -> None:
     readme = (ROOT / "README.md").read_text()
     unlinked = [p.name for p in (ROOT / "docs").glob("*.md") if f"(docs/{p.name}" not in readme]
     assert unlinked == []
+
+
+def test_benchmarks_page_is_generated_from_the_kept_results() -> None:
+    """docs/benchmarks.md is `python -m bench.summary`'s output for the committed JSON: a
+    figure typed into it by hand, or a result kept without regenerating it, fails here."""
+    assert list(summary.REPORTS_DIR.glob("????-??-??/*.json")), "no dated results kept"
+    assert summary.PAGE.read_text() == summary.render()
