@@ -2,9 +2,13 @@
 it and in docs/ leads to a file (and a heading) that exists."""
 
 import re
+import typing
 from pathlib import Path
 
+from pydantic import BaseModel
+
 from bench import summary
+from gateway.policy.schema import Policy
 
 ROOT = Path(__file__).resolve().parent.parent
 README_MAX_LINES = 300
@@ -64,3 +68,35 @@ def test_benchmarks_page_is_generated_from_the_kept_results() -> None:
     figure typed into it by hand, or a result kept without regenerating it, fails here."""
     assert list(summary.REPORTS_DIR.glob("????-??-??/*.json")), "no dated results kept"
     assert summary.PAGE.read_text() == summary.render()
+
+
+def _models_in(annotation: object) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in typing.get_args(annotation) for m in _models_in(arg)]
+
+
+def _policy_keys(model: type[BaseModel], prefix: str = "", seen: set | None = None) -> set[str]:
+    """Every leaf key of the policy schema, spelled as docs/policies.md's table spells it: a
+    section used twice (`limits.default`, `limits.tenants.<name>`) is listed where it first
+    appears."""
+    seen = set() if seen is None else seen
+    keys: set[str] = set()
+    for name, field in model.model_fields.items():
+        path = prefix + (field.alias or name)
+        subs = _models_in(field.annotation)
+        if not subs:
+            keys.add(path)
+        origin = typing.get_origin(field.annotation)
+        tail = "[]." if origin is list else ".<name>." if origin is dict else "."
+        for sub in subs:
+            if sub not in seen:
+                seen.add(sub)
+                keys |= _policy_keys(sub, path + tail, seen)
+    return keys
+
+
+def test_every_policy_key_is_documented() -> None:
+    """A key added to the schema without a line in docs/policies.md's table fails here."""
+    table = (ROOT / "docs" / "policies.md").read_text()
+    assert {key for key in _policy_keys(Policy) if f"`{key}`" not in table} == set()
