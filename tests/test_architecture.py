@@ -1,5 +1,5 @@
-"""README's Architecture section matches the engine's tree: every module named, no stale names;
-and no Python file of the project passes 400 lines."""
+"""docs/design.md's Architecture section matches the engine's tree: every module named, no
+stale names; and no Python file of the project passes 400 lines."""
 
 import re
 import subprocess
@@ -9,10 +9,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _architecture_section() -> str:
-    readme = (ROOT / "README.md").read_text()
-    start = readme.index("\n## Architecture\n")
-    end = readme.find("\n## ", start + 1)
-    return readme[start : end if end != -1 else None]
+    design = (ROOT / "docs" / "design.md").read_text()
+    start = design.index("\n## Architecture\n")
+    end = design.find("\n## ", start + 1)
+    return design[start : end if end != -1 else None]
 
 
 def test_architecture_table_names_every_engine_module() -> None:
@@ -22,8 +22,8 @@ def test_architecture_table_names_every_engine_module() -> None:
         for p in (ROOT / "engine").rglob("*.py")
         if p.name != "__init__.py" or p.parent.name == "models"
     }
-    assert modules - named == set(), "modules missing from README's Architecture table"
-    assert named - modules == set(), "README's Architecture table names modules that are gone"
+    assert modules - named == set(), "modules missing from docs/design.md's Architecture table"
+    assert named - modules == set(), "design.md's Architecture table names modules that are gone"
 
 
 def _project_python_files() -> list[Path]:

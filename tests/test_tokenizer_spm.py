@@ -36,7 +36,8 @@ NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 
 
 def _train() -> spm.SentencePieceProcessor:
-    corpus = (ROOT / "README.md").read_text().splitlines() * 2
+    docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    corpus = [line for doc in docs for line in doc.read_text().splitlines()] * 2
     model = io.BytesIO()
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(corpus),

@@ -33,7 +33,7 @@ from engine.quantization.w8a8 import W8A8
 METHODS: tuple[type[LinearMethod], ...] = (Fp32, Bf16, Int8, W8A8, Blocks)  # the registry
 # "auto"'s candidates, and "blocks" where the file kept some; all are within the quality
 # bound (bench/precision.py: SmolLM2 int8 +0.41%, w8a8 +0.31%, blocks +0.34% perplexity;
-# bound +0.5%); bf16 never won where w8a8 runs (README)
+# bound +0.5%); bf16 never won where w8a8 runs (docs/engine.md)
 AUTO_FORMATS = ("fp32", "int8", "w8a8")
 # From this many rows a matmul is a prefill, where panels compete with torch's GEMM
 PREFILL_ROWS = 128

@@ -90,7 +90,7 @@ async def reload_policy(request: Request, state: State, _: Admin) -> dict[str, A
 
 @router.get("/admin/stats")
 async def show_stats(state: State, _: Admin) -> dict[str, Any]:
-    """Windows (last minute, last hour, since start), engines and chart series: README."""
+    """Windows (last minute, last hour, since start), engines, chart series: docs/operations.md."""
     prices = policy_prices(state.runtime.policy)
     engines = state.engines.all()
     fleet = await state.replicas.fleet_stats()

@@ -3,7 +3,7 @@
 The request models keep unknown fields (clients send vendor extras); forwarding them as
 is would let a caller reach upstream features the gateway never checked (`priority`,
 `prompt_logprobs`, `chat_template`...). Only the fields below leave the gateway;
-the rest are dropped (documented in the README).
+the rest are dropped (documented in docs/api.md).
 
 Prefix caches: a vLLM-style server shares KV pages between requests with the same
 `cache_salt`. The caller's own salt is never forwarded; the gateway always sets one

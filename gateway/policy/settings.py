@@ -250,7 +250,7 @@ class LimitSet(StrictModel):
 
 
 class LimitsSettings(StrictModel):
-    """Rate and concurrency limits; see README "Limits"."""
+    """Rate and concurrency limits; see docs/policies.md, "Limits"."""
 
     # Where the counters live so gateway replicas share them. None: cache.redis_url when
     # that is set, else in this process.

@@ -59,7 +59,7 @@ class Tier(StrictModel):
     backoff_s: float = 0.2  # first retry delay; doubles each retry
     cooldown_s: float = 30.0  # a deployment that exhausted its retries is skipped this long
     fallback: str | None = None  # tier tried when every deployment of this one failed
-    # Several deployments (replicas): which goes first (README "Balancing replicas").
+    # Several deployments (replicas): which goes first (docs/deploy.md, "Balancing replicas").
     balance: Literal["ordered", "round_robin", "least_outstanding", "prefix_affinity"] = "ordered"
     # prefix_affinity: requests in flight the replica holding a prefix may have above the
     # least loaded replica before the request goes to that one instead.
