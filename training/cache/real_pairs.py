@@ -8,7 +8,7 @@ and categories are in real_sources.py and cache_pairs_real/README.md. The split 
 the data alone: pairs that share a question (after case and punctuation) form one group,
 and a group goes to `heldout` when the hash of its first question falls in the lowest
 HELDOUT_SHARE of hashes. So every source and category is held out in about that share,
-no question is in both splits, and adding pairs never moves an old group. Tune and compare
+no question is in both splits, and a new pair moves no group but the ones it joins. Tune and compare
 on `train`; `heldout` is for the final figures only.
 """
 
