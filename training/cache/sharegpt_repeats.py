@@ -5,7 +5,7 @@
   Only a turn that opens its conversation stands alone; one typed later ("can you fix it
   for me", "give me some more") means something else in each conversation, so such a pair
   is a followup: the same words that must not be served another conversation's answer.
-- rewordings: nearest neighbours by all-MiniLM-L6-v2 between turns of different
+- rewordings: nearest neighbours by all-MiniLM-L6-v2 between opening turns of different
   conversations, written for a person to label (`python -m training cache
   sharegpt-candidates` writes REPORTS/sharegpt_candidates.txt); the labelled ones are data,
   in training/data/cache_pairs_real/sharegpt_reviewed.txt. Candidates come from one
@@ -81,9 +81,14 @@ def repeats(keys: Keys) -> list[dict]:
 
 
 def candidates(limit: int) -> list[tuple[float, str, str]]:
-    """The closest other-key neighbour of each distinct turn, in CANDIDATE_BAND."""
+    """The closest other-key neighbour of each distinct opening turn, in CANDIDATE_BAND
+    (a later turn depends on its conversation, so its rewording elsewhere is no repeat)."""
     keys = turns_by_key()
-    texts = [sorted(forms)[0] for _, forms in sorted(keys.items())]
+    texts = [
+        sorted(forms)[0]
+        for _, forms in sorted(keys.items())
+        if any(context == "" for convs in forms.values() for _, context in convs)
+    ]
     vectors = embedding_function()(texts)
     low, high = CANDIDATE_BAND
     found = []
@@ -92,7 +97,7 @@ def candidates(limit: int) -> list[tuple[float, str, str]]:
         for row, i in enumerate(range(start, min(start + 512, len(texts)))):
             sims[row, : i + 1] = -1.0  # each unordered pair once, never a text with itself
             j = int(sims[row].argmax())
-            if low <= sims[row, j] < high:
+            if low <= sims[row, j] < high and "|" not in texts[i] + texts[j]:
                 found.append((round(float(sims[row, j]), 3), texts[i], texts[j]))
     found.sort(reverse=True)
     return found[:limit]
