@@ -5,6 +5,8 @@
     python -m training router learning-curve
     python -m training cache pairs
     python -m training cache verifier [--limit N]
+    python -m training cache sharegpt-candidates [--limit N]
+    python -m training cache real-pairs
 
 `python -m training GROUP STEP --help` shows a step's options.
 """
@@ -25,6 +27,14 @@ STEPS: dict[str, dict[str, tuple[str, str]]] = {
     "cache": {
         "pairs": ("training.cache.build_pairs", "build the verifier's labelled pair set"),
         "verifier": ("training.cache.train_verifier", "train the pair verifier"),
+        "sharegpt-candidates": (
+            "training.cache.sharegpt_repeats",
+            "ShareGPT turns the embedder puts close, for a person to label",
+        ),
+        "real-pairs": (
+            "training.cache.real_pairs",
+            "the pairs written by people, with a fixed held-out split",
+        ),
     },
 }
 

