@@ -81,9 +81,51 @@ def cache_eval_rows(result: dict[str, Any]) -> list[Row]:
     return rows
 
 
+def embedder_compare_rows(result: dict[str, Any]) -> list[Row]:
+    """Each embedder's separation of the people's pairs and its CPU, against the gateway's."""
+    runs = result["results"]
+    base_key = "minilm" if "minilm" in runs else next(iter(runs))
+    base = runs[base_key]
+    rows: list[Row] = []
+    for key, run in runs.items():
+        human, cpu = run["human"], run["cpu"]
+        label = f"{run['name']} ({run['backend']})"
+        rows.append(
+            (
+                f"{label}: cosine ROC AUC, should-hit vs must-not ({result['split']} split)",
+                f"{human['roc_auc']:.3f}",
+                "" if key == base_key else f"{base['name']}: {base['human']['roc_auc']:.3f}",
+                "" if key == base_key else _ratio(human["roc_auc"], base["human"]["roc_auc"]),
+            )
+        )
+        rows.append(
+            (
+                f"{label}: should-hit served by a threshold at <= 1% must-not",
+                _pct(human["should_hit_served"]),
+                "" if key == base_key else _pct(base["human"]["should_hit_served"]),
+                "",
+            )
+        )
+        rows.append(
+            (
+                f"{label}: CPU ms per query, batch 1",
+                f"{cpu['batch1_cpu_ms_p50']:.1f}",
+                "" if key == base_key else f"{base['cpu']['batch1_cpu_ms_p50']:.1f}",
+                ""
+                if key == base_key
+                else _ratio(cpu["batch1_cpu_ms_p50"], base["cpu"]["batch1_cpu_ms_p50"]),
+            )
+        )
+    rows.append(("best within the lookup budget", result["best_within_budget"], "", ""))
+    return rows
+
+
 # Benchmarks whose JSON has a same-run baseline worth a row of its own; the others show
 # their goals (value against target).
-ROWS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {"cache_eval": cache_eval_rows}
+ROWS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
+    "cache_eval": cache_eval_rows,
+    "embedder_compare": embedder_compare_rows,
+}
 
 
 def goal_rows(result: dict[str, Any]) -> list[Row]:
