@@ -13,7 +13,8 @@ bad requests. The RSS of the gateway's process tree is sampled every `--sample-s
 Figures: RSS at the end of the warm-up (the first 20% of the run) and at the end, the
 slope over the post-warm-up samples (least squares, MB per 10 min), requests per status
 per kind, p50/p95 latency per kind. Goals: RSS growth after warm-up <= 5% of the warm RSS,
-no 5xx, no malformed answer.
+no 5xx, no malformed answer, /ready at the end. Requests with no answer at all count as
+`error:<type>` (a client-side race on a reused keep-alive connection shows there too).
 
     python -m bench.soak [--minutes 30] [--concurrency 4] [--redis] [--seed 29]
 """
@@ -222,6 +223,7 @@ def main() -> None:
         ),
         "server_errors": common.goal(result["server_errors"], 0, higher_is_better=False),
         "problems": common.goal(sum(result["problems"].values()), 0, higher_is_better=False),
+        "healthy_after": common.goal(float(result["healthy_after"]), 1.0),
     }
     summary = {k: v for k, v in mem.items() if k != "samples"}
     print(f"memory: {summary}")

@@ -122,7 +122,8 @@ class Traffic:
             status, problem = await getattr(self, f"_{kind}")(rng, tenant)
         except openai.APIStatusError as exc:
             status, problem = str(exc.status_code), None
-        except openai.APIError as exc:  # no answer at all: timeouts, dropped connections
+        except (openai.APIError, httpx.HTTPError) as exc:  # no answer: timeouts, dropped
+            # connections (a POST on a keep-alive connection the server closed meanwhile too)
             status, problem = f"error:{type(exc).__name__}", None
         return Outcome(kind, status, round(time.perf_counter() - start, 3), problem)
 
