@@ -8,11 +8,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import numpy as np
 import pytest
+from redis.asyncio import Redis
 
 from gateway.cache.embedder import Embedder
 from gateway.cache.semantic import CachedAnswer, CacheQuery, Embed, Lookup, SemanticCache
 from gateway.policy import CacheSettings
-from tests.servers import free_port, start_redis_server
+from tests.servers import free_port, redis_server, start_redis_server
 
 ANSWER = CachedAnswer("Paris.", "stop", 12, 3, "small", "smollm2-135m", None)
 
@@ -95,6 +96,34 @@ async def test_two_caches_see_each_others_inserts_and_deletes(opened, embedder, 
         return a.info()["entries"] == b.info()["entries"] == 0
 
     await eventually(all_forgot, within_s=1.0)
+
+
+async def test_replicas_forget_what_a_flushall_dropped(opened, embedder) -> None:
+    # A FLUSHALL sends no event: before the generation key, each follower kept every lost
+    # entry in its tables (and FAISS index) until a lookup or /admin/cache stumbled on it.
+    with redis_server() as server:  # its own server: a FLUSHALL drops every test's keys
+        a, b = await opened(server.url), await opened(server.url)
+        for text in ("What is the capital of France?", "How do magnets work?"):
+            await put(a, embedder, text)
+
+        async def both_hold(count: int) -> bool:
+            return a.info()["entries"] == b.info()["entries"] == count
+
+        await eventually(lambda: both_hold(2), within_s=2.0)
+        resyncs = b.info()["store"]["resyncs"]
+        client = Redis.from_url(server.url)
+        await client.flushall()
+        await client.aclose()
+        await eventually(lambda: both_hold(0), within_s=5.0)  # no lookup, no reconcile
+        assert b.info()["store"]["resyncs"] > resyncs and b.info()["store"]["healthy"]
+
+        kept = await put(b, embedder, "Why is the sky blue?")  # following goes on after it
+
+        async def a_hits() -> bool:
+            return (await ask(a, embedder, "Why is the sky blue?")).entry_id == kept
+
+        await eventually(a_hits, within_s=2.0)
+        assert await both_hold(1)
 
 
 async def test_lru_bound_is_shared_by_replicas(opened, embedder, redis_url) -> None:

@@ -8,6 +8,9 @@ Layout under `cache.redis_prefix` (P):
   P:events    stream of inserts and deletes; every replica follows it to keep its in-memory
               tables and FAISS indexes in step, and rebuilds them from the hashes at start
               and after every reconnect (events may have been missed meanwhile)
+  P:generation  a random token the first replica to load writes; a FLUSHALL (or anything
+              that drops the keys) removes it without an event, so a follower that finds it
+              gone or changed rebuilds from Redis, as after a reconnect
 
 Any Redis error marks the store down: lookups bypass, stores are skipped, and the follower
 task reconnects and resyncs by itself.
@@ -16,6 +19,7 @@ task reconnects and resyncs by itself.
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 
 import numpy as np
@@ -38,6 +42,7 @@ logger = logging.getLogger("tiergate.cache")
 
 STREAM_LENGTH = 100_000  # events kept; a replica further behind than this resyncs anyway
 BLOCK_MS = 1000  # longest wait for new events: also how soon a lost sync is noticed
+GENERATION_CHECK_S = 1.0  # how often the follower checks that the keys were not dropped
 REQUEST_TIMEOUT_S = 1.0  # a hung Redis costs a request at most this before it bypasses
 RECONNECT_S = (0.1, 2.0)  # backoff between reconnect attempts: first, most
 SCAN_BATCH = 1000
@@ -52,6 +57,7 @@ class RedisStore:
         self.prefix = prefix
         self._lru = f"{prefix}:lru"
         self._events = f"{prefix}:events"
+        self._generation_key = f"{prefix}:generation"
         self._origin = uuid.uuid4().hex  # our own events are applied already: skip them
         self._client = Redis.from_url(
             url,
@@ -68,6 +74,8 @@ class RedisStore:
             retry=Retry(NoBackoff(), 0),
         )
         self._synced = False
+        self._generation: bytes | None = None  # the token the tables were loaded under
+        self._generation_due = 0.0  # monotonic time of the follower's next check
         self._last_id: bytes | str = "0-0"
         self._error: str | None = "not connected yet"
         self._follower: asyncio.Task | None = None
@@ -82,13 +90,33 @@ class RedisStore:
 
     async def load(self) -> list[Entry]:
         try:
+            generation = await self._claim_generation()
             newest = await self._client.xrevrange(self._events, count=1)
             last_id = newest[0][0] if newest else "0-0"
             entries = await self._scan()
         except _ERRORS as exc:
             raise self._down(exc) from exc
         self._last_id, self._synced, self._error = last_id, True, None
+        self._generation = generation
         return [e for e in entries if e is not None]
+
+    async def _claim_generation(self) -> bytes:
+        """The keys' generation token, written first if there is none (a fresh Redis or one
+        flushed since): read before the scan, so a flush during it shows at the next check."""
+        async with self._client.pipeline(transaction=True) as pipe:
+            pipe.set(self._generation_key, uuid.uuid4().hex, nx=True)
+            pipe.get(self._generation_key)
+            return (await pipe.execute())[1]
+
+    async def _check_generation(self) -> None:
+        """A FLUSHALL announces nothing: the tables would keep serving the lost entries'
+        vectors (and counting them) until a lookup found an answer gone."""
+        if time.monotonic() < self._generation_due:
+            return
+        self._generation_due = time.monotonic() + GENERATION_CHECK_S
+        if await self._client.get(self._generation_key) != self._generation:
+            logger.info("semantic cache: the redis keys were dropped (FLUSHALL?); resyncing")
+            self._synced = False
 
     def follow(self, listener: StoreListener) -> None:
         self._listener = listener
@@ -104,6 +132,7 @@ class RedisStore:
                     self.resyncs += 1
                     logger.info("semantic cache resynced from redis: %d entries", len(entries))
                 await self._read_events()
+                await self._check_generation()
                 pause = RECONNECT_S[0]
             except (StoreUnavailable, *_ERRORS) as exc:
                 self._down(exc)
