@@ -19,7 +19,7 @@ import time
 from collections import deque
 
 from bench import common
-from engine.protocol import Usage
+from engine.entrypoints.openai.protocol import Usage
 from gateway.policy import Price
 from gateway.stats import Stats, read_samples
 from gateway.stats_history import StatsHistory

@@ -2,7 +2,7 @@
 
 import pytest
 
-from engine.protocol import Usage
+from engine.entrypoints.openai.protocol import Usage
 from gateway.policy import Price, parse_policy
 from gateway.pricing import deployment_price, litellm_price, most_expensive, policy_prices
 from gateway.stats import CountedCooldowns, Stats, read_samples

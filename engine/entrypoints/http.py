@@ -20,11 +20,15 @@ from engine.entrypoints.choices import (
     interleave,
     start_children,
 )
+from engine.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    to_sampling_params,
+)
 from engine.entrypoints.openai_errors import OpenAIError, engine_error
 from engine.entrypoints.streaming import ClosingStreamingResponse, sse, unless_disconnected
 from engine.errors import EngineError
 from engine.outputs import RequestOutput
-from engine.protocol import ChatCompletionRequest, CompletionRequest, to_sampling_params
 
 
 async def start_outputs(

@@ -29,13 +29,7 @@ from engine.entrypoints.http import (
     start_choices,
     started,
 )
-from engine.entrypoints.openai_errors import OpenAIError, engine_error, install_error_handlers
-from engine.entrypoints.shapes import ChatShape, Ended, TextShape, chat_shapes, text_shapes
-from engine.entrypoints.shutdown import serve_gracefully
-from engine.entrypoints.streaming import CLIENT_CLOSED_REQUEST
-from engine.errors import EngineError
-from engine.outputs import RequestOutput
-from engine.protocol import (
+from engine.entrypoints.openai.protocol import (
     ChatCompletionChunk,
     ChatCompletionRequest,
     Completion,
@@ -44,6 +38,12 @@ from engine.protocol import (
     ModelCard,
     ModelList,
 )
+from engine.entrypoints.openai_errors import OpenAIError, engine_error, install_error_handlers
+from engine.entrypoints.shapes import ChatShape, Ended, TextShape, chat_shapes, text_shapes
+from engine.entrypoints.shutdown import serve_gracefully
+from engine.entrypoints.streaming import CLIENT_CLOSED_REQUEST
+from engine.errors import EngineError
+from engine.outputs import RequestOutput
 
 logger = logging.getLogger("tiergate.engine.server")
 

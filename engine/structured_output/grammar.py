@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from jsonschema import Draft202012Validator, SchemaError, validators
 
+from engine.entrypoints.openai.tool_calls import CLOSE, OPEN
 from engine.errors import InvalidParamError
 from engine.structured_output.constraints import (
     Constraint,
@@ -33,7 +34,6 @@ from engine.structured_output.constraints import (
     SchemaSource,
     ToolCallConstraint,
 )
-from engine.tool_calls import CLOSE, OPEN
 
 # Compact JSON as models write it (`{"a": 1, "b": 2}`): no free whitespace, which a small
 # model could otherwise repeat until max_tokens.

@@ -16,6 +16,9 @@ import anyio
 from fastapi import Request
 from fastapi.responses import Response
 
+from engine.entrypoints.openai.error_bodies import error_response_body
+from engine.entrypoints.openai.protocol import Usage
+from engine.entrypoints.openai.tool_calls import ToolCallDelta, merge_deltas
 from engine.entrypoints.openai_errors import OpenAIError
 from engine.entrypoints.shapes import Ended, Shape
 from engine.entrypoints.streaming import (
@@ -25,8 +28,6 @@ from engine.entrypoints.streaming import (
     unless_disconnected,
 )
 from engine.outputs import TokenLogprobs
-from engine.protocol import Usage, error_response_body
-from engine.tool_calls import ToolCallDelta, merge_deltas
 from gateway.backends.base import BackendError, Piece
 from gateway.backends.fallback import Served
 from gateway.limits import NOT_LIMITED, Admission

@@ -14,9 +14,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from engine.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, Usage
+from engine.entrypoints.openai.tool_calls import ToolCallDelta
 from engine.outputs import TokenLogprobs
-from engine.protocol import ChatCompletionRequest, CompletionRequest, Usage
-from engine.tool_calls import ToolCallDelta
 
 OpenAIRequest = ChatCompletionRequest | CompletionRequest
 

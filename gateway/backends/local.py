@@ -28,9 +28,9 @@ from engine.entrypoints.choices import (
     start_children,
     usage_of,
 )
+from engine.entrypoints.openai.protocol import to_sampling_params
 from engine.entrypoints.openai_errors import RETRY_AFTER_SECONDS, engine_error_status
 from engine.errors import EngineError, TenantQueueFullError
-from engine.protocol import to_sampling_params
 from gateway.backends.base import BackendError, GenerationRequest, Piece
 from gateway.policy import EngineSettings
 
