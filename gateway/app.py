@@ -11,7 +11,7 @@ import httpx
 from fastapi import FastAPI
 
 from engine.entrypoints.body_limit import BodyLimit
-from engine.entrypoints.openai_errors import install_error_handlers
+from engine.entrypoints.openai.errors import install_error_handlers
 from gateway.api import (
     admin,
     admin_cache,

@@ -9,7 +9,7 @@ from openai.types.chat import ChatCompletion as OaiChat
 from openai.types.chat import ChatCompletionChunk as OaiChunk
 
 from engine.entrypoints.openai.protocol import Usage
-from engine.entrypoints.shapes import ChatShape, Ended, TextShape
+from engine.entrypoints.openai.shapes import ChatShape, Ended, TextShape
 from engine.outputs import Logprob, TokenLogprobs
 
 USAGE = Usage.of(5, 2)

@@ -17,6 +17,7 @@ import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from engine.entrypoints.openai.errors import OpenAIError
 from engine.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -24,8 +25,7 @@ from engine.entrypoints.openai.protocol import (
     ModelList,
     Usage,
 )
-from engine.entrypoints.openai_errors import OpenAIError
-from engine.entrypoints.shapes import ChatShape, Shape, TextShape
+from engine.entrypoints.openai.shapes import ChatShape, Shape, TextShape
 from engine.entrypoints.streaming import CLIENT_CLOSED_REQUEST, unless_disconnected
 from engine.sampling_params import SamplingParams
 from gateway.api.cache_step import CacheControl, CacheStep, matched_text, scope_of

@@ -17,10 +17,10 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from engine.entrypoints.openai.error_bodies import error_response_body
+from engine.entrypoints.openai.errors import OpenAIError
 from engine.entrypoints.openai.protocol import Usage
+from engine.entrypoints.openai.shapes import Ended, Shape
 from engine.entrypoints.openai.tool_calls import ToolCallDelta, merge_deltas
-from engine.entrypoints.openai_errors import OpenAIError
-from engine.entrypoints.shapes import Ended, Shape
 from engine.entrypoints.streaming import (
     CLIENT_CLOSED_REQUEST,
     ClosingStreamingResponse,
