@@ -40,9 +40,9 @@ from gateway.replicas.signing import policy_secret
 from gateway.routing.difficulty import difficulty_scorer_factory
 from gateway.routing.router import ScorerFactory
 from gateway.state import GatewayState, build_runtime, prepare
-from gateway.stats import CountedCooldowns, Stats, read_samples
-from gateway.stats_history import StatsHistory
-from gateway.stats_view import replica_report
+from gateway.stats.counters import CountedCooldowns, Stats, read_samples
+from gateway.stats.history import StatsHistory
+from gateway.stats.view import replica_report
 
 logger = logging.getLogger("tiergate")
 # Streams hold a connection each for their whole length: allow many at once.

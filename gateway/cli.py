@@ -157,7 +157,7 @@ def hash_key(args: argparse.Namespace) -> int:
 def stats(args: argparse.Namespace) -> int:
     import httpx
 
-    from gateway.stats_table import render
+    from gateway.stats.table import render
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # its request lines are noise here
     headers = {"Authorization": f"Bearer {args.key}"} if args.key else {}

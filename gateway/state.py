@@ -20,8 +20,8 @@ from gateway.policy import Deployment, Policy, PolicyWatcher
 from gateway.pricing import deployment_price
 from gateway.replicas import ReplicaReport, ReplicaSync
 from gateway.routing.router import Router, Scorer, ScorerFactory
-from gateway.stats import Stats
-from gateway.stats_history import StatsHistory
+from gateway.stats.counters import Stats
+from gateway.stats.history import StatsHistory
 
 
 @dataclass(frozen=True)

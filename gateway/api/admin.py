@@ -10,7 +10,7 @@ from gateway.api.audit import audit
 from gateway.api.deps import Admin, State
 from gateway.policy import PolicyError
 from gateway.pricing import most_expensive, policy_prices
-from gateway.stats_view import stats_view
+from gateway.stats.view import stats_view
 
 router = APIRouter()
 

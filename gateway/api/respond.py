@@ -31,7 +31,7 @@ from engine.outputs import TokenLogprobs
 from gateway.backends.base import BackendError, Piece
 from gateway.backends.fallback import Served
 from gateway.limits import NOT_LIMITED, Admission
-from gateway.stats import Stats
+from gateway.stats.counters import Stats
 
 _CHARS_PER_TOKEN = 4
 

@@ -7,7 +7,7 @@ import random
 import numpy as np
 from sklearn.metrics import roc_auc_score
 
-from gateway.stats import cost_usd
+from gateway.stats.counters import cost_usd
 from training.router.labels import quality
 
 SHARES = [round(s, 2) for s in np.arange(0.0, 1.0001, 0.05)]
