@@ -31,7 +31,7 @@ from gateway.backends.local import EngineFactory, LocalEngines, default_engine_f
 from gateway.cache.semantic import SemanticCache
 from gateway.cache.verifier import PairVerifier
 from gateway.drain import Drain
-from gateway.embedding import SharedEmbedder
+from gateway.embedding.shared import SharedEmbedder
 from gateway.limits import Limiter
 from gateway.policy import Deployment, Policy, PolicyError, PolicyIssue, PolicyWatcher
 from gateway.replicas import Fleet, ReplicaSync, replica_id

@@ -40,7 +40,7 @@ def check_policy(args: argparse.Namespace) -> int:
 
 
 def calibrate(args: argparse.Namespace) -> int:
-    from gateway.cache.embedder import Embedder
+    from gateway.embedding.embedder import Embedder
     from gateway.routing import calibrate as cal
 
     try:

@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import numpy as np
 import pytest
 
-from gateway.cache.embedder import Embedder
 from gateway.cache.semantic import CachedAnswer, CacheQuery, Embed, Lookup, SemanticCache
+from gateway.embedding.embedder import Embedder
 from gateway.policy import CacheSettings
 from tests.servers import free_port, start_redis_server
 

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from engine.entrypoints.openai.errors import OpenAIError
 from engine.entrypoints.openai.protocol import ModelCard
 from gateway.api.deps import State, admit, authenticate, parse_body
-from gateway.cache.embedder import MODEL_NAME, Embedder, EmbedderNotInstalled
+from gateway.embedding.embedder import MODEL_NAME, Embedder, EmbedderNotInstalled
 from gateway.state import GatewayState
 
 router = APIRouter()

@@ -35,7 +35,7 @@ from gateway.api.respond import Call, backend_error, streamed, whole
 from gateway.backends.base import BackendError, GenerationRequest, OpenAIRequest
 from gateway.backends.fallback import Served
 from gateway.cache.semantic import CacheQuery
-from gateway.embedding import embed_once
+from gateway.embedding.shared import embed_once
 from gateway.limits import NOT_LIMITED, Admission
 from gateway.routing.features import PromptFeatures, extract_features
 from gateway.routing.router import Embed, RoutingInput
