@@ -26,9 +26,10 @@ import numpy as np
 import torch
 from jsonschema import Draft202012Validator, SchemaError, validators
 
-from engine.entrypoints.openai.tool_calls import CLOSE, OPEN
 from engine.errors import InvalidParamError
 from engine.structured_output.constraints import (
+    CLOSE,
+    OPEN,
     Constraint,
     JsonConstraint,
     SchemaSource,
