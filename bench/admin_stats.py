@@ -19,11 +19,11 @@ import time
 from collections import deque
 
 from bench import common
-from engine.protocol import Usage
+from engine.entrypoints.openai.protocol import Usage
 from gateway.policy import Price
-from gateway.stats import Stats, read_samples
-from gateway.stats_history import StatsHistory
-from gateway.stats_view import stats_view
+from gateway.stats.counters import Stats, read_samples
+from gateway.stats.history import StatsHistory
+from gateway.stats.view import stats_view
 
 PRICE = Price(input=1.0, output=2.0)
 OUTCOMES = ("exact", "semantic", "miss", "bypass")

@@ -124,7 +124,7 @@ def time_embedding(texts: list[str]) -> dict[str, float]:
     """One query's embedding, wall and this thread's CPU, per embedder backend (same run)."""
     import torch
 
-    from gateway.cache.embedder import Embedder
+    from gateway.embedding.embedder import Embedder
 
     torch.set_num_threads(1)
     out: dict[str, float] = {}
@@ -146,7 +146,7 @@ def time_embedding(texts: list[str]) -> dict[str, float]:
 def live_cosines(pairs: list[dict]) -> dict[str, float]:
     """Replace each pair's stored cosine (measured when the set was built, on torch) with
     the shipped embedder's, so the operating points are those a live gateway gets."""
-    from gateway.cache.embedder import Embedder
+    from gateway.embedding.embedder import Embedder
 
     embedder = Embedder()
     texts = sorted({p["a"] for p in pairs} | {p["b"] for p in pairs})

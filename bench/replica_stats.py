@@ -21,9 +21,9 @@ from bench.admin_stats import PRICE, traffic
 from bench.common import cpu_model
 from gateway.replicas import Fleet, FleetStats, ReplicaReport
 from gateway.replicas.sync import STATS_EVERY_S
-from gateway.stats import Stats, read_samples
-from gateway.stats_history import StatsHistory
-from gateway.stats_view import replica_report, stats_view
+from gateway.stats.counters import Stats, read_samples
+from gateway.stats.history import StatsHistory
+from gateway.stats.view import replica_report, stats_view
 from tests.servers import run_redis
 
 ROUNDS = 30

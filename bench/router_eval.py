@@ -54,7 +54,7 @@ import numpy as np
 
 from bench import common
 from bench.common import cpu_model
-from gateway.cache.embedder import Embedder
+from gateway.embedding.embedder import Embedder
 from gateway.policy import ExamplePrompt, load_policy
 from gateway.routing.difficulty import build_scorer, example_signals
 from gateway.routing.features import extract_features

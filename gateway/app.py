@@ -11,7 +11,7 @@ import httpx
 from fastapi import FastAPI
 
 from engine.entrypoints.body_limit import BodyLimit
-from engine.entrypoints.openai_errors import install_error_handlers
+from engine.entrypoints.openai.errors import install_error_handlers
 from gateway.api import (
     admin,
     admin_cache,
@@ -31,7 +31,7 @@ from gateway.backends.local import EngineFactory, LocalEngines, default_engine_f
 from gateway.cache.semantic import SemanticCache
 from gateway.cache.verifier import PairVerifier
 from gateway.drain import Drain
-from gateway.embedding import SharedEmbedder
+from gateway.embedding.shared import SharedEmbedder
 from gateway.limits import Limiter
 from gateway.policy import Deployment, Policy, PolicyError, PolicyIssue, PolicyWatcher
 from gateway.replicas import Fleet, ReplicaSync, replica_id
@@ -40,9 +40,9 @@ from gateway.replicas.signing import policy_secret
 from gateway.routing.difficulty import difficulty_scorer_factory
 from gateway.routing.router import ScorerFactory
 from gateway.state import GatewayState, build_runtime, prepare
-from gateway.stats import CountedCooldowns, Stats, read_samples
-from gateway.stats_history import StatsHistory
-from gateway.stats_view import replica_report
+from gateway.stats.counters import CountedCooldowns, Stats, read_samples
+from gateway.stats.history import StatsHistory
+from gateway.stats.view import replica_report
 
 logger = logging.getLogger("tiergate")
 # Streams hold a connection each for their whole length: allow many at once.

@@ -40,7 +40,7 @@ def check_policy(args: argparse.Namespace) -> int:
 
 
 def calibrate(args: argparse.Namespace) -> int:
-    from gateway.cache.embedder import Embedder
+    from gateway.embedding.embedder import Embedder
     from gateway.routing import calibrate as cal
 
     try:
@@ -157,7 +157,7 @@ def hash_key(args: argparse.Namespace) -> int:
 def stats(args: argparse.Namespace) -> int:
     import httpx
 
-    from gateway.stats_table import render
+    from gateway.stats.table import render
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # its request lines are noise here
     headers = {"Authorization": f"Bearer {args.key}"} if args.key else {}

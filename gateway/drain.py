@@ -15,7 +15,7 @@ from typing import Protocol, TypeVar
 
 import anyio
 
-from engine.entrypoints.openai_errors import OpenAIError
+from engine.entrypoints.openai.errors import OpenAIError
 from gateway.backends.base import BackendError, Piece
 
 T = TypeVar("T")

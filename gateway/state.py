@@ -15,13 +15,13 @@ from gateway.backends.local import EngineSlot, LocalBackend, LocalEngines
 from gateway.backends.openai_compat import NATIVE_PROVIDERS, OpenAICompatBackend
 from gateway.backends.remote import RemoteBackend, load_litellm
 from gateway.cache.semantic import SemanticCache
-from gateway.embedding import SharedEmbedder
+from gateway.embedding.shared import SharedEmbedder
 from gateway.policy import Deployment, Policy, PolicyWatcher
 from gateway.pricing import deployment_price
 from gateway.replicas import ReplicaReport, ReplicaSync
 from gateway.routing.router import Router, Scorer, ScorerFactory
-from gateway.stats import Stats
-from gateway.stats_history import StatsHistory
+from gateway.stats.counters import Stats
+from gateway.stats.history import StatsHistory
 
 
 @dataclass(frozen=True)

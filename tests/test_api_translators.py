@@ -141,7 +141,7 @@ def test_whole_answers_validate_as_the_sdks_objects() -> None:
 
 
 def test_chat_errors_name_the_callers_fields() -> None:
-    from engine.entrypoints.openai_errors import OpenAIError
+    from engine.entrypoints.openai.errors import OpenAIError
     from gateway.api import messages_request, responses_request
 
     ask = [{"role": "user", "content": "x"}]

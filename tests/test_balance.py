@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.protocol import ChatCompletionRequest, CompletionRequest, Usage
+from engine.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, Usage
 from gateway.app import create_app
 from gateway.backends.balance import BLOCK_CHARS, Balancer, prefixes_of
 from gateway.backends.base import BackendError, GenerationRequest, Piece

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from redis.asyncio import Redis
 
-from gateway.cache.embedder import Embedder
 from gateway.cache.semantic import CachedAnswer, CacheQuery, Embed, Lookup, SemanticCache
+from gateway.embedding.embedder import Embedder
 from gateway.policy import CacheSettings
 from tests.servers import free_port, redis_server, start_redis_server
 

@@ -28,7 +28,7 @@ from gateway.backends.health import ReplicaMetrics
 from gateway.cli import build_parser
 from gateway.limits import Limiter
 from gateway.policy import load_policy, parse_policy
-from gateway.stats import Stats
+from gateway.stats.counters import Stats
 from tests.fake_runner import FakeRunner
 from tests.servers import running_engine
 

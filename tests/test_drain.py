@@ -8,8 +8,8 @@ import pytest
 
 from engine.config import EngineConfig
 from engine.engine import AsyncEngine
-from engine.entrypoints.openai_errors import OpenAIError
-from engine.protocol import CompletionRequest
+from engine.entrypoints.openai.errors import OpenAIError
+from engine.entrypoints.openai.protocol import CompletionRequest
 from gateway.backends.base import BackendError, GenerationRequest
 from gateway.backends.local import EngineSlot, LocalBackend
 from gateway.drain import Drain

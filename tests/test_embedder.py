@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gateway.cache.embed_batches import TurnLock
-from gateway.cache.embedder import MAX_CHARS, Embedder, default_model_path
-from gateway.cache.embedder_onnx import OnnxUnavailable, exported_path
+from gateway.embedding.batches import TurnLock
+from gateway.embedding.embedder import MAX_CHARS, Embedder, default_model_path
+from gateway.embedding.onnx_backend import OnnxUnavailable, exported_path
 from tests.servers import wait_for
 
 

@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from gateway.app import create_app
-from gateway.cache.embedder import Embedder
+from gateway.embedding.embedder import Embedder
 from gateway.policy import parse_policy
 from tests.paid_api import paid_api_app
 from tests.servers import run_uvicorn, wait_for

@@ -5,7 +5,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from engine.protocol import ChatCompletionRequest
+from engine.entrypoints.openai.protocol import ChatCompletionRequest
 from gateway.backends.base import BackendError, GenerationRequest, Piece
 from gateway.backends.fallback import Cooldowns, FallbackChain, TierBackends
 from gateway.policy import parse_policy

@@ -14,7 +14,7 @@ import pytest
 from fastapi import FastAPI
 
 from engine.config import EngineConfig
-from engine.protocol import ChatCompletionRequest, CompletionRequest
+from engine.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 from gateway.app import create_app
 from gateway.backends.base import GenerationRequest
 from gateway.backends.forward import sampling_fields

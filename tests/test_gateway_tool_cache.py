@@ -10,7 +10,7 @@ from typing import Any
 import openai
 import pytest
 
-from engine.protocol import ChatCompletionRequest
+from engine.entrypoints.openai.protocol import ChatCompletionRequest
 from gateway.api.cache_step import scope_of
 from tests.servers import eventually
 from tests.tool_tiers import ASK, NAMED, TIERS, WEATHER, tool_tiers

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 import torch
 
+from engine.entrypoints.openai.protocol import ChatCompletionRequest
 from engine.errors import InvalidParamError
 from engine.model_registry import resolve_model
-from engine.protocol import ChatCompletionRequest
 from engine.structured_output.constraints import (
     JsonConstraint,
     SchemaSource,

@@ -137,6 +137,21 @@ def test_the_project_has_no_import_circle() -> None:
     assert found == [], "import circles (make one side a leaf):\n" + "\n".join(found)
 
 
+def test_the_engine_core_never_imports_its_entrypoints() -> None:
+    """The OpenAI layer and the HTTP servers (engine/entrypoints) sit on top of the core;
+    nothing below them reaches up, so the core runs (and is read) without them."""
+    graph = import_graph(ROOT, ["engine"])
+    assert "engine.entrypoints.openai.protocol" in graph  # the layer is there to be avoided
+    core = {name for name in graph if not name.startswith("engine.entrypoints")}
+    upward = sorted(
+        f"{name} -> {target}"
+        for name in core
+        for target in graph[name]
+        if target.startswith("engine.entrypoints")
+    )
+    assert upward == [], "engine core modules importing engine/entrypoints:\n" + "\n".join(upward)
+
+
 def _write(root: Path, files: dict[str, str]) -> None:
     for name, text in files.items():
         (root / name).parent.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,7 @@ import pytest
 from fastapi import FastAPI
 from pydantic import BaseModel
 
-from engine.entrypoints.openai_errors import (
+from engine.entrypoints.openai.errors import (
     OpenAIError,
     engine_error,
     engine_error_status,

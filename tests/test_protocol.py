@@ -9,7 +9,8 @@ import openai.types.chat as oai_chat
 import pytest
 from pydantic import ValidationError
 
-from engine.protocol import (
+from engine.entrypoints.openai.error_bodies import error_response_body, validation_error_message
+from engine.entrypoints.openai.protocol import (
     AssistantMessage,
     ChatChoice,
     ChatCompletion,
@@ -23,9 +24,7 @@ from engine.protocol import (
     Usage,
     chat_completion_id,
     completion_id,
-    error_response_body,
     to_sampling_params,
-    validation_error_message,
 )
 
 USER = [{"role": "user", "content": "hi"}]
@@ -39,7 +38,10 @@ def refusal(model: type, body: dict[str, Any]) -> tuple[str, str | None]:
 
 def test_import_is_light() -> None:
     # The gateway imports this module on its hot path; it must not drag in torch or FastAPI.
-    code = "import sys, engine.protocol; print('torch' in sys.modules, 'fastapi' in sys.modules)"
+    code = (
+        "import sys, engine.entrypoints.openai.protocol; "
+        "print('torch' in sys.modules, 'fastapi' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
 

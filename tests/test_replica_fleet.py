@@ -23,7 +23,7 @@ from gateway.policy import PolicyError, load_policy
 from gateway.replicas import Fleet
 from gateway.replicas.fleet import policy_sha256
 from gateway.replicas.signing import SECRET_ENV, sign
-from gateway.stats_table import render
+from gateway.stats.table import render
 from tests.servers import RedisServer, eventually, free_port, redis_server, run_uvicorn
 from tests.upstream_stub import upstream_stub
 

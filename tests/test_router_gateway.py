@@ -140,7 +140,7 @@ def test_stats_count_rules_and_score_distribution(gateway) -> None:
 def test_calibrate_hits_the_asked_share_on_its_own_input(
     tmp_path: Path, capsys: pytest.CaptureFixture, one_torch_thread: None
 ) -> None:
-    from gateway.cache.embedder import Embedder
+    from gateway.embedding.embedder import Embedder
     from gateway.routing.calibrate import read_prompts, score_prompts
 
     path = write_policy(tmp_path)
@@ -162,7 +162,7 @@ def test_calibrate_hits_the_asked_share_on_its_own_input(
 def test_the_default_policy_threshold_matches_its_shipped_examples(one_torch_thread: None) -> None:
     """`make run` routes by difficulty: the shipped examples train the classifier, and the
     written min_score still sends the documented 30% of them to the large tier."""
-    from gateway.cache.embedder import Embedder
+    from gateway.embedding.embedder import Embedder
     from gateway.routing.calibrate import read_prompts, score_prompts
 
     root = Path(__file__).resolve().parent.parent / "router_policies"
@@ -183,7 +183,7 @@ def test_the_shipped_examples_train_in_seconds_with_their_kernel(
     generous deadline."""
     import time
 
-    from gateway.cache.embedder import Embedder
+    from gateway.embedding.embedder import Embedder
     from gateway.routing import difficulty
     from gateway.routing.calibrate import read_prompts
 

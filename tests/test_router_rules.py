@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.entrypoints.openai_errors import OpenAIError
+from engine.entrypoints.openai.errors import OpenAIError
 from gateway.cli import main
 from gateway.policy import Blend, PolicyError, key_digest, load_policy, parse_policy
 from gateway.policy.signal_names import SIGNAL_NAMES

@@ -10,8 +10,8 @@ import pytest
 
 from engine.config import EngineConfig
 from engine.engine import AsyncEngine
+from engine.entrypoints.openai.protocol import ChatCompletionRequest
 from engine.entrypoints.server import create_engine_app
-from engine.protocol import ChatCompletionRequest
 from gateway.backends.base import GenerationRequest, Piece
 from gateway.backends.local import EngineSlot, LocalBackend
 from tests.servers import run_uvicorn, running_engine

@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gateway.cache.embedder import Embedder
 from gateway.cache.semantic import (
     CachedAnswer,
     CacheQuery,
@@ -19,6 +18,7 @@ from gateway.cache.semantic import (
     Verifier,
 )
 from gateway.cache.verifier import PairVerifier
+from gateway.embedding.embedder import Embedder
 from gateway.policy import CacheSettings, RouteCacheSettings
 
 

@@ -8,9 +8,9 @@ from openai.types import Completion as OaiCompletion
 from openai.types.chat import ChatCompletion as OaiChat
 from openai.types.chat import ChatCompletionChunk as OaiChunk
 
-from engine.entrypoints.shapes import ChatShape, Ended, TextShape
+from engine.entrypoints.openai.protocol import Usage
+from engine.entrypoints.openai.shapes import ChatShape, Ended, TextShape
 from engine.outputs import Logprob, TokenLogprobs
-from engine.protocol import Usage
 
 USAGE = Usage.of(5, 2)
 

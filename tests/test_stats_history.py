@@ -2,12 +2,12 @@
 
 import pytest
 
-from engine.protocol import Usage
+from engine.entrypoints.openai.protocol import Usage
 from gateway.policy import Price, parse_policy
 from gateway.pricing import deployment_price, litellm_price, most_expensive, policy_prices
-from gateway.stats import CountedCooldowns, Stats, read_samples
-from gateway.stats_history import StatsHistory, difference
-from gateway.stats_view import quantile, window
+from gateway.stats.counters import CountedCooldowns, Stats, read_samples
+from gateway.stats.history import StatsHistory, difference
+from gateway.stats.view import quantile, window
 
 
 class Clock:

@@ -8,9 +8,9 @@ import pytest
 
 from engine.config import EngineConfig
 from engine.engine import AsyncEngine
+from engine.entrypoints.openai.protocol import CompletionRequest
 from engine.errors import QueueFullError
 from engine.llm_engine import LLMEngine
-from engine.protocol import CompletionRequest
 from engine.sampling_params import SamplingParams
 from gateway.app import create_app
 from gateway.backends.base import BackendError, GenerationRequest

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from engine.tool_calls import (
+from engine.entrypoints.openai.tool_calls import (
     ParsedAnswer,
     ToolCallStream,
     as_deltas,

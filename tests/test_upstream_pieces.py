@@ -6,8 +6,8 @@ import json
 
 from openai.types.chat import ChatCompletion as OaiChat
 
-from engine.entrypoints.shapes import ChatShape
-from engine.protocol import Usage
+from engine.entrypoints.openai.protocol import Usage
+from engine.entrypoints.openai.shapes import ChatShape
 from gateway.api.respond import Gathered
 from gateway.backends.upstream import choice_piece
 

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from gateway.cache.embedder import Embedder
 from gateway.cache.verifier import DEFAULT_ARTIFACT, STRICTNESS, PairVerifier
+from gateway.embedding.embedder import Embedder
 from training.cache import train_verifier
 
 

@@ -11,7 +11,7 @@ import json
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from engine.protocol import error_response_body
+from engine.entrypoints.openai.error_bodies import error_response_body
 
 
 def bearer_token(authorization: str) -> bytes | None:

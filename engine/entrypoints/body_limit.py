@@ -59,7 +59,7 @@ class BodyLimit:
     async def _refuse(self, send: Send) -> None:
         # Imported here: the policy module reads DEFAULT_MAX_BODY_BYTES, and
         # `tiergate check-policy` must not pay for building the API models.
-        from engine.protocol import error_response_body
+        from engine.entrypoints.openai.error_bodies import error_response_body
 
         message = f"The request body is too large: the limit is {self.max_body_bytes} bytes."
         body = json.dumps(error_response_body(413, message, code="request_too_large")).encode()

@@ -13,9 +13,9 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 
 import anyio
 
+from engine.entrypoints.openai.protocol import Usage
 from engine.errors import EngineError
 from engine.outputs import RequestOutput
-from engine.protocol import Usage
 from engine.sampling_params import SamplingParams
 
 Outputs = AsyncGenerator[RequestOutput, None]

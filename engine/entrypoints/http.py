@@ -11,7 +11,6 @@ from fastapi.responses import Response
 from pydantic import BaseModel
 
 from engine.engine import AsyncEngine
-from engine.entrypoints.best_of import candidate_params
 from engine.entrypoints.choices import (
     Child,
     choice_params,
@@ -20,11 +19,16 @@ from engine.entrypoints.choices import (
     interleave,
     start_children,
 )
-from engine.entrypoints.openai_errors import OpenAIError, engine_error
+from engine.entrypoints.openai.best_of import candidate_params
+from engine.entrypoints.openai.errors import OpenAIError, engine_error
+from engine.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    to_sampling_params,
+)
 from engine.entrypoints.streaming import ClosingStreamingResponse, sse, unless_disconnected
 from engine.errors import EngineError
 from engine.outputs import RequestOutput
-from engine.protocol import ChatCompletionRequest, CompletionRequest, to_sampling_params
 
 
 async def start_outputs(

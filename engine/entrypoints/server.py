@@ -17,9 +17,7 @@ from pydantic import BaseModel
 from engine.config import EngineConfig
 from engine.engine import AsyncEngine
 from engine.entrypoints.api_key import RequireApiKey
-from engine.entrypoints.best_of import pick_best
 from engine.entrypoints.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
-from engine.entrypoints.chat_template import prompt_ids
 from engine.entrypoints.choices import Child, usage_of
 from engine.entrypoints.http import (
     collect,
@@ -29,13 +27,10 @@ from engine.entrypoints.http import (
     start_choices,
     started,
 )
-from engine.entrypoints.openai_errors import OpenAIError, engine_error, install_error_handlers
-from engine.entrypoints.shapes import ChatShape, Ended, TextShape, chat_shapes, text_shapes
-from engine.entrypoints.shutdown import serve_gracefully
-from engine.entrypoints.streaming import CLIENT_CLOSED_REQUEST
-from engine.errors import EngineError
-from engine.outputs import RequestOutput
-from engine.protocol import (
+from engine.entrypoints.openai.best_of import pick_best
+from engine.entrypoints.openai.chat_template import prompt_ids
+from engine.entrypoints.openai.errors import OpenAIError, engine_error, install_error_handlers
+from engine.entrypoints.openai.protocol import (
     ChatCompletionChunk,
     ChatCompletionRequest,
     Completion,
@@ -44,6 +39,11 @@ from engine.protocol import (
     ModelCard,
     ModelList,
 )
+from engine.entrypoints.openai.shapes import ChatShape, Ended, TextShape, chat_shapes, text_shapes
+from engine.entrypoints.shutdown import serve_gracefully
+from engine.entrypoints.streaming import CLIENT_CLOSED_REQUEST
+from engine.errors import EngineError
+from engine.outputs import RequestOutput
 
 logger = logging.getLogger("tiergate.engine.server")
 

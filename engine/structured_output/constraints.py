@@ -14,6 +14,10 @@ from typing import Any, Protocol
 JSON_OBJECT_SCHEMA = '{"type": "object"}'
 # A function declared without parameters takes any arguments object
 ANY_ARGUMENTS = '{"type": "object"}'
+# The tags a tool call is written between (Qwen2.5's, Hermes'): a forced call's grammar
+# writes them and the parser (engine/entrypoints/openai/tool_calls.py) reads them. Here,
+# so the core does not import its OpenAI layer.
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
 
 @dataclass(frozen=True)

@@ -28,12 +28,13 @@ from jsonschema import Draft202012Validator, SchemaError, validators
 
 from engine.errors import InvalidParamError
 from engine.structured_output.constraints import (
+    CLOSE,
+    OPEN,
     Constraint,
     JsonConstraint,
     SchemaSource,
     ToolCallConstraint,
 )
-from engine.tool_calls import CLOSE, OPEN
 
 # Compact JSON as models write it (`{"a": 1, "b": 2}`): no free whitespace, which a small
 # model could otherwise repeat until max_tokens.

@@ -5,12 +5,12 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from fastapi import APIRouter, Request
 
-from engine.entrypoints.openai_errors import OpenAIError
+from engine.entrypoints.openai.errors import OpenAIError
 from gateway.api.audit import audit
 from gateway.api.deps import Admin, State
 from gateway.policy import PolicyError
 from gateway.pricing import most_expensive, policy_prices
-from gateway.stats_view import stats_view
+from gateway.stats.view import stats_view
 
 router = APIRouter()
 

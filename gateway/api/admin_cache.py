@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.entrypoints.openai_errors import OpenAIError
+from engine.entrypoints.openai.errors import OpenAIError
 from gateway.api.audit import audit
 from gateway.api.deps import Admin, State, parse_body
 from gateway.cache.semantic import SemanticCache

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 from starlette.datastructures import Headers
 
-from engine.entrypoints.openai_errors import OpenAIError
-from engine.protocol import ChatCompletionRequest, Usage
-from engine.tool_calls import as_deltas, call_id
+from engine.entrypoints.openai.errors import OpenAIError
+from engine.entrypoints.openai.protocol import ChatCompletionRequest, Usage
+from engine.entrypoints.openai.tool_calls import as_deltas, call_id
 from gateway.api.respond import Answer
 from gateway.backends.base import OpenAIRequest, Piece
 from gateway.backends.fallback import Served

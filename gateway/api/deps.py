@@ -12,8 +12,8 @@ from fastapi import Depends, Request
 from pydantic import BaseModel, ValidationError
 
 from engine.entrypoints.api_key import bearer_token, same_key
-from engine.entrypoints.openai_errors import OpenAIError
-from engine.protocol import validation_error_message
+from engine.entrypoints.openai.error_bodies import validation_error_message
+from engine.entrypoints.openai.errors import OpenAIError
 from gateway.api.audit import key_fingerprint
 from gateway.drain import Drain
 from gateway.limits import Admission

@@ -14,10 +14,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from engine.entrypoints.openai_errors import OpenAIError
-from engine.protocol import ModelCard
+from engine.entrypoints.openai.errors import OpenAIError
+from engine.entrypoints.openai.protocol import ModelCard
 from gateway.api.deps import State, admit, authenticate, parse_body
-from gateway.cache.embedder import MODEL_NAME, Embedder, EmbedderNotInstalled
+from gateway.embedding.embedder import MODEL_NAME, Embedder, EmbedderNotInstalled
 from gateway.state import GatewayState
 
 router = APIRouter()

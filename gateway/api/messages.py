@@ -10,7 +10,7 @@ Anthropic's shape, `{"type": "error", "error": {"type": ..., "message": ...}}`.
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from engine.entrypoints.openai_errors import OpenAIError
+from engine.entrypoints.openai.errors import OpenAIError
 from gateway.api.deps import State, authenticate, parse_body
 from gateway.api.messages_output import error_body, whole_message
 from gateway.api.messages_request import MessagesRequest, to_chat

@@ -17,16 +17,16 @@ import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from engine.entrypoints.openai_errors import OpenAIError
-from engine.entrypoints.shapes import ChatShape, Shape, TextShape
-from engine.entrypoints.streaming import CLIENT_CLOSED_REQUEST, unless_disconnected
-from engine.protocol import (
+from engine.entrypoints.openai.errors import OpenAIError
+from engine.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     ModelCard,
     ModelList,
     Usage,
 )
+from engine.entrypoints.openai.shapes import ChatShape, Shape, TextShape
+from engine.entrypoints.streaming import CLIENT_CLOSED_REQUEST, unless_disconnected
 from engine.sampling_params import SamplingParams
 from gateway.api.cache_step import CacheControl, CacheStep, matched_text, scope_of
 from gateway.api.deps import State, admit, authenticate, drain_of, parse_body
@@ -35,7 +35,7 @@ from gateway.api.respond import Call, backend_error, streamed, whole
 from gateway.backends.base import BackendError, GenerationRequest, OpenAIRequest
 from gateway.backends.fallback import Served
 from gateway.cache.semantic import CacheQuery
-from gateway.embedding import embed_once
+from gateway.embedding.shared import embed_once
 from gateway.limits import NOT_LIMITED, Admission
 from gateway.routing.features import PromptFeatures, extract_features
 from gateway.routing.router import Embed, RoutingInput

@@ -13,12 +13,12 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
-from engine.protocol import (
+from engine.entrypoints.openai.error_bodies import ErrorResponse
+from engine.entrypoints.openai.protocol import (
     ChatCompletion,
     ChatCompletionRequest,
     Completion,
     CompletionRequest,
-    ErrorResponse,
     ModelList,
 )
 

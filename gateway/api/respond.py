@@ -16,8 +16,11 @@ import anyio
 from fastapi import Request
 from fastapi.responses import Response
 
-from engine.entrypoints.openai_errors import OpenAIError
-from engine.entrypoints.shapes import Ended, Shape
+from engine.entrypoints.openai.error_bodies import error_response_body
+from engine.entrypoints.openai.errors import OpenAIError
+from engine.entrypoints.openai.protocol import Usage
+from engine.entrypoints.openai.shapes import Ended, Shape
+from engine.entrypoints.openai.tool_calls import ToolCallDelta, merge_deltas
 from engine.entrypoints.streaming import (
     CLIENT_CLOSED_REQUEST,
     ClosingStreamingResponse,
@@ -25,12 +28,10 @@ from engine.entrypoints.streaming import (
     unless_disconnected,
 )
 from engine.outputs import TokenLogprobs
-from engine.protocol import Usage, error_response_body
-from engine.tool_calls import ToolCallDelta, merge_deltas
 from gateway.backends.base import BackendError, Piece
 from gateway.backends.fallback import Served
 from gateway.limits import NOT_LIMITED, Admission
-from gateway.stats import Stats
+from gateway.stats.counters import Stats
 
 _CHARS_PER_TOKEN = 4
 

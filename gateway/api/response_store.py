@@ -13,7 +13,7 @@ import json
 import logging
 from typing import Any
 
-from engine.entrypoints.openai_errors import OpenAIError
+from engine.entrypoints.openai.errors import OpenAIError
 from gateway.cache.semantic import SemanticCache
 from gateway.cache.store import StoreUnavailable
 

@@ -11,8 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from engine.entrypoints.openai_errors import OpenAIError
-from engine.protocol import ChatCompletionRequest
+from engine.entrypoints.openai.errors import OpenAIError
+from engine.entrypoints.openai.protocol import ChatCompletionRequest
 from gateway.api.translated import renamed_error
 
 _INT32_MAX = 2**31 - 1

@@ -15,8 +15,8 @@ from fastapi.responses import Response
 from pydantic import ValidationError
 from starlette.types import Message, Receive, Scope, Send
 
-from engine.entrypoints.openai_errors import OpenAIError
-from engine.protocol import validation_error_message
+from engine.entrypoints.openai.error_bodies import validation_error_message
+from engine.entrypoints.openai.errors import OpenAIError
 
 
 class Events(Protocol):

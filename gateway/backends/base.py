@@ -5,7 +5,7 @@ A backend's `generate` is an async generator of `Piece`s, each of one choice (`i
 answer's last piece the usage of all choices. A piece holds the answer's structure beside
 its text, as a remote sent it: tool-call deltas (OpenAI's: id and name, then argument
 fragments), refusal and reasoning text. A local model's calls come as text: the chat shape
-parses them (engine/entrypoints/shapes.py), for every source alike. Closing the generator
+parses them (engine/entrypoints/openai/shapes.py), for every source alike. Closing the generator
 early aborts the request upstream (the engine frees its pages, an HTTP stream is closed).
 """
 
@@ -14,9 +14,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from engine.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, Usage
+from engine.entrypoints.openai.tool_calls import ToolCallDelta
 from engine.outputs import TokenLogprobs
-from engine.protocol import ChatCompletionRequest, CompletionRequest, Usage
-from engine.tool_calls import ToolCallDelta
 
 OpenAIRequest = ChatCompletionRequest | CompletionRequest
 

@@ -13,7 +13,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
-from engine.entrypoints.chat_template import offers_tools
+from engine.entrypoints.openai.chat_template import offers_tools
 from gateway.backends.balance import Balancer, Prefixes, prefixes_of
 from gateway.backends.base import CONTEXT_EXCEEDED, Backend, BackendError, GenerationRequest, Piece
 from gateway.policy import Deployment, Price, Tier

@@ -17,8 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.config import EngineConfig
-from engine.entrypoints.best_of import candidate_params, pick_best, ranks
-from engine.entrypoints.chat_template import prompt_ids
 from engine.entrypoints.choices import (
     Child,
     choice_params,
@@ -28,9 +26,11 @@ from engine.entrypoints.choices import (
     start_children,
     usage_of,
 )
-from engine.entrypoints.openai_errors import RETRY_AFTER_SECONDS, engine_error_status
+from engine.entrypoints.openai.best_of import candidate_params, pick_best, ranks
+from engine.entrypoints.openai.chat_template import prompt_ids
+from engine.entrypoints.openai.errors import RETRY_AFTER_SECONDS, engine_error_status
+from engine.entrypoints.openai.protocol import to_sampling_params
 from engine.errors import EngineError, TenantQueueFullError
-from engine.protocol import to_sampling_params
 from gateway.backends.base import BackendError, GenerationRequest, Piece
 from gateway.policy import EngineSettings
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from engine.protocol import Usage
+from engine.entrypoints.openai.protocol import Usage
 from gateway.backends.base import (
     CONTEXT_EXCEEDED,
     BackendError,

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from types import ModuleType
 from typing import Any
 
-from engine.protocol import Usage
+from engine.entrypoints.openai.protocol import Usage
 from gateway.backends.base import (
     CONTEXT_EXCEEDED,
     BackendError,

@@ -8,8 +8,8 @@ loop answers the ids it saw.
 
 from typing import Any
 
+from engine.entrypoints.openai.tool_calls import ToolCallDelta
 from engine.outputs import Logprob, TokenLogprobs
-from engine.tool_calls import ToolCallDelta
 from gateway.backends.base import Piece
 
 # vLLM names a reasoning model's thoughts `reasoning_content` (newer versions `reasoning`)

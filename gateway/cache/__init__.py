@@ -1,1 +1,2 @@
-"""The semantic cache: embedder, per-scope vector index, stores, verifier and the lookup."""
+"""The semantic cache: per-scope vector index, stores, verifier and the lookup (the embedder
+it looks up with lives in gateway/embedding/)."""

@@ -30,11 +30,11 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-from gateway.cache.embedder import Embedder
 from gateway.cache.entry import STORABLE_FINISH_REASONS, CachedAnswer, Entry
 from gateway.cache.store import CLOSE_WAIT_S, Store, StoreUnavailable, stop_task
 from gateway.cache.tables import EntryTables
 from gateway.cache.verifier import Verdict
+from gateway.embedding.embedder import Embedder
 from gateway.policy import CacheSettings, RouteCacheSettings
 
 __all__ = [

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry, Counter
 from redis.exceptions import RedisError
 
-from engine.entrypoints.openai_errors import OpenAIError
+from engine.entrypoints.openai.errors import OpenAIError
 from gateway.limits.redis_store import RedisStore
 from gateway.limits.window import Denial, MemoryStore, Scope, retry_after_header
 from gateway.policy import Policy

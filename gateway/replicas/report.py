@@ -10,7 +10,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.stats import Samples
+from gateway.stats.counters import Samples
 
 Windows = dict[str, tuple[float, Samples]]  # window name -> (seconds covered, samples)
 

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from engine.entrypoints.openai_errors import OpenAIError
+from engine.entrypoints.openai.errors import OpenAIError
 from gateway.policy import Policy, Route, Rule
 from gateway.routing.features import PromptFeatures
 from gateway.routing.signals import Signals, compute_signals

@@ -228,7 +228,7 @@ def embedding_function():
     import numpy as np
     import torch
 
-    from gateway.cache.embedder import Embedder
+    from gateway.embedding.embedder import Embedder
 
     torch.set_num_threads(1)  # a shared machine; the result does not depend on it
     path = ROOT / ".cache" / "cache_pair_vectors.npz"

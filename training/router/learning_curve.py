@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 from sklearn.model_selection import StratifiedKFold
 
-from gateway.cache.embedder import Embedder
+from gateway.embedding.embedder import Embedder
 from gateway.policy import load_policy
 from gateway.routing.difficulty import (
     embeddings_of,

@@ -7,7 +7,7 @@ import random
 import numpy as np
 from sklearn.metrics import roc_auc_score
 
-from gateway.stats import cost_usd
+from gateway.stats.counters import cost_usd
 from training.router.labels import quality
 
 SHARES = [round(s, 2) for s in np.arange(0.0, 1.0001, 0.05)]
@@ -115,7 +115,7 @@ def evaluate(scores: dict[str, np.ndarray], rows: list[dict], label, prices) -> 
 
 def answer_cost(answer: dict, price) -> float:
     """One tier's answer to a task (its mean completion), at the policy's price."""
-    from engine.protocol import Usage
+    from engine.entrypoints.openai.protocol import Usage
 
     tokens = Usage.of(answer["prompt_tokens"], round(answer["completion_tokens"]))
     return cost_usd(tokens, price)

@@ -20,10 +20,8 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, Self
 
-from engine.entrypoints.streaming import sse
-from engine.logprob_shapes import chat_logprobs, completion_logprobs
-from engine.outputs import TokenLogprobs
-from engine.protocol import (
+from engine.entrypoints.openai.logprob_shapes import chat_logprobs, completion_logprobs
+from engine.entrypoints.openai.protocol import (
     AssistantMessage,
     ChatChoice,
     ChatCompletion,
@@ -37,7 +35,15 @@ from engine.protocol import (
     completion_id,
     created_now,
 )
-from engine.tool_calls import ToolCallDelta, ToolCallStream, as_deltas, call_reason, split_answer
+from engine.entrypoints.openai.tool_calls import (
+    ToolCallDelta,
+    ToolCallStream,
+    as_deltas,
+    call_reason,
+    split_answer,
+)
+from engine.entrypoints.streaming import sse
+from engine.outputs import TokenLogprobs
 
 Logprobs = list[TokenLogprobs] | None
 

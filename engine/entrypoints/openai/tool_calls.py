@@ -17,7 +17,8 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-OPEN, CLOSE = "<tool_call>", "</tool_call>"
+from engine.structured_output.constraints import CLOSE, OPEN
+
 _FENCE = re.compile(r"\A```(?:json)?\s*(.*?)\s*```\Z", re.DOTALL)
 
 

@@ -5,7 +5,7 @@ micro-batches concurrent requests (one forward pass for whatever arrived within
 `max_wait_ms`, up to `batch_size`). Vectors are float32 and L2-normalised, so an inner
 product is the cosine. `embed_many` is the synchronous form for bulk work (/v1/embeddings,
 training, benchmarks) and the batches themselves: any number of texts, run as micro-batches
-of at most `max_batch_tokens` padded tokens (embed_batches.py), so one call's memory is
+of at most `max_batch_tokens` padded tokens (batches.py), so one call's memory is
 bounded, and the request path's batches go first between them.
 """
 
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from gateway.cache.embed_batches import TurnLock, plan_batches
-from gateway.cache.embedder_onnx import OnnxBackend, OnnxUnavailable
+from gateway.embedding.batches import TurnLock, plan_batches
+from gateway.embedding.onnx_backend import OnnxBackend, OnnxUnavailable
 
 log = logging.getLogger(__name__)
 

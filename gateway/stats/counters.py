@@ -7,7 +7,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.metrics_core import Metric
 
-from engine.protocol import Usage
+from engine.entrypoints.openai.protocol import Usage
 from gateway.backends.fallback import Cooldowns
 from gateway.policy import Price
 from gateway.routing.router import Decision

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from gateway.stats import Labels, Samples
+from gateway.stats.counters import Labels, Samples
 
 DEFAULT_INTERVAL_S = 5.0
 KEEP_S = 3600.0  # the longest window that is not since-start

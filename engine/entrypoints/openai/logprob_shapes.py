@@ -1,5 +1,5 @@
 """OpenAI's `logprobs` objects, chat and text-completion flavours, from the engine's
-per-token logprobs. Import-light (pydantic only), like engine/protocol.py."""
+per-token logprobs. Import-light (pydantic only), like engine/entrypoints/openai/protocol.py."""
 
 from pydantic import BaseModel
 

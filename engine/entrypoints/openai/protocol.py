@@ -21,12 +21,8 @@ from pydantic import (
     model_validator,
 )
 
-from engine.answer_fields import NamedToolChoice, ResponseFormat, Tool
-from engine.api_errors import ErrorBody as ErrorBody  # re-exported: the API's error models
-from engine.api_errors import ErrorResponse as ErrorResponse
-from engine.api_errors import error_response_body as error_response_body
-from engine.api_errors import validation_error_message as validation_error_message
-from engine.logprob_shapes import ChatLogprobs, CompletionLogprobs
+from engine.entrypoints.openai.answer_fields import NamedToolChoice, ResponseFormat, Tool
+from engine.entrypoints.openai.logprob_shapes import ChatLogprobs, CompletionLogprobs
 from engine.sampling_params import SamplingParams
 from engine.structured_output.constraints import constraint_of
 

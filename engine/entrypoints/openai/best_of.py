@@ -10,8 +10,8 @@ gateway's local tiers alike.
 
 import dataclasses
 
+from engine.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 from engine.outputs import RequestOutput
-from engine.protocol import ChatCompletionRequest, CompletionRequest
 from engine.sampling_params import SamplingParams
 
 

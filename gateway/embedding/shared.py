@@ -9,7 +9,7 @@ import asyncio
 
 import numpy as np
 
-from gateway.cache.embedder import Embedder
+from gateway.embedding.embedder import Embedder
 from gateway.policy import EmbedderSettings
 from gateway.routing.router import Embed
 

@@ -7,7 +7,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from engine.api_errors import error_response_body, validation_error_message
+from engine.entrypoints.openai.error_bodies import error_response_body, validation_error_message
 from engine.errors import (
     EngineDeadError,
     EngineError,

@@ -1,6 +1,6 @@
 """The JSON of GET /admin/stats, built from differences of the stats registry's samples.
 
-Every figure comes from the counters in `gateway/stats.py` (and each local engine's
+Every figure comes from the counters in `gateway/stats/counters.py` (and each local engine's
 registry), so /admin/stats and /metrics never disagree; with replicas, the windows add the
 other replicas' counters to this one's (each replica's /metrics stays its own). The shape
 is documented in the README ("Admin stats").
@@ -17,8 +17,8 @@ from engine.entrypoints.streaming import CLIENT_CLOSED_REQUEST
 from gateway.policy import Price
 from gateway.replicas.report import ReplicaReport, Windows, summed
 from gateway.replicas.sync import FleetStats
-from gateway.stats import Labels, Samples
-from gateway.stats_history import Live, Snapshot, StatsHistory, difference
+from gateway.stats.counters import Labels, Samples
+from gateway.stats.history import Live, Snapshot, StatsHistory, difference
 
 WINDOWS: dict[str, float | None] = {"1m": 60.0, "1h": 3600.0, "all": None}
 SERIES_S = 600.0  # what the dashboard's charts span

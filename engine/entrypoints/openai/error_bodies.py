@@ -1,6 +1,6 @@
 """OpenAI error bodies, and the message and `param` for a request that fails validation.
 
-Import-light (pydantic only); engine/protocol.py re-exports these names.
+Import-light (pydantic only), like protocol.py beside it.
 """
 
 from collections.abc import Mapping, Sequence

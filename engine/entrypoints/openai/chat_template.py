@@ -4,8 +4,8 @@ gateway's local tiers)."""
 
 from typing import Protocol
 
+from engine.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 from engine.errors import InvalidParamError, PromptTooLongError
-from engine.protocol import ChatCompletionRequest, CompletionRequest
 
 OpenAIRequest = ChatCompletionRequest | CompletionRequest
 
