@@ -128,6 +128,15 @@ ROWS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
 }
 
 
+# What a reader must know before trusting a benchmark's figures.
+NOTES: dict[str, str] = {
+    "cache_eval": "Pairs made by rule-based edits of the generator that also trains the verifier: "
+    "a unit test of the verifier, not a result on rewordings people write.",
+    "embedder_compare": "Pairs written by people (train split only; the held-out split is "
+    "never scored here).",
+}
+
+
 def goal_rows(result: dict[str, Any]) -> list[Row]:
     rows: list[Row] = []
     for key, g in (result.get("goals") or {}).items():
@@ -154,6 +163,7 @@ def section(date: str, path: Path) -> list[str]:
         "",
         f"`python -m bench.{name}`; {machine_line(result)}; [{path.name}](../{rel}).",
         "",
+        *([NOTES[name], ""] if name in NOTES else []),
         "| figure | value | same-run baseline | ratio |",
         "| --- | --- | --- | --- |",
     ]
