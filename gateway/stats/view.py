@@ -3,7 +3,7 @@
 Every figure comes from the counters in `gateway/stats/counters.py` (and each local engine's
 registry), so /admin/stats and /metrics never disagree; with replicas, the windows add the
 other replicas' counters to this one's (each replica's /metrics stays its own). The shape
-is documented in the README ("Admin stats").
+is documented in docs/operations.md ("Admin view").
 """
 
 import functools
