@@ -73,7 +73,7 @@ def test_invoke_and_stream(url: str, tier: str) -> None:
 def test_bind_tools_and_a_tool_message_round_trip(url: str, tier: str) -> None:
     asked = HumanMessage("What is the weather in Paris right now?")
 
-    def round_trip(seen: CacheSeen) -> tuple[dict[str, Any], str]:
+    def round_trip(seen: CacheSeen) -> tuple[dict[str, Any], str, str]:
         llm = chat(url, tier, seen, max_tokens=60)
         called = llm.bind_tools([get_weather], tool_choice="get_weather").invoke([asked])
         (call,) = called.tool_calls
@@ -82,10 +82,15 @@ def test_bind_tools_and_a_tool_message_round_trip(url: str, tier: str) -> None:
         result = ToolMessage(get_weather.invoke(call["args"]), tool_call_id=call["id"])
         answer = llm.bind_tools([get_weather]).invoke([asked, called, result])
         assert not answer.tool_calls and "18" in str(answer.content)
-        return call["args"], str(answer.content)
+        thanks = [asked, called, result, answer, HumanMessage("Thanks! Is that warm?")]
+        after = chat(url, tier, seen).invoke(thanks)
+        assert after.content
+        return call["args"], str(answer.content), str(after.content)
 
-    # the call is answered again from the cache; the turn after a tool result never is
-    first, again = asked_twice(round_trip, repeat=["hit", "bypass"])
+    # The call is answered again from the cache, and the next user turn too: its scope holds
+    # the call, whose id every answer (a replay too) names afresh. The turn after a tool
+    # result is never served from the cache.
+    first, again = asked_twice(round_trip, repeat=["hit", "bypass", "hit"])
     assert again == first
 
 
