@@ -82,3 +82,21 @@ def test_tool_results_and_calls_in_the_conversation_are_part_of_the_scope() -> N
         _scope(),
     }
     assert len(scopes) == 4
+
+
+def test_tool_call_ids_in_the_conversation_are_not_part_of_the_scope() -> None:
+    """Every answer (a replay too) names its calls afresh: with the ids in the scope, a turn
+    after a cached call could never be answered from the cache."""
+
+    def turns(call_id: str) -> tuple[dict[str, Any], ...]:
+        call = {"id": call_id, "type": "function", "function": {"name": "get_weather"}}
+        call["function"]["arguments"] = '{"city": "Paris"}'
+        asked = {"role": "assistant", "content": None, "tool_calls": [call]}
+        said = {"role": "tool", "tool_call_id": call_id, "content": "sunny"}
+        return ASK[0], asked, said, {"role": "assistant", "content": "Sunny."}
+
+    assert _scope(*turns("call_1")) == _scope(*turns("call_9f2c"))
+    # which result answers which call still counts
+    first, asked, said, answer = turns("call_1")
+    other = {**said, "tool_call_id": "call_2"}
+    assert _scope(first, asked, other, answer) != _scope(*turns("call_1"))

@@ -5,17 +5,18 @@ the cache is on (an embedded store in a temp folder): tests that want the tier i
 send `no_cache`."""
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import openai
 
 from gateway.app import create_app
 from gateway.policy import parse_policy
 from tests.processes import Engine
-from tests.servers import run_uvicorn
+from tests.servers import eventually, run_uvicorn
 
+T = TypeVar("T")
 KEY = "sk-tool-tiers"
 QWEN = "qwen2.5-coder-0.5b"
 TIERS = ("local", "direct", "litellm")
@@ -64,3 +65,50 @@ def tool_tiers(folder: Path) -> Iterator[openai.OpenAI]:
             yield openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0, timeout=300)
     finally:
         engine.kill()
+
+
+class CacheSeen:
+    """The `x-tiergate-cache` header of each answer a library's client got, read through an
+    httpx event hook on the client passed in (the libraries hide the raw responses)."""
+
+    def __init__(self) -> None:
+        self.values: list[str | None] = []
+
+    def _seen(self, response: Any) -> None:
+        self.values.append(response.headers.get("x-tiergate-cache"))
+
+    async def _seen_async(self, response: Any) -> None:
+        self._seen(response)
+
+    def http_client(self) -> openai.DefaultHttpxClient:
+        return openai.DefaultHttpxClient(event_hooks={"response": [self._seen]})
+
+    def async_http_client(self) -> openai.DefaultAsyncHttpxClient:
+        return openai.DefaultAsyncHttpxClient(event_hooks={"response": [self._seen_async]})
+
+    def client(self, url: str) -> openai.OpenAI:
+        http = self.http_client()
+        return openai.OpenAI(base_url=url, api_key=KEY, max_retries=0, http_client=http)
+
+    def async_client(self, url: str) -> openai.AsyncOpenAI:
+        client = self.async_http_client()
+        return openai.AsyncOpenAI(base_url=url, api_key=KEY, max_retries=0, http_client=client)
+
+
+def asked_twice(
+    flow: Callable[[CacheSeen], T], repeat: list[str] | None = None, seconds: float = 60
+) -> tuple[T, T]:
+    """A flow's result, and its result again once a repeat's requests were answered from the
+    cache: each a `hit`, or the headers `repeat` lists (`bypass` for a request the cache
+    never serves, such as one whose last turn is a tool result). The store lands after the
+    answer is sent: until then a repeat may miss."""
+    first = flow(CacheSeen())
+    again: list[T] = []
+
+    def from_cache() -> bool:
+        seen = CacheSeen()
+        again[:] = [flow(seen)]
+        return seen.values == (repeat or ["hit"] * max(len(seen.values), 1))
+
+    assert eventually(from_cache, seconds), "the repeat was not answered from the cache"
+    return first, again[0]

@@ -13,11 +13,12 @@ import json
 import logging
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from starlette.datastructures import Headers
 
 from engine.entrypoints.openai.errors import OpenAIError
-from engine.entrypoints.openai.protocol import ChatCompletionRequest, Usage
+from engine.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessage, Usage
 from engine.entrypoints.openai.tool_calls import as_deltas, call_id
 from gateway.api.respond import Answer
 from gateway.backends.base import OpenAIRequest, Piece
@@ -100,11 +101,34 @@ def scope_of(tenant: str, body: OpenAIRequest, headers: dict[str, str] | None = 
     if headers:  # absent when none: scopes stored before headers counted stay the same
         parts["headers"] = headers
     if isinstance(body, ChatCompletionRequest):
-        parts["chat"] = [m.template_dict() for m in body.messages[:-1]]
+        parts["chat"] = _earlier_turns(body.messages[:-1])
     else:
         parts["text"] = True  # a completion never answers a chat request, nor back
     canonical = json.dumps(parts, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _earlier_turns(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """The turns as the template sees them, tool-call ids renamed by order of appearance: an
+    id only pairs a call with its result, and every answer (a replay too) gives its calls
+    fresh ones, so a conversation that went on after a call would never be asked twice."""
+    ids: dict[str, str] = {}
+
+    def renamed(given: Any) -> str:
+        return ids.setdefault(str(given), f"call_{len(ids)}")
+
+    turns = []
+    for message in messages:
+        turn = message.template_dict()
+        if isinstance(calls := turn.get("tool_calls"), list):
+            turn["tool_calls"] = [
+                {**call, "id": renamed(call.get("id"))} if isinstance(call, dict) else call
+                for call in calls
+            ]
+        if "tool_call_id" in turn:
+            turn["tool_call_id"] = renamed(turn["tool_call_id"])
+        turns.append(turn)
+    return turns
 
 
 class _Replay:
