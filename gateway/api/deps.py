@@ -10,10 +10,12 @@ from typing import Annotated, TypeVar
 
 from fastapi import Depends, Request
 from pydantic import BaseModel, ValidationError
+from starlette.requests import ClientDisconnect
 
 from engine.entrypoints.api_key import bearer_token, same_key
 from engine.entrypoints.openai.error_bodies import validation_error_message
 from engine.entrypoints.openai.errors import OpenAIError
+from engine.entrypoints.streaming import CLIENT_CLOSED_REQUEST
 from gateway.api.audit import key_fingerprint
 from gateway.drain import Drain
 from gateway.limits import Admission
@@ -86,6 +88,10 @@ async def parse_body(request: Request, model: type[Body], empty: bytes = b"") ->
     empty body means (the admin actions read none as `{}`)."""
     try:
         return model.model_validate_json(await request.body() or empty)
+    except ClientDisconnect:  # gone before its body arrived: counted, never a crash
+        raise OpenAIError(
+            CLIENT_CLOSED_REQUEST, "The client left before its body arrived."
+        ) from None
     except ValidationError as exc:
         message, param = validation_error_message(exc)
         raise OpenAIError(400, message, param=param) from None
