@@ -84,14 +84,23 @@ def test_the_completion_budget_is_reserved_at_admission() -> None:
 
 
 def test_the_reservation_settles_to_the_real_usage() -> None:
-    # The fake's context is 256 tokens, so max_tokens 1500 generates at most ~254: the
-    # second request fits only once the first gave back what it did not use.
-    with gateway("default: {tokens_per_minute: 2000}") as url:
-        for _ in range(2):
-            reply = client(url, KEY_A).completions.create(
-                model="small", prompt="go", max_tokens=1500, extra_body={"ignore_eos": True}
-            )
-            assert reply.usage is not None and reply.usage.total_tokens <= 256
+    """A stream left after its first piece reserved 2 + 250 tokens and used a few: once it
+    settles, a second request of 252 fits a budget of 400; unsettled, it would not."""
+    with gateway("default: {tokens_per_minute: 400}", step_delay_s=0.02) as url:
+        stream = _long_stream(url, KEY_A, max_tokens=250)
+        next(iter(stream))
+        stream.close()  # the gateway aborts it and settles to what it generated
+        reply = None
+        for _ in range(100):  # the abort reaches the limiter within moments
+            try:
+                reply = client(url, KEY_A).completions.create(
+                    model="small", prompt="go", max_tokens=250, extra_body={"ignore_eos": True}
+                )
+                break
+            except openai.RateLimitError:
+                time.sleep(0.05)
+        assert reply is not None, "the left stream's unused reservation was never given back"
+        assert reply.usage is not None and reply.usage.completion_tokens == 250
         with pytest.raises(openai.RateLimitError) as too_big:  # a budget alone over the limit
             client(url, KEY_B).completions.create(model="small", prompt="go", max_tokens=5000)
         assert_429(too_big.value, "tokens_per_minute")
