@@ -119,6 +119,16 @@ def test_strict_never_accepts_what_balanced_refuses(
     assert accepted["strict"] < accepted["lenient"]  # the knob does something
 
 
+def test_a_calibrated_threshold_replaces_the_strictness(verifier: PairVerifier) -> None:
+    query, stored = "How do I make a budget?", "How can I create a budget?"
+    p = verifier.verify(query, stored, 0.9).probability
+    assert 0 < p < 1
+    assert verifier.verify(query, stored, 0.9, "strict", threshold=p).accept
+    assert not verifier.verify(query, stored, 0.9, "lenient", threshold=min(1.0, p + 1e-6)).accept
+    negation = verifier.verify("How do I enable 2FA?", "How do I disable 2FA?", 0.95, threshold=0)
+    assert not negation.accept  # a veto stands whatever the threshold
+
+
 def test_long_texts_are_compared_word_for_word(verifier: PairVerifier) -> None:
     document = "def f(x):\n    return x + 1\n" * 200  # a pasted file, past the comparison limit
     assert verifier.verify(document, document.replace("  ", " "), 0.99).accept

@@ -75,7 +75,14 @@ class Lookup:
 
 
 class Verifier(Protocol):
-    def verify(self, query: str, candidate: str, cosine: float, strictness: str) -> Verdict: ...
+    def verify(
+        self,
+        query: str,
+        candidate: str,
+        cosine: float,
+        strictness: str,
+        threshold: float | None = None,
+    ) -> Verdict: ...
 
 
 class SemanticCache:
@@ -147,6 +154,7 @@ class SemanticCache:
         hits = await self.tables.search(query.scope, vector, k)
         floor = _setting(rs.min_similarity, self.settings.min_similarity)
         strictness = _setting(rs.verifier, self.settings.verifier)
+        threshold = _setting(rs.verifier_threshold, self.settings.verifier_threshold)
         candidates = [
             (hit, held)
             for hit in hits
@@ -158,7 +166,9 @@ class SemanticCache:
         refused, reason = 0, None
         for hit, held in candidates:
             if self._verifier is not None and strictness != "off":
-                verdict = await self._verify(query.text, held.question, hit.similarity, strictness)
+                verdict = await self._verify(
+                    query.text, held.question, hit.similarity, strictness, threshold
+                )
                 if not verdict.accept:
                     refused += 1
                     reason = reason or verdict.reason
@@ -308,11 +318,14 @@ class SemanticCache:
         with contextlib.suppress(StoreUnavailable):
             await self._store.touch(entry_id, now)
 
-    async def _verify(self, query: str, candidate: str, cosine: float, strictness: str) -> Verdict:
+    async def _verify(
+        self, query: str, candidate: str, cosine: float, strictness: str, threshold: float | None
+    ) -> Verdict:
         loop = asyncio.get_running_loop()
+        verify = self._verifier.verify
         try:
             return await loop.run_in_executor(
-                self._verify_thread, self._verifier.verify, query, candidate, cosine, strictness
+                self._verify_thread, verify, query, candidate, cosine, strictness, threshold
             )
         except Exception as exc:  # a broken verifier refuses: a miss, never a wrong hit
             logger.exception("cache verifier failed")
