@@ -33,6 +33,8 @@ def cosine(embedder: Embedder, a: str, b: str) -> float:
 VETOES = [
     ("What is 2+2?", "What is 2+3?", "numbers differ"),
     ("What is 2+2?", "What is 2*2?", "numbers differ"),
+    ("Solve x^2 - 5x + 6 = 0", "Solve x^2 - 5x - 6 = 0", "numbers differ"),  # a variable
+    ("If a + b = 10, what is a?", "If a - b = 10, what is a?", "numbers differ"),
     ("What happened in the year 1776?", "What happened in the year 1777?", "numbers differ"),
     ("What is 2³?", "What is 23?", "numbers differ"),  # one text under NFKC
     ("What is 2³?", "What is 2?", "numbers differ"),
