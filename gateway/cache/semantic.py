@@ -23,6 +23,7 @@ import contextlib
 import logging
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -52,6 +53,7 @@ logger = logging.getLogger("tiergate.cache")
 Embed = Callable[[], Awaitable[np.ndarray]]  # the request's embedding, memoised by the caller
 SWEEP_INTERVAL_S = 1.0  # how often expired entries leave memory and the store
 SEARCH_SLACK = 4  # search this many times `candidates`: some hits may not serve the request
+HIT_QUERIES_KEPT = 10_000  # the latest semantic hits' questions, for wrong-hit reports
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,9 @@ class SemanticCache:
         self._sweeper: asyncio.Task | None = None
         self._loaded = False
         self._touches: set[asyncio.Task] = set()
+        # entry id -> the question its latest semantic hit answered: a wrong-hit report on
+        # the entry then becomes a labelled pair (gateway/cache/reports.py). This replica's.
+        self._hit_queries: OrderedDict[str, str] = OrderedDict()
 
     @classmethod
     async def open(
@@ -175,6 +180,7 @@ class SemanticCache:
                     continue
             answer = await self._fetch(hit.entry_id)
             if answer is not None:
+                self._remember_hit(hit.entry_id, query.text)
                 return Lookup("semantic", answer, hit.entry_id, hit.similarity, refused, reason)
         best = hits[0].similarity if hits else None
         return Lookup("miss", similarity=best, refused=refused, reason=reason)
@@ -241,6 +247,10 @@ class SemanticCache:
         )
 
     # --- admin ---------------------------------------------------------------------------
+
+    def hit_query(self, entry_id: str) -> str | None:
+        """The question the entry's latest semantic hit on this replica answered, if kept."""
+        return self._hit_queries.get(entry_id)
 
     async def invalidate(self, entry_id: str) -> bool:
         """Remove one entry everywhere. Raises StoreUnavailable when the store is down."""
@@ -313,6 +323,12 @@ class SemanticCache:
         self._touches.add(touch)
         touch.add_done_callback(self._touches.discard)
         return answer
+
+    def _remember_hit(self, entry_id: str, text: str) -> None:
+        self._hit_queries[entry_id] = text
+        self._hit_queries.move_to_end(entry_id)
+        if len(self._hit_queries) > HIT_QUERIES_KEPT:
+            self._hit_queries.popitem(last=False)
 
     async def _touch(self, entry_id: str, now: float) -> None:
         with contextlib.suppress(StoreUnavailable):

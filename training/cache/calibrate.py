@@ -182,4 +182,3 @@ def _not_scored(rows: list[dict], split: str, with_rule_edits: bool) -> dict[str
 
 def _share(k: int, n: int) -> float:
     return round(k / n, 4) if n else 0.0
-

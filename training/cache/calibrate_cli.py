@@ -21,7 +21,13 @@ def parser() -> argparse.ArgumentParser:
         prog="tiergate calibrate-cache",
         description="the cache's floor and verifier threshold for a wrong-hit bound",
     )
-    p.add_argument("--pairs", type=Path, default=REAL_PAIRS, help="labelled pairs (JSONL)")
+    p.add_argument(
+        "--pairs",
+        type=Path,
+        action="append",
+        help="labelled pairs (JSONL), repeatable: e.g. the shipped set and exported reports "
+        f"(default: {REAL_PAIRS.relative_to(REAL_PAIRS.parents[3])})",
+    )
     p.add_argument("--target-wrong", type=float, default=0.01, help="bound on wrong hits")
     p.add_argument("--confidence", type=float, default=0.95, help="of the upper bound")
     p.add_argument("--split", default="train", choices=["train", "heldout", "all"])
@@ -39,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not 0 < args.target_wrong < 1 or not 0 < args.confidence < 1:
             raise ValueError("--target-wrong and --confidence must be between 0 and 1")
-        rows = read_pairs(args.pairs)
+        files = args.pairs or [REAL_PAIRS]
+        rows = [row for path in files for row in read_pairs(path)]
         policy = _load(args.policy) if args.policy else None
         embed, current = _embedder(policy), _current(policy)
         report = calibrate(
@@ -49,9 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as exc:
         print(f"calibrate-cache: {exc}", file=sys.stderr)
         return 1
-    report["pairs_file"] = str(args.pairs)
+    report["pairs_files"] = [str(path) for path in files]
     print_report(report)
-    print(f"report: {write_report(REPORT_NAME, report, [args.pairs])}")
+    print(f"report: {write_report(REPORT_NAME, report, files)}")
     chosen = report["chosen"]
     if chosen is None:
         return 1
@@ -142,7 +149,8 @@ def _child(mapping: yaml.MappingNode, key: str) -> yaml.Node | None:
 
 def print_report(report: dict[str, Any]) -> None:
     skipped = ", ".join(f"{k} {v}" for k, v in report["not_scored"].items()) or "none"
-    print(f"pairs: {report['pairs_file']} (split {report['split']}); not scored: {skipped}")
+    files = ", ".join(report["pairs_files"])
+    print(f"pairs: {files} (split {report['split']}); not scored: {skipped}")
     target, conf = report["target_wrong"], report["confidence"]
     if report["chosen"] is None:  # the reason first
         print(
