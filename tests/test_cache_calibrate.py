@@ -184,3 +184,7 @@ def test_write_sets_the_keys_in_place_and_keeps_the_rest(
     assert "not a block mapping" in capsys.readouterr().err
     assert flow.read_text() == before  # refused: nothing half-written
     assert tiergate([*args, "--write"]) == 2  # --write needs a policy
+    off = tmp_path / "off.yaml"
+    off.write_text(POLICY.replace("verifier: strict", "verifier: 'off'"))
+    assert tiergate([*args, "--policy", str(off), "--write"]) == 0
+    assert load_policy(off).cache.verifier == "strict"  # the threshold is the verifier's

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from gateway.cache.entry import normalise
 from training.bounds import pairs_needed, upper_bound
 from training.cache.pair_scores import score_pairs
 
@@ -85,7 +86,7 @@ def score(rows: list[dict], embed: Embed) -> Scored:
     at = {t: i for i, t in enumerate(texts)}
     cosine = [float(vectors[at[r["a"]]] @ vectors[at[r["b"]]]) for r in rows]
     probability = score_pairs([r["a"] for r in rows], [r["b"] for r in rows], cosine)
-    exact = [" ".join(r["a"].split()) == " ".join(r["b"].split()) for r in rows]
+    exact = [normalise(r["a"]) == normalise(r["b"]) for r in rows]  # the exact table's form
     return Scored(rows, np.array(cosine), np.array(probability, dtype=float), np.array(exact))
 
 
