@@ -14,7 +14,7 @@ import pytest
 from gateway.app import create_app
 from gateway.policy import parse_policy
 from tests.paid_api import paid_api_app
-from tests.servers import run_uvicorn
+from tests.servers import eventually, run_uvicorn
 from training.cache.calibrate import read_pairs
 
 KEYS = {"acme": "sk-reports-acme-0001", "other": "sk-reports-other-0001"}
@@ -22,11 +22,12 @@ ADMIN = "sk-reports-admin-0001"
 STORED, REWORDED = "How do I make a budget?", "How can I create a budget?"
 
 
-def policy_text(paid: str, path: Path) -> str:
+def policy_text(paid: str, path: Path | None = None, redis_url: str | None = None) -> str:
     keys = ", ".join(f"{{key: {k}, tenant: {t}}}" for t, k in KEYS.items())
+    store = f'store: redis, redis_url: "{redis_url}"' if redis_url else f"path: {path}"
     return f"""
 auth: {{keys: [{keys}], admin_key: {ADMIN}}}
-cache: {{enabled: true, path: {path}, min_similarity: 0.5, verifier_threshold: 0.05}}
+cache: {{enabled: true, {store}, min_similarity: 0.5, verifier_threshold: 0.05}}
 tiers:
   paid: {{deployments: [{{model: openai/gpt-4o, api_base: "{paid}"}}]}}
 routes:
@@ -127,3 +128,25 @@ def test_export_needs_the_admin_key(url: str) -> None:
 def test_a_report_with_a_bad_query_field_is_a_400(url: str) -> None:
     response = admin("POST", url, "/admin/cache/report", json={"entry_id": "x", "query": ""})
     assert response.status_code == 400 and "error" in response.json()
+
+
+def test_replicas_on_one_redis_share_the_reports(redis_url: str) -> None:
+    """A hit through one replica reported through another: that one never saw the question,
+    so the report names it (`query`); the pair is then in every replica's export."""
+    with run_uvicorn(paid_api_app()) as paid:
+        policy = parse_policy(policy_text(f"{paid}/v1", redis_url=redis_url), env={})
+        with run_uvicorn(create_app(policy)) as a, run_uvicorn(create_app(policy)) as b:
+            assert ask(a, STORED).headers["x-tiergate-cache"] == "miss"
+            assert eventually(lambda: ask(a, REWORDED).headers["x-tiergate-cache"] == "hit", 2)
+            entry = ask(a, REWORDED).headers["x-tiergate-cache-entry"]
+            assert eventually(lambda: ask(b, STORED).headers["x-tiergate-cache"] == "hit", 2)
+            unnamed = admin("POST", b, "/admin/cache/report", json={"entry_id": entry})
+            assert unnamed.json() == {"reported": entry, "removed": True, "pair": False}
+            assert ask(a, STORED).headers["x-tiergate-cache"] == "miss"  # gone everywhere
+            assert eventually(lambda: ask(a, REWORDED).headers["x-tiergate-cache"] == "hit", 2)
+            entry = ask(a, REWORDED).headers["x-tiergate-cache-entry"]
+            assert eventually(lambda: ask(b, STORED).headers["x-tiergate-cache"] == "hit", 2)
+            named = {"entry_id": entry, "query": REWORDED}
+            assert admin("POST", b, "/admin/cache/report", json=named).json()["pair"] is True
+            lines = export(a, "acme").text.splitlines()
+            assert [(p["a"], p["b"]) for p in map(json.loads, lines)] == [(REWORDED, STORED)]
