@@ -27,6 +27,7 @@ from training.cache.calibrate import (
     score,
     scored_rows,
 )
+from training.cache.calibrate_cli import write_cache_keys
 
 POLICY = """\
 # a deployer's policy: comments and layout must survive --write
@@ -167,24 +168,49 @@ def test_write_sets_the_keys_in_place_and_keeps_the_rest(
 ) -> None:
     pairs = write_pairs(tmp_path / "pairs.jsonl", people_pairs)
     policy = tmp_path / "policy.yaml"
-    policy.write_text(POLICY)
+    policy.write_text(POLICY.replace("verifier: strict", "verifier: 'off'"))
     args = ["calibrate-cache", "--pairs", str(pairs), "--target-wrong", "0.03"]
+    assert tiergate([*args, "--write"]) == 2  # --write needs a policy
     assert tiergate([*args, "--policy", str(policy), "--write"]) == 0
     out = capsys.readouterr().out
     cache = load_policy(policy).cache
-    assert f"min_similarity: {cache.min_similarity}" in out
-    assert f"verifier_threshold: {cache.verifier_threshold}" in out
+    assert f"min_similarity: {cache.min_similarity}" in out  # replaced in place
+    assert f"verifier_threshold: {cache.verifier_threshold}" in out  # a new line
+    assert cache.verifier == "strict"  # was off: the threshold is the verifier's
     text = policy.read_text()
-    assert "# a deployer's policy" in text and "# the floor" in text
-    assert cache.verifier == "strict" and cache.enabled
+    assert "# a deployer's policy" in text and "# the floor" in text and cache.enabled
+
+
+def test_write_refuses_what_it_cannot_edit_and_leaves_the_file(tmp_path: Path) -> None:
     flow = tmp_path / "flow.yaml"
     flow.write_text(POLICY.split("cache:")[0] + "cache: {enabled: true}\n")
     before = flow.read_text()
-    assert tiergate([*args, "--policy", str(flow), "--write"]) == 1
-    assert "not a block mapping" in capsys.readouterr().err
-    assert flow.read_text() == before  # refused: nothing half-written
-    assert tiergate([*args, "--write"]) == 2  # --write needs a policy
-    off = tmp_path / "off.yaml"
-    off.write_text(POLICY.replace("verifier: strict", "verifier: 'off'"))
-    assert tiergate([*args, "--policy", str(off), "--write"]) == 0
-    assert load_policy(off).cache.verifier == "strict"  # the threshold is the verifier's
+    with pytest.raises(ValueError, match="not a block mapping"):
+        write_cache_keys(flow, {"min_similarity": 0.7})
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(POLICY)
+    with pytest.raises(ValueError, match="would not load"):
+        write_cache_keys(bad, {"min_similarity": 7})  # out of range: refused, not written
+    assert flow.read_text() == before and bad.read_text() == POLICY
+    bare = tmp_path / "bare.yaml"
+    bare.write_text(POLICY.split("cache:")[0])
+    write_cache_keys(bare, {"min_similarity": 0.7, "verifier_threshold": 0.9})
+    assert load_policy(bare).cache.verifier_threshold == 0.9  # a section of its own
+
+
+def test_reported_pairs_without_a_split_count_in_every_split(
+    people_pairs: list[dict], embedder: Embedder, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """The export's rows (no `split`) join the shipped pairs: `--pairs` repeats."""
+    reported = [
+        {"a": "How can I create a budget?", "b": "How do I make a budget?", "should_hit": False},
+        {"a": "who was the author of Hamlet", "b": "Who wrote Hamlet?", "should_hit": False},
+    ]
+    report = calibrate(people_pairs + reported, embedder.embed_many, target=0.03)
+    assert report["chosen"]["by_category"]["must_not"]["pairs"] == 2
+    shipped = write_pairs(tmp_path / "people.jsonl", people_pairs)
+    exported = write_pairs(tmp_path / "wrong-hits.jsonl", reported)
+    args = ["--pairs", str(shipped), "--pairs", str(exported), "--target-wrong", "0.03"]
+    assert tiergate(["calibrate-cache", *args]) == 0
+    out = capsys.readouterr().out
+    assert f"{shipped}, {exported}" in out and "must_not" in out

@@ -65,9 +65,13 @@ def read_pairs(path: Path) -> list[dict]:
         ok = isinstance(row, dict) and all(isinstance(row.get(k), str) for k in ("a", "b"))
         if not ok or not isinstance(row.get("should_hit"), bool):
             raise ValueError(f"{path}:{n}: needs string `a`, `b` and a boolean `should_hit`")
-        row.setdefault("category", "should_hit" if row["should_hit"] else "must_not")
-        rows.append(row)
+        rows.append(with_category(row))
     return rows
+
+
+def with_category(row: dict) -> dict:
+    """A row without a category (a deployer's own file) counts under its label's name."""
+    return {"category": "should_hit" if row["should_hit"] else "must_not"} | row
 
 
 def scored_rows(rows: list[dict], split: str, with_rule_edits: bool) -> list[dict]:
@@ -145,6 +149,7 @@ def calibrate(
 ) -> dict[str, Any]:
     """The report: the chosen point and its figures, the current point's in the same run
     (`current`: the policy's floor and threshold), and the held-out check."""
+    rows = [with_category(r) for r in rows]
     tuned = scored_rows(rows, split, with_rule_edits)
     if not any(r["should_hit"] for r in tuned) or all(r["should_hit"] for r in tuned):
         raise ValueError(f"split {split!r} needs both should-hit and must-not pairs")
