@@ -7,6 +7,7 @@
     python -m training cache verifier [--limit N]
     python -m training cache sharegpt-candidates [--limit N]
     python -m training cache real-pairs
+    python -m training cache calibrate [--pairs FILE --target-wrong 0.01 --write ...]
 
 `python -m training GROUP STEP --help` shows a step's options.
 """
@@ -35,6 +36,10 @@ STEPS: dict[str, dict[str, tuple[str, str]]] = {
             "training.cache.real_pairs",
             "the pairs written by people, with a fixed held-out split",
         ),
+        "calibrate": (
+            "training.cache.calibrate_cli",
+            "the cache's floor and verifier threshold for a wrong-hit bound",
+        ),
     },
 }
 
@@ -55,8 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     group, step, rest = args[0], args[1], args[2:]
     module, _ = STEPS[group][step]
     sys.argv = [f"python -m training {group} {step}", *rest]  # the step's usage line
-    importlib.import_module(module).main(rest)
-    return 0
+    return importlib.import_module(module).main(rest) or 0  # a step's exit status, if any
 
 
 if __name__ == "__main__":

@@ -135,10 +135,13 @@ class CacheSettings(StrictModel):
     approximate_above: int = 20_000  # a scope's index turns from exact to IVF above this
     min_similarity: float = 0.8  # default cosine floor for candidates
     verifier: Strictness = "strict"  # the one of the three under 1% wrong hits on test
+    # The verifier's probability a candidate needs, instead of the strictness's own: what
+    # `tiergate calibrate-cache` picks for a wrong-hit bound. None: the strictness decides.
+    verifier_threshold: float | None = None
     candidates: int = 3  # most candidates the verifier sees per lookup, best first
     max_temperature: float = 1.0  # answers sampled hotter are not stored
 
-    _check_similarity = field_validator("min_similarity")(between_0_and_1)
+    _check_similarity = field_validator("min_similarity", "verifier_threshold")(between_0_and_1)
     _check_positive = field_validator("ttl_s", "max_entries", "approximate_above", "candidates")(
         positive
     )
@@ -161,6 +164,7 @@ class CacheSettings(StrictModel):
             enabled=self.enabled and overrides.enabled is not False,
             min_similarity=_first(overrides.min_similarity, self.min_similarity),
             verifier=overrides.verifier or self.verifier,
+            verifier_threshold=_first(overrides.verifier_threshold, self.verifier_threshold),
             ttl_s=_first(overrides.ttl_s, self.ttl_s),
         )
 
