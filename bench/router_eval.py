@@ -9,9 +9,10 @@ the same run, on the held-out split (never trained or tuned on):
 - Length-matched ROC AUC, hard against easy: the held-out benchmark questions graded hard
   (AIME, GPQA, BIG-bench physics, HumanEval: grade >= 0.8) against everyday prompts (the
   held-out ShareGPT turns whose reference answer is short and has no code, score <= 0.45,
-  and BIG-bench's one-fact tasks), both cut to 60-400 characters (`matched_60_400`), and
-  the same after equal numbers per length band (`matched_bands`), for the prior, prompt
-  length and LiteLLM's complexity router (its own `ComplexityRouter.classify` score).
+  Natural Questions and BIG-bench's one-fact tasks), both cut to 60-400 characters and
+  then matched per length band (`matched_60_400`; the cut alone: `cut_60_400`), for the
+  prior, prompt length and LiteLLM's complexity router (the installed litellm's own
+  `ComplexityRouter.classify` score).
 - On every held-out row: Spearman's rho against the graded score, and the mean score per
   source.
 - The sanity figure: the share of the hand-written easy/hard pairs
@@ -74,11 +75,14 @@ def apgr(scores: np.ndarray, small_ok: np.ndarray, large_ok: np.ndarray) -> floa
 
 
 def matched_figures(rows, labels, scores: dict[str, np.ndarray]) -> dict:
+    """`matched_60_400` (the headline): both classes cut to 60-400 characters, then as many
+    of each per length band (training/router/metrics.py), so length cannot tell them apart;
+    `cut_60_400`: the cut alone (within it the hard questions are still the longer ones)."""
     lengths = np.array([len(r["prompt"]) for r in rows], dtype=float)
-    cut = (lengths >= CUT[0]) & (lengths <= CUT[1])
-    bands = length_matched(lengths, labels)
+    cut = np.flatnonzero((lengths >= CUT[0]) & (lengths <= CUT[1]))
+    banded = cut[length_matched(lengths[cut], labels[cut])]
     out = {}
-    for name, idx in (("matched_60_400", np.flatnonzero(cut)), ("matched_bands", bands)):
+    for name, idx in (("matched_60_400", banded), ("cut_60_400", cut)):
         out[name] = {
             "positives": int(labels[idx].sum()),
             "negatives": int((1 - labels[idx]).sum()),

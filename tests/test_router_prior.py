@@ -87,7 +87,7 @@ def test_the_sanity_pairs_are_hand_written_and_kept_out_of_training(rows) -> Non
 def test_a_malformed_sanity_line_names_its_file_and_line(tmp_path: Path) -> None:
     bad = tmp_path / "pairs.txt"
     bad.write_text("## greetings\nHi | Prove Fermat's last theorem.\nno separator here\n")
-    with pytest.raises(ValueError, match="pairs.txt:3"):
+    with pytest.raises(ValueError, match=r"pairs\.txt:3"):
         read_pairs(bad)
     assert SANITY_PAIRS.is_file()
 

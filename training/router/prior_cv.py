@@ -7,7 +7,9 @@ read here.
 Per setting, on out-of-fold scores pooled over the folds: the length-matched AUC of hard
 (benchmark grade >= 0.8) against everyday rows cut to 60-400 characters (as
 bench/router_eval.py measures the held-out rows) and Spearman's rho against the graded
-score on every row. Chosen: the best matched AUC, ties (within 0.005) broken by rho.
+score on every row. Chosen: among the settings whose scoring fits the 1 ms p99 budget (the
+kernel's word term does not, on long real prompts: bench/router_eval.py), the best matched
+AUC, ties (within 0.005 of the best) broken by rho.
 Writes training/reports/router_prior_cv.json.
 """
 
@@ -62,7 +64,9 @@ def out_of_fold(prompts, vectors, signals, targets, c: float, kernel) -> np.ndar
         if weight == 0:
             out[test] = prob
             continue
-        term = fit_kernel([prompts[i] for i in train], vectors[train], targets[train], width, RIDGE, lexical)
+        term = fit_kernel(
+            [prompts[i] for i in train], vectors[train], targets[train], width, RIDGE, lexical
+        )
         near = np.array([term.predict(vectors[i], prompts[i]) for i in test])
         out[test] = (prob + weight * near) / (1 + weight)
     return out
@@ -84,6 +88,8 @@ def main(argv: list[str] | None = None) -> None:
             result = {"c": c, "kernel": kernel, "matched_auc": auc(labels, scores[idx])}
             results.append(result | {"spearman": round(rho, 4)})
             print(json.dumps(results[-1]), flush=True)
-    best = max(results, key=lambda r: (round(r["matched_auc"] / 0.005), r["spearman"]))
+    fits = [r for r in results if r["kernel"][2] == 0.0]
+    top = max(r["matched_auc"] for r in fits)
+    best = max((r for r in fits if r["matched_auc"] >= top - 0.005), key=lambda r: r["spearman"])
     report = {"rows": len(rows), "binary": len(idx), "results": results, "chosen": best}
     print(write_report("router_prior_cv", report, [REAL_PROMPTS]))

@@ -84,7 +84,9 @@ def write(rows: list[dict], bigbench_sdist: Path) -> None:
     }
     write_artifact(REAL_PROMPTS, body, [], figures)
     train = [r for r in rows if r["split"] == "train"]
-    examples = "".join(json.dumps({"prompt": r["prompt"], "score": r["score"]}) + "\n" for r in train)
+    examples = "".join(
+        json.dumps({"prompt": r["prompt"], "score": r["score"]}) + "\n" for r in train
+    )
     write_artifact(DIFFICULTY_EXAMPLES, examples, [REAL_PROMPTS], {"examples": len(train)})
 
 

@@ -31,4 +31,8 @@ def sanity(score: Callable[[list[str]], list[float]], pairs: list[tuple[str, str
         for (d, e, h), a, b in zip(pairs, easy, hard, strict=True)
         if b <= a
     ]
-    return {"pairs": len(pairs), "hard_higher": round(1 - len(wrong) / len(pairs), 4), "wrong": wrong}
+    return {
+        "pairs": len(pairs),
+        "hard_higher": round(1 - len(wrong) / len(pairs), 4),
+        "wrong": wrong,
+    }
