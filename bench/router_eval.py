@@ -47,7 +47,7 @@ from training.router.real_prompts import read_real_prompts
 from training.router.sanity import read_pairs, sanity
 
 HARD_GRADE = 0.8
-EASY_SHAREGPT = 0.45
+EASY_SHAREGPT = 0.45  # the reference answer: about 100 words at most, no code
 CUT = (60, 400)
 
 

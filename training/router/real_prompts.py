@@ -36,8 +36,8 @@ def split_of(row_id: str) -> str:
 
 
 def collect(bigbench_sdist: Path, conversations: int) -> list[dict]:
-    """Every source's rows: prompts cut to MAX_PROMPT_CHARS, exact repeats dropped (the
-    first kept), each with its split."""
+    """Every source's rows: prompts cut to MAX_PROMPT_CHARS, then repeats (same words, case
+    aside) dropped, the first kept; each with its split."""
     sources = [
         real_sources.aime(),
         real_sources.gpqa(),
@@ -49,11 +49,11 @@ def collect(bigbench_sdist: Path, conversations: int) -> list[dict]:
     rows, seen = [], set()
     for source in sources:
         for r in source:
+            r["prompt"] = r["prompt"][: real_sources.MAX_PROMPT_CHARS]
             text = " ".join(r["prompt"].split()).lower()
             if len(r["prompt"]) < 2 or text in seen:
                 continue
             seen.add(text)
-            r["prompt"] = r["prompt"][: real_sources.MAX_PROMPT_CHARS]
             rows.append(r | {"split": split_of(r["id"])})
     return rows
 

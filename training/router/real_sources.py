@@ -26,7 +26,10 @@ Rules (also in docs/routing.md, "The prior's data"):
   one): the answer ChatGPT gave in that conversation says how much work the turn asked
   for. score = 0.6 x min(1, log(1 + words) / log(1 + 500)) + 0.4 x [the answer has code
   (a ``` fence)], rounded to 0.05. A greeting answered in ten words scores ~0.2, a
-  300-word explanation ~0.55, a program ~0.95. Turns that only ask to go on ("continue",
+  300-word explanation ~0.55, a program ~0.95. (Linear in words, min(1, words / 600),
+  was tried once after the first evaluation runs and dropped: it spreads ChatGPT's
+  80-500-word answers, but ShareGPT's design and writing requests then score below
+  GSM8K, and the sanity pairs fell from 0.90 to 0.85.) Turns that only ask to go on ("continue",
   "more") are left out: their difficulty is the conversation's, not theirs.
 - Judge: none of these rows. A judge comparing the small and large tiers' answers is the
   deployer's refit (`tiergate router learn`, built on this prior), not the prior's labels.
