@@ -3,6 +3,8 @@
     python -m training router outcomes [--samples 10 --weights w8a8]
     python -m training router label-cv [--part targets|neighbours]
     python -m training router learning-curve
+    python -m training router real-prompts --bigbench PATH
+    python -m training router prior-cv
     python -m training cache pairs
     python -m training cache verifier [--limit N]
     python -m training cache sharegpt-candidates [--limit N]
@@ -24,6 +26,11 @@ STEPS: dict[str, dict[str, tuple[str, str]]] = {
         ),
         "label-cv": ("training.router.label_cv", "cross-validate the target, C and terms"),
         "learning-curve": ("training.router.learning_curve", "AUC against training size"),
+        "real-prompts": (
+            "training.router.real_prompts",
+            "the prior's real prompts, graded, split; writes the examples",
+        ),
+        "prior-cv": ("training.router.prior_cv", "cross-validate the prior's settings"),
     },
     "cache": {
         "pairs": ("training.cache.build_pairs", "build the verifier's labelled pair set"),
