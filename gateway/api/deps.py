@@ -40,13 +40,20 @@ def drain_of(request: Request) -> Drain:
 
 
 async def admit(
-    request: Request, runtime: Runtime, tenant: str, approx_tokens: int, completion_tokens: int = 0
+    request: Request,
+    runtime: Runtime,
+    tenant: str,
+    approx_tokens: int,
+    completion_tokens: int = 0,
+    prompt_bound: int | None = None,
 ) -> Admission:
-    """The request's place under its tenant's and key's limits, or a 429. `completion_tokens`:
-    the most its answer may generate, reserved until it ends."""
-    terms = key_terms(request)
-    limiter = request.app.state.limiter
-    return await limiter.admit(runtime.policy, tenant, terms, approx_tokens, completion_tokens)
+    """The request's place under its tenant's and key's limits and budgets, or a 429.
+    `completion_tokens`: the most its answer may generate, reserved until it ends;
+    `prompt_bound`: the most prompt tokens it can have, what a budget reserves."""
+    limiter, policy, terms = request.app.state.limiter, runtime.policy, key_terms(request)
+    return await limiter.admit(
+        policy, tenant, terms, approx_tokens, completion_tokens, prompt_bound
+    )
 
 
 def key_terms(request: Request) -> KeyTerms | None:

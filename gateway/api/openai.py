@@ -51,6 +51,7 @@ from gateway.state import GatewayState, Runtime
 
 router = APIRouter()
 EXPLAIN_HEADER = "x-tiergate-explain"  # "1": the answer carries the routing decision
+_TEMPLATE_TOKENS = 64  # what a chat template adds to the messages' text, at most, usually
 
 
 def _features(body: OpenAIRequest) -> PromptFeatures:
@@ -262,7 +263,9 @@ async def serve(
         ctx = RequestContext(request, state, runtime, tenant, body, _features(body))
         ctx.embed = embed_once(state.embedder.current, ctx.features.last_user_text)
         tokens = ctx.features.approx_tokens
-        ctx.admission = await admit(request, runtime, tenant, tokens, _completion_budget(body))
+        most = _completion_budget(body)
+        bound = ctx.features.chars + _TEMPLATE_TOKENS  # a token per character at most, nearly
+        ctx.admission = await admit(request, runtime, tenant, tokens, most, bound)
         ctx.cache = _cache_step(ctx)
         call = await _answered(ctx)
     except OpenAIError as exc:  # refused before any answer: counted under the tier, if any

@@ -115,16 +115,21 @@ class Limiter:
         key: KeyTerms | None,
         prompt_tokens: int,
         completion_tokens: int = 0,
+        prompt_bound: int | None = None,
     ) -> Admission:
         """Count a request against its tenant's and its key's limits and budgets, or raise
         a 429. `completion_tokens`: the most the answer may generate; reserved until it ends.
+        `prompt_bound`: the most prompt tokens it can have (None: `prompt_tokens`), what a
+        budget reserves: an estimate under the real count would let concurrent requests
+        overspend by more than one request's cost.
         """
         now = time.time()
         scopes, budgets = _scopes(policy, tenant, key), budget_scopes(policy, tenant, key, now)
         if not scopes and not budgets:
             return NOT_LIMITED
         cost = prompt_tokens + completion_tokens
-        held = round(reservation_usd(policy, prompt_tokens, completion_tokens) * NANO)
+        most = prompt_tokens if prompt_bound is None else max(prompt_bound, prompt_tokens)
+        held = round(reservation_usd(policy, most, completion_tokens) * NANO)
         admission = Admission(self, scopes, cost, prompt_tokens, uuid.uuid4().hex)
         admission.budgets, admission.held = budgets, held if budgets else 0
         url = policy.limits_redis_url()

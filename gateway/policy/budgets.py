@@ -3,7 +3,7 @@ tenant and per key (`budgets`); enforced by gateway/limits/budget.py."""
 
 from pydantic import field_validator
 
-from gateway.policy.common import StrictModel, not_negative, positive
+from gateway.policy.common import StrictModel, between_0_and_1, positive
 
 PERIODS = ("day", "month")  # calendar periods in UTC
 
@@ -18,7 +18,7 @@ class PricingSettings(StrictModel):
     # cost this share of the input price: 1 = no discount; OpenAI bills them at 0.5 or less.
     cached_prompt_factor: float = 1.0
 
-    _check = field_validator("cache_hit_factor", "cached_prompt_factor")(not_negative)
+    _check = field_validator("cache_hit_factor", "cached_prompt_factor")(between_0_and_1)
 
 
 class Budget(StrictModel):

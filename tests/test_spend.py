@@ -1,0 +1,69 @@
+"""Spend per tenant, per key and per route: /metrics and /admin/stats from one registry,
+keys named by their label (never the key), costs from the tier's price and real usage."""
+
+import pytest
+
+from engine.entrypoints.openai.protocol import Usage
+from gateway.policy import Price, PricingSettings
+from gateway.pricing import spend_usd
+from tests.spend_helpers import (
+    ALICE,
+    BOB,
+    BOB_DIGEST,
+    CAROL,
+    admin,
+    complete,
+    gateway,
+    spend_samples,
+)
+
+
+def test_spend_per_tenant_key_and_route_in_metrics_and_admin_stats() -> None:
+    bob = f"sha256:{BOB_DIGEST[:8]}"  # a key without a name: a short prefix of its hash
+    with gateway() as url:
+        paid = {
+            ("one", "alice", "chat"): complete(url, ALICE, "chat") + complete(url, ALICE, "chat"),
+            ("one", "alice", "-"): complete(url, ALICE, "small", "hi there"),
+            ("one", bob, "chat"): complete(url, BOB, "chat", "hey"),
+        }
+        carol = complete(url, CAROL, "small", "a longer prompt here")
+        metrics = admin(url).get("/metrics").text
+        samples = spend_samples(url)
+        stats = admin(url).get("/admin/stats").json()["windows"]["all"]["spend"]
+    carol_key = next(k for (t, k, _) in samples if t == "two")
+    paid[("two", carol_key, "-")] = carol
+    assert samples == pytest.approx(paid)
+    for key in (ALICE, BOB, CAROL):  # no key, nor a prefix long enough to look one up
+        assert key not in metrics and key[:12] not in metrics
+    assert carol_key.startswith("sha256:") and len(carol_key) == len("sha256:") + 8
+    one = sum(v for (t, _, _), v in paid.items() if t == "one")
+    assert stats["tenants"] == pytest.approx({"one": one, "two": carol})
+    assert stats["usd"] == pytest.approx(one + carol)
+    chat = paid[("one", "alice", "chat")] + paid[("one", bob, "chat")]
+    direct = paid[("one", "alice", "-")] + carol
+    assert stats["routes"] == pytest.approx({"chat": chat, "-": direct})
+    keys = {(r["tenant"], r["key"]): r["usd"] for r in stats["keys"]}
+    alice = paid[("one", "alice", "chat")] + paid[("one", "alice", "-")]
+    assert keys == pytest.approx(
+        {
+            ("one", "alice"): alice,
+            ("one", bob): paid[("one", bob, "chat")],
+            ("two", carol_key): carol,
+        }
+    )
+
+
+def test_spend_prices_cached_prompt_tokens_and_cache_hits_as_the_policy_says() -> None:
+    """Unit figures on made-up usage (the integration above prices real usage)."""
+    price = Price(input=2.0, output=10.0)  # per 1M
+    usage = Usage.of(1000, 100, cached_tokens=400)
+    full = (1000 * 2.0 + 100 * 10.0) / 1e6
+    assert spend_usd(usage, price, PricingSettings()) == pytest.approx(full)
+    half = PricingSettings(cached_prompt_factor=0.5)
+    assert spend_usd(usage, price, half) == pytest.approx(full - 400 * 2.0 * 0.5 / 1e6)
+    assert spend_usd(usage, price, PricingSettings(), cached=True) == 0.0  # default: free
+    tenth = PricingSettings(cache_hit_factor=0.1)
+    assert spend_usd(usage, price, tenth, cached=True) == pytest.approx(full * 0.1)
+    # more cached tokens than prompt tokens (a confused upstream) never makes a cost negative
+    odd = Usage.of(10, 0, cached_tokens=50)
+    assert spend_usd(odd, price, half) == pytest.approx(10 * 2.0 * 0.5 / 1e6)
