@@ -45,12 +45,15 @@ def policy_text(extra: str = "") -> str:
 
 
 @contextlib.contextmanager
-def gateway(extra: str = "", step_delay_s: float = 0.0) -> Iterator[str]:
+def gateway(
+    extra: str = "", step_delay_s: float = 0.0, managed_keys_path: str | None = None
+) -> Iterator[str]:
     """The gateway with `extra` (YAML sections) added to POLICY, on a free port."""
-    app = create_app(
-        parse_policy(policy_text(extra), env={}), engine_factory=fake_engine(step_delay_s)
-    )
-    with run_uvicorn(app) as url:
+    policy = parse_policy(policy_text(extra), env={})
+    if managed_keys_path is not None:
+        auth = policy.auth.model_copy(update={"managed_keys_path": managed_keys_path})
+        policy = policy.model_copy(update={"auth": auth})
+    with run_uvicorn(create_app(policy, engine_factory=fake_engine(step_delay_s))) as url:
         yield url
 
 
