@@ -154,9 +154,12 @@ def test_key_store_down_refuses_managed_keys_but_not_the_policys() -> None:
         reply = httpx.post(
             f"{url}/v1/completions",
             json={"model": "small", "prompt": "hi", "max_tokens": 2},
-            headers={"Authorization": "Bearer tg-not-in-the-policy"},
+            headers={"Authorization": "Bearer tg-shaped-like-a-managed-key"},
         )
         made = admin(url).post("/admin/keys", json={"tenant": "t", "name": "x"})
+        with pytest.raises(openai.AuthenticationError):  # no managed key looks like this
+            complete(url, "sk-some-other-key")
         complete(url, ALICE)
     assert error_of(reply, 503)["type"] == "server_error"
     assert error_of(made, 503)["message"].startswith("The key store is unavailable")
+    assert "127.0.0.1" not in reply.text + made.text  # where the store is stays in the log

@@ -4,6 +4,7 @@ budget, and an expiry. The store (gateway/keys) keeps only the key's SHA-256; ev
 is audited with the admin key's fingerprint.
 """
 
+import logging
 import time
 from typing import Any
 
@@ -20,6 +21,7 @@ from gateway.policy import Budget, LimitSet
 from gateway.state import GatewayState
 
 router = APIRouter()
+logger = logging.getLogger("tiergate.keys")
 _NAME = Field(min_length=1, max_length=200)
 
 
@@ -53,7 +55,8 @@ async def _store(request: Request, state: GatewayState) -> KeyStore:
 
 
 def _unavailable(exc: KeyStoreError) -> OpenAIError:
-    return OpenAIError(503, f"The key store is unavailable: {exc}", type="server_error")
+    logger.warning("managed keys: the store failed: %s", exc)  # its address stays in the log
+    return OpenAIError(503, "The key store is unavailable; retry shortly.", type="server_error")
 
 
 def _check_models(state: GatewayState, names: list[str] | None) -> None:

@@ -7,6 +7,7 @@ key's SHA-256 (the policy's keys, then the managed keys' store), the admin and m
 compared in constant time on bytes.
 """
 
+import logging
 from typing import Annotated, TypeVar
 
 from fastapi import Depends, Request
@@ -20,10 +21,13 @@ from engine.entrypoints.streaming import CLIENT_CLOSED_REQUEST
 from gateway.api.audit import key_fingerprint
 from gateway.drain import Drain
 from gateway.keys import KeyStoreError, ManagedKey, ManagedKeys
+from gateway.keys.record import KEY_PREFIX
 from gateway.limits import Admission
 from gateway.limits.terms import KeyTerms
 from gateway.policy import key_digest
 from gateway.state import GatewayState, Runtime
+
+logger = logging.getLogger("tiergate.auth")
 
 
 async def get_state(request: Request) -> GatewayState:
@@ -108,7 +112,8 @@ async def authenticate(request: Request, runtime: Runtime, x_api_key: bool = Fal
     if tenant is not None:
         terms = KeyTerms(digest, runtime.key_labels.get(digest, digest[:8]))
     else:
-        record = await _managed_key(request, runtime, digest)
+        managed = token.startswith(KEY_PREFIX.encode())  # no other token is looked up
+        record = await _managed_key(request, runtime, digest) if managed else None
         if record is None:
             shown = _mask(token.decode("latin-1"))
             raise OpenAIError(401, f"Incorrect API key provided: {shown}.", code="invalid_api_key")
@@ -125,8 +130,9 @@ async def _managed_key(request: Request, runtime: Runtime, digest: str) -> Manag
         store = await managed_keys(request).store(runtime.policy)
         record = await store.by_digest(digest)
     except KeyStoreError as exc:  # fail closed: a key nobody can check is not let in
+        logger.warning("managed keys: the store failed (%s); their requests get 503", exc)
         raise OpenAIError(
-            503, f"The key store is unavailable ({exc}); retry shortly.", type="server_error"
+            503, "The key store is unavailable; retry shortly.", type="server_error"
         ) from None
     if record is not None and record.expired():
         raise OpenAIError(401, f"API key {record.id} has expired.", code="invalid_api_key")
