@@ -9,6 +9,7 @@ import time
 import openai
 import pytest
 import redis
+import redis.asyncio
 
 from gateway.limits.budget import period_end, period_id
 from tests.servers import free_port
@@ -58,12 +59,13 @@ def assert_budget_held(urls: list[str], key: str, tenant: str, limit: float) -> 
     """Spend past `limit` with concurrent requests (while they hold reservations some are
     refused before the limit is reached), then once more alone: refused."""
     costs: list[float] = []
-    refusals = 0
+    refusals = storms = 0
     while spent(urls, tenant) < limit:
         paid, no = storm(urls, key, 48)
         costs += paid
         refusals += no
-        assert len(costs) < 400, "the budget never held"
+        storms += 1
+        assert storms < 40, "the budget never filled: reservations are not given back"
     assert refusals > 0  # the storms did meet the budget
     total = spent(urls, tenant)
     assert total == pytest.approx(sum(costs))
@@ -153,3 +155,32 @@ def test_unlimited_client_never_sees_a_budget_error() -> None:
             complete(url, ALICE)
         reply = client(url, ALICE).models.list()
     assert {m.id for m in reply.data} >= {"small", "chat"}
+
+
+def test_redis_reservations_settle_once_and_lapse_with_their_lease(redis_url: str) -> None:
+    """A settle sent again (its first reply lost) adds nothing; a reservation never settled
+    (its replica died) stops holding the budget when its lease ends."""
+    import asyncio
+    import uuid
+
+    from gateway.limits.budget import NANO, BudgetScope, RedisBudgets
+
+    async def run() -> tuple[int, bool, bool]:
+        client = redis.asyncio.Redis.from_url(redis_url)
+        name = uuid.uuid4().hex  # a scope of its own in the shared Redis
+        scope = BudgetScope("tenant", name, name, "day", period_id("day", time.time()), 10.0)
+        budgets = RedisBudgets(client, lease_s=0.3)
+        assert await budgets.reserve([scope], 8 * NANO, "a") is None
+        await budgets.settle([scope], "a", 3 * NANO)
+        await budgets.settle([scope], "a", 3 * NANO)  # a resend: not counted twice
+        assert await budgets.reserve([scope], 7 * NANO, "b") is None  # 3 spent < 10
+        held = await budgets.reserve([scope], NANO, "c")  # 3 + 7 held: the next one waits
+        await asyncio.sleep(0.4)  # "b" is never settled: its lease ends
+        lapsed = await budgets.reserve([scope], NANO, "d") is None
+        spent_now = await budgets.spent(scope)
+        await client.aclose()
+        return spent_now, held is not None, lapsed
+
+    spent_now, refused_while_held, admitted_after_lease = asyncio.run(run())
+    assert spent_now == 3 * 1_000_000_000
+    assert refused_while_held and admitted_after_lease

@@ -141,6 +141,7 @@ class Limiter:
                 denial = await self._admit_redis(store, admission)
             except RedisError as exc:
                 self._redis_failed(exc)
+                self._release_later(store, admission)
                 store = None
         if store is None:
             if url is not None:
@@ -157,12 +158,19 @@ class Limiter:
 
     async def _admit_redis(self, store: RedisStore, a: Admission) -> Denial | BudgetDenial | None:
         """Budgets first: a refusal there gives back its reservation exactly."""
-        if a.budgets and (refused := await store.budgets.reserve(a.budgets, a.held)):
+        if a.budgets and (refused := await store.budgets.reserve(a.budgets, a.held, a.member)):
             return refused
         denial = await store.admit(a.scopes, a.estimate, a.member) if a.scopes else None
         if denial is not None and a.budgets:
-            await store.budgets.settle(a.budgets, a.held, 0)
+            await store.budgets.settle(a.budgets, a.member, 0)
         return denial
+
+    def _release_later(self, store: RedisStore, a: Admission) -> None:
+        """A reply lost to a Redis error may have left a reservation there: give it back
+        once Redis answers (settling is idempotent), rather than after its lease."""
+        if a.budgets and len(self._unsent) < _MAX_UNSENT:
+            release = Admission(self, [], 0, 0, a.member, store, a.budgets, a.held)
+            self._unsent.append((release, 0, 0))
 
     def _admit_memory(self, a: Admission) -> Denial | BudgetDenial | None:
         if a.budgets and (refused := self.memory_budgets.reserve(a.budgets, a.held)):
@@ -188,7 +196,7 @@ class Limiter:
     @staticmethod
     async def _settle(store: RedisStore, a: Admission, token_delta: int, cost: int) -> None:
         if a.budgets and not a.budgets_settled:
-            await store.budgets.settle(a.budgets, a.held, cost)
+            await store.budgets.settle(a.budgets, a.member, cost)
             a.budgets_settled = True
         if a.scopes and not a.limits_settled:
             await store.finish(a.scopes, token_delta, a.member)

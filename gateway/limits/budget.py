@@ -5,7 +5,8 @@ admitted while spent + reserved is under every budget it counts against, so conc
 requests see each other's reservations and the overspend is at most the last admitted
 request's cost. When it ends the reservation becomes its real cost. Amounts are integer
 nano-USD, so Redis adds them exactly. In Redis (one Lua script each way, keys expiring
-after their period) replicas share the counts; otherwise they live in this process.
+after their period, reservations leased) replicas share the counts; otherwise they live in
+this process.
 """
 
 import calendar
@@ -103,28 +104,49 @@ class MemoryBudgets:
         return self._counts.get(scope.base, (0, 0))[0]
 
 
-# KEYS: one hash per scope and period. ARGV: amount, then per key its limit and keep ms.
-# Returns {0} or {index, spent, reserved} (as strings: Lua numbers become integers).
+# Reservations are leased members (as the limits' concurrency slots are): one that is never
+# settled (its replica died, or a reply was lost to a timeout) lapses with its lease.
+# Per scope and period: `:s` spent, `:r` member -> amount reserved, `:l` member -> lease end.
+# KEYS: one base per scope and period. ARGV: amount, member, lease ms, then per key its
+# limit and keep ms. Returns {0} or {index, spent, reserved}, as strings.
 _RESERVE = """
-local amount = tonumber(ARGV[1])
-for i, k in ipairs(KEYS) do
-  local spent = tonumber(redis.call('HGET', k, 's') or '0')
-  local held = tonumber(redis.call('HGET', k, 'r') or '0')
-  if spent + held >= tonumber(ARGV[2 * i]) then return {i, tostring(spent), tostring(held)} end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local amount, member, lease = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
+local function held(base)
+  local lapsed = redis.call('ZRANGEBYSCORE', base .. ':l', '-inf', now)
+  for _, m in ipairs(lapsed) do redis.call('HDEL', base .. ':r', m) end
+  redis.call('ZREMRANGEBYSCORE', base .. ':l', '-inf', now)
+  local sum = 0
+  for _, v in ipairs(redis.call('HVALS', base .. ':r')) do sum = sum + tonumber(v) end
+  return sum
 end
-for i, k in ipairs(KEYS) do
-  redis.call('HINCRBY', k, 'r', amount)
-  redis.call('PEXPIRE', k, ARGV[2 * i + 1])
+for i, base in ipairs(KEYS) do
+  local spent = tonumber(redis.call('GET', base .. ':s') or '0')
+  local h = held(base)
+  if spent + h >= tonumber(ARGV[2 + 2 * i]) then
+    return {i, string.format('%.0f', spent), string.format('%.0f', h)}
+  end
+end
+for i, base in ipairs(KEYS) do
+  local keep = ARGV[3 + 2 * i]
+  redis.call('HSET', base .. ':r', member, amount)
+  redis.call('ZADD', base .. ':l', now + lease, member)
+  redis.call('PEXPIRE', base .. ':r', keep)
+  redis.call('PEXPIRE', base .. ':l', keep)
 end
 return {0}
 """
 
-# KEYS: the same hashes. ARGV: the amount reserved, the real cost, keep ms.
+# KEYS: the same bases. ARGV: member, cost, keep ms. Idempotent: the cost is added once,
+# by the call that removes the reservation (a resend after a lost reply adds nothing).
 _SETTLE = """
-for i, k in ipairs(KEYS) do
-  if redis.call('HINCRBY', k, 'r', -tonumber(ARGV[1])) < 0 then redis.call('HSET', k, 'r', 0) end
-  redis.call('HINCRBY', k, 's', ARGV[2])
-  redis.call('PEXPIRE', k, ARGV[3])
+for _, base in ipairs(KEYS) do
+  redis.call('ZREM', base .. ':l', ARGV[1])
+  if redis.call('HDEL', base .. ':r', ARGV[1]) == 1 and ARGV[2] ~= '0' then
+    redis.call('INCRBY', base .. ':s', ARGV[2])
+    redis.call('PEXPIRE', base .. ':s', ARGV[3])
+  end
 end
 return 0
 """
@@ -133,13 +155,16 @@ return 0
 class RedisBudgets:
     """The same counts in Redis; raises redis' errors for the caller to fall back."""
 
-    def __init__(self, redis: Redis) -> None:
+    def __init__(self, redis: Redis, lease_s: float) -> None:
         self._redis = redis
+        self._lease_ms = int(lease_s * 1000)
         self._reserve = redis.register_script(_RESERVE)
         self._settle = redis.register_script(_SETTLE)
 
-    async def reserve(self, scopes: list[BudgetScope], amount: int) -> BudgetDenial | None:
-        args: list[int] = [amount]
+    async def reserve(
+        self, scopes: list[BudgetScope], amount: int, member: str
+    ) -> BudgetDenial | None:
+        args: list[int | str] = [amount, member, self._lease_ms]
         for scope in scopes:
             args += [scope.limit_nano, _KEEP_S[scope.period] * 1000]
         reply = await self._reserve(keys=[PREFIX + s.base for s in scopes], args=args)
@@ -148,12 +173,12 @@ class RedisBudgets:
         index, spent, held = reply
         return BudgetDenial(scopes[index - 1], int(spent), int(held))
 
-    async def settle(self, scopes: list[BudgetScope], amount: int, cost: int) -> None:
+    async def settle(self, scopes: list[BudgetScope], member: str, cost: int) -> None:
         keep = max(_KEEP_S[s.period] for s in scopes) * 1000
-        await self._settle(keys=[PREFIX + s.base for s in scopes], args=[amount, cost, keep])
+        await self._settle(keys=[PREFIX + s.base for s in scopes], args=[member, cost, keep])
 
     async def spent(self, scope: BudgetScope) -> int:
-        return int(await self._redis.hget(PREFIX + scope.base, "s") or 0)
+        return int(await self._redis.get(PREFIX + scope.base + ":s") or 0)
 
 
 def over_budget(denial: BudgetDenial, now: float) -> OpenAIError:

@@ -109,7 +109,8 @@ class RedisStore:
         )
         self._admit = self._redis.register_script(_ADMIT)
         self._finish = self._redis.register_script(_FINISH)
-        self.budgets = RedisBudgets(self._redis)  # the same connection: the budgets' counts
+        # The same connection for the budgets' counts, their reservations under the same lease.
+        self.budgets = RedisBudgets(self._redis, LEASE_S)
 
     async def admit(self, scopes: list[Scope], cost: int, member: str) -> Denial | None:
         args: list[int | str] = [cost, member, int(LEASE_S * 1000), int(WINDOW_S * 1000)]
