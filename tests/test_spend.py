@@ -1,17 +1,25 @@
 """Spend per tenant, per key and per route: /metrics and /admin/stats from one registry,
 keys named by their label (never the key), costs from the tier's price and real usage."""
 
+import time
+from pathlib import Path
+
 import pytest
 
 from engine.entrypoints.openai.protocol import Usage
-from gateway.policy import Price, PricingSettings
+from gateway.app import create_app
+from gateway.policy import Price, PricingSettings, parse_policy
 from gateway.pricing import spend_usd
+from tests.paid_api import paid_api_app
+from tests.servers import run_uvicorn
 from tests.spend_helpers import (
+    ADMIN,
     ALICE,
     BOB,
     BOB_DIGEST,
     CAROL,
     admin,
+    client,
     complete,
     gateway,
     spend_samples,
@@ -67,3 +75,41 @@ def test_spend_prices_cached_prompt_tokens_and_cache_hits_as_the_policy_says() -
     # more cached tokens than prompt tokens (a confused upstream) never makes a cost negative
     odd = Usage.of(10, 0, cached_tokens=50)
     assert spend_usd(odd, price, half) == pytest.approx(10 * 2.0 * 0.5 / 1e6)
+
+
+def test_a_cache_hit_costs_its_tenant_the_policys_share(tmp_path: Path) -> None:
+    """Through the live gateway with the semantic cache on and a paid-API stand-in: the hit
+    costs `pricing.cache_hit_factor` of the answer's price, the tier is not paid again."""
+    with run_uvicorn(paid_api_app()) as paid:
+        policy = parse_policy(
+            f"""
+auth: {{keys: [{{key: {ALICE}, tenant: acme, name: alice}}], admin_key: {ADMIN}}}
+cache: {{enabled: true, store: embedded, path: {tmp_path / "cache.sqlite3"}}}
+pricing: {{cache_hit_factor: 0.25}}
+tiers:
+  cheap:
+    deployments: [{{model: openai/gpt-4o-mini, api_base: "{paid}/v1"}}]
+    price: {{input: 1000000, output: 1000000}}
+routes:
+  auto: {{default: cheap}}
+""",
+            env={},
+        )
+        with run_uvicorn(create_app(policy)) as url:
+            chat = client(url, ALICE).chat.completions.with_raw_response
+            ask = {"model": "auto", "max_tokens": 4, "temperature": 0}
+            ask["messages"] = [{"role": "user", "content": "What does a cache hit cost?"}]
+            first = chat.create(**ask)
+            outcomes = [first.headers["x-tiergate-cache"]]
+            deadline = time.monotonic() + 10
+            while outcomes[-1] != "hit" and time.monotonic() < deadline:
+                time.sleep(0.1)  # the store runs after the answer went out
+                outcomes.append(chat.create(**ask).headers["x-tiergate-cache"])
+            samples = spend_samples(url)
+            tier_cost = admin(url).get("/admin/stats").json()["windows"]["all"]["tiers"]
+    usage = first.parse().usage
+    assert usage is not None and outcomes[-1] == "hit"
+    cost = usage.total_tokens * 1.0  # $1 a token; every miss has the same usage
+    misses = outcomes.count("miss")
+    assert samples[("acme", "alice", "auto")] == pytest.approx(misses * cost + 0.25 * cost)
+    assert tier_cost["cheap"]["cost_usd"] == pytest.approx(misses * cost)  # a hit pays no tier
