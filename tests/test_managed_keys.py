@@ -10,9 +10,11 @@ import httpx
 import openai
 import pytest
 
-from gateway.policy import key_digest
-from tests.servers import free_port
-from tests.spend_helpers import ALICE, admin, client, complete, gateway, spend_samples
+from gateway.app import create_app
+from gateway.policy import key_digest, parse_policy
+from tests.limits_helpers import fake_engine
+from tests.servers import free_port, run_uvicorn
+from tests.spend_helpers import ADMIN, ALICE, admin, client, complete, gateway, spend_samples
 
 
 def sqlite_gateway(tmp_path: Path, extra: str = "", delay: float = 0.0):
@@ -163,3 +165,14 @@ def test_key_store_down_refuses_managed_keys_but_not_the_policys() -> None:
     assert error_of(reply, 503)["type"] == "server_error"
     assert error_of(made, 503)["message"].startswith("The key store is unavailable")
     assert "127.0.0.1" not in reply.text + made.text  # where the store is stays in the log
+
+
+def test_no_keys_can_be_made_when_auth_is_off() -> None:
+    policy = parse_policy(
+        f"auth: {{mode: none, admin_key: {ADMIN}}}\nengines: {{fake: {{}}}}\n"
+        "tiers: {small: {deployments: [{model: fake}]}}\n",
+        env={},
+    )
+    with run_uvicorn(create_app(policy, engine_factory=fake_engine())) as url:
+        reply = admin(url).post("/admin/keys", json={"tenant": "t", "name": "x"})
+    assert "auth.mode is none" in error_of(reply, 400)["message"]
