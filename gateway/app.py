@@ -15,6 +15,7 @@ from engine.entrypoints.openai.errors import install_error_handlers
 from gateway.api import (
     admin,
     admin_cache,
+    admin_keys,
     dashboard,
     embeddings,
     health,
@@ -32,6 +33,7 @@ from gateway.cache.semantic import SemanticCache
 from gateway.cache.verifier import PairVerifier
 from gateway.drain import Drain
 from gateway.embedding.shared import SharedEmbedder
+from gateway.keys import ManagedKeys
 from gateway.limits import Limiter
 from gateway.policy import Deployment, Policy, PolicyError, PolicyIssue, PolicyWatcher
 from gateway.replicas import Fleet, ReplicaSync, replica_id
@@ -191,6 +193,7 @@ def create_app(
         health_task = asyncio.create_task(health.run())
         app.state.gateway = state
         app.state.limiter = Limiter(stats.registry)
+        app.state.managed_keys = ManagedKeys()
         app.state.drain = Drain()
         watch_task = None
         if path is not None:
@@ -211,6 +214,7 @@ def create_app(
             await _stop_cache(state)
             await http.aclose()
             await app.state.limiter.close()
+            await app.state.managed_keys.close()
             await engines.shutdown()
 
     app = FastAPI(title="tiergate", lifespan=lifespan, docs_url=None, redoc_url=None)
@@ -223,6 +227,7 @@ def create_app(
     app.include_router(embeddings.router)
     app.include_router(admin.router)
     app.include_router(admin_cache.router)
+    app.include_router(admin_keys.router)
     app.include_router(dashboard.router)
     app.add_middleware(TiergateHeaders)
     app.add_middleware(BodyLimit, max_body_bytes=policy.server.max_body_bytes)  # outermost
