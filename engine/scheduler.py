@@ -4,6 +4,11 @@ When a running sequence needs a page and none is left, the newest running sequen
 tenant (cache salt) with the most running is preempted: its pages are released (full ones
 stay in the prefix cache, so it usually gets them back) and it re-prefills prompt +
 generated tokens when readmitted at the head of its tenant's queue.
+
+Priority (`Sequence.priority`, lower first: 0 interactive, 1 batch work): the waiting queue
+is served by priority, then as above; running batch sequences are the first preempted when
+pages run out, and an interactive request that finds no free slot or pages preempts batch
+work to get in, so it never waits behind a batch.
 """
 
 from collections import Counter, deque
@@ -55,7 +60,8 @@ class Scheduler:
         remaining = {s.seq_id: s.num_tokens - s.num_computed_tokens for s in self.running}
         decodes = [s for s in self.running if remaining[s.seq_id] == 1]
         prefills = [s for s in self.running if remaining[s.seq_id] > 1]
-        for seq in decodes + prefills:
+        # Stable: decodes before prefills within a priority, interactive work first.
+        for seq in sorted(decodes + prefills, key=lambda s: s.priority):
             if self._budget <= 0:
                 break
             if seq.status is not SeqStatus.RUNNING:
@@ -85,19 +91,36 @@ class Scheduler:
         return True
 
     def _victim(self) -> Sequence:
-        """The newest running request of the tenant (cache salt) with the most running: the
-        one that just got in behind another tenant's many is not the first to go."""
-        running = Counter(s.cache_salt for s in self.running)
+        """Among the least urgent running requests (batch work first), the newest of the
+        tenant (cache salt) with the most running: the one that just got in behind another
+        tenant's many is not the first to go."""
+        lowest = max(s.priority for s in self.running)
+        pool = [s for s in self.running if s.priority == lowest]
+        running = Counter(s.cache_salt for s in pool)
         most = max(running.values())
-        return next(s for s in reversed(self.running) if running[s.cache_salt] == most)
+        return next(s for s in reversed(pool) if running[s.cache_salt] == most)
+
+    def _make_room(self, seq: Sequence) -> bool:
+        """Preempt the newest running request less urgent than `seq` (batch work for an
+        interactive one); False when there is none."""
+        victim = next((s for s in reversed(self.running) if s.priority > seq.priority), None)
+        if victim is None:
+            return False
+        self.running.remove(victim)
+        dropped = self._out.pop(victim.seq_id, None)
+        if dropped is not None:
+            self._budget += len(dropped[1].token_ids)
+        self._preempt(victim)
+        return True
 
     def _admit(self) -> None:
         deferred: set[int] = set()  # seq_ids whose prefix pages are still being computed
         running = Counter(s.cache_salt for s in self.running)
-        salts = len({s.cache_salt for s in self.waiting})  # the scan stops once it saw each
-        while self._budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self._next_waiting(running, deferred, salts)
+        while self._budget > 0:
+            seq = self._next_waiting(running, deferred)
             if seq is None:
+                break
+            if len(self.running) >= self.max_num_seqs and not self._make_room(seq):
                 break
             hit = self.kv.lookup(seq)
             if hit.next_in_flight:  # wait a step or two, then reuse those pages
@@ -105,6 +128,9 @@ class Scheduler:
                 continue
             n = min(seq.num_tokens - hit.num_tokens, self._budget)
             if not self.kv.allocate(seq, n, hit):
+                if self._make_room(seq):  # batch work gave its pages back: try again
+                    running = Counter(s.cache_salt for s in self.running)
+                    continue
                 break  # pages are short: whoever comes next waits too
             self.waiting.remove(seq)
             self._on_admitted(seq, hit.num_tokens)
@@ -112,16 +138,23 @@ class Scheduler:
             running[seq.cache_salt] += 1
             self._schedule(seq, n)
 
-    def _next_waiting(self, running: Counter, deferred: set[int], salts: int) -> Sequence | None:
-        """The oldest waiting request of the tenant (cache salt) with the fewest running.
+    def _next_waiting(self, running: Counter, deferred: set[int]) -> Sequence | None:
+        """The most urgent priority waiting, and within it the oldest waiting request of the
+        tenant (cache salt) with the fewest running.
 
         Across tenants the queue is fair, within one it is first come, first served: one
         tenant's hundred waiting requests never sit ahead of another tenant's one.
         """
+        ready = [s for s in self.waiting if s.seq_id not in deferred]
+        if not ready:
+            return None
+        urgent = min(s.priority for s in ready)
+        ready = [s for s in ready if s.priority == urgent]
+        salts = len({s.cache_salt for s in ready})  # the scan stops once it saw each
         best: Sequence | None = None
         seen: set[str | None] = set()
-        for seq in self.waiting:
-            if seq.cache_salt in seen or seq.seq_id in deferred:
+        for seq in ready:
+            if seq.cache_salt in seen:
                 continue
             seen.add(seq.cache_salt)
             if best is None or running[seq.cache_salt] < running[best.cache_salt]:
