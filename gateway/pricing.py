@@ -12,7 +12,7 @@ import json
 import logging
 from pathlib import Path
 
-from gateway.policy import Deployment, Policy, Price, Tier
+from gateway.policy import BatchSettings, Deployment, Policy, Price, Tier
 
 logger = logging.getLogger("tiergate.pricing")
 
@@ -67,3 +67,9 @@ def most_expensive(prices: dict[tuple[str, str], Price]) -> tuple[str, Price]:
         return "-", Price()
     (tier, _), price = max(prices.items(), key=lambda item: item[1].input + item[1].output)
     return tier, price
+
+
+def batch_price(price: Price, batch: BatchSettings) -> Price:
+    """A batch line's price: the deployment's, times the policy's batch price factor."""
+    factor = batch.price_factor
+    return Price(input=price.input * factor, output=price.output * factor)

@@ -6,6 +6,7 @@ schema then cross-section checks), each reporting `yaml.path: reason` with its l
 watcher.py reloads a changed file. Everything callers use is importable from here.
 """
 
+from gateway.policy.batch import BatchSettings
 from gateway.policy.loading import load_policy, parse_policy, policy_from_text, with_lines
 from gateway.policy.schema import Policy, PolicyError, PolicyIssue
 from gateway.policy.settings import (
@@ -37,6 +38,7 @@ from gateway.policy.watcher import PolicyWatcher
 __all__ = [
     "ApiKey",
     "AuthSettings",
+    "BatchSettings",
     "Blend",
     "CacheSettings",
     "Deployment",
