@@ -5,10 +5,12 @@ tenant (cache salt) with the most running is preempted: its pages are released (
 stay in the prefix cache, so it usually gets them back) and it re-prefills prompt +
 generated tokens when readmitted at the head of its tenant's queue.
 
-Priority (`Sequence.priority`, lower first: 0 interactive, 1 batch work): the waiting queue
-is served by priority, then as above; running batch sequences are the first preempted when
-pages run out, and an interactive request that finds no free slot or pages preempts batch
-work to get in, so it never waits behind a batch.
+Priority (`Sequence.priority`, lower first: 0 interactive, 1 batch work): a step runs only
+the most urgent priority present, running or waiting, so batch work fills the steps
+interactive work leaves idle and pauses (keeping its pages) while any interactive request is
+in; running batch sequences are the first preempted when pages run out, and an interactive
+request that finds no free slot or pages preempts batch work to get in. An interactive
+request so waits at most the step under way, never behind a batch.
 """
 
 from collections import Counter, deque
@@ -52,7 +54,8 @@ class Scheduler:
         Decodes go first (one token each, so a long prefill never stalls streaming requests),
         then the next prefill chunks of running requests, then waiting requests while the token
         budget, max_num_seqs and free pages allow: in arrival order within a tenant, the
-        tenant with the fewest running first (`_next_waiting`).
+        tenant with the fewest running first (`_next_waiting`). Only the most urgent priority
+        present takes part: batch work waits for steps without interactive requests.
         """
         self._out = {}
         self._budget = self.max_batched_tokens
@@ -60,17 +63,17 @@ class Scheduler:
         remaining = {s.seq_id: s.num_tokens - s.num_computed_tokens for s in self.running}
         decodes = [s for s in self.running if remaining[s.seq_id] == 1]
         prefills = [s for s in self.running if remaining[s.seq_id] > 1]
-        # Stable: decodes before prefills within a priority, interactive work first.
-        for seq in sorted(decodes + prefills, key=lambda s: s.priority):
+        urgent = min((s.priority for s in (*self.running, *self.waiting)), default=0)
+        for seq in decodes + prefills:
             if self._budget <= 0:
                 break
-            if seq.status is not SeqStatus.RUNNING:
-                continue  # preempted to make room for an older request
+            if seq.status is not SeqStatus.RUNNING or seq.priority > urgent:
+                continue  # preempted to make room for an older request, or batch work paused
             n = min(remaining[seq.seq_id], self._budget)
             if self._reserve(seq, n):
                 self._schedule(seq, n)
         if not self._preempted:  # pages are short: admitting more would only thrash
-            self._admit()
+            self._admit(urgent)
         return list(self._out.values())
 
     def _schedule(self, seq: Sequence, n: int) -> None:
@@ -113,12 +116,12 @@ class Scheduler:
         self._preempt(victim)
         return True
 
-    def _admit(self) -> None:
+    def _admit(self, urgent: int) -> None:
         deferred: set[int] = set()  # seq_ids whose prefix pages are still being computed
         running = Counter(s.cache_salt for s in self.running)
         while self._budget > 0:
             seq = self._next_waiting(running, deferred)
-            if seq is None:
+            if seq is None or seq.priority > urgent:
                 break
             if len(self.running) >= self.max_num_seqs and not self._make_room(seq):
                 break

@@ -65,11 +65,14 @@ def test_interactive_never_preempts_interactive_for_a_slot() -> None:
 
 def test_batch_is_preempted_first_when_pages_run_out() -> None:
     engine = _engine(num_pages=12)  # 48 token slots: not enough for all three to finish
-    engine.add_request("chat", "interactive one", LONG)
     engine.add_request("b0", "zero batch", LONG, priority=BATCH)
     engine.add_request("b1", "one batch", LONG, priority=BATCH)
+    for _ in range(4):
+        engine.step()
+    assert _running(engine) == {"b0", "b1"}  # batch work holds the pages
+    engine.add_request("chat", "interactive one", LONG)
     engine.step()
-    assert _running(engine) == {"chat", "b0", "b1"}
+    assert "chat" in _running(engine)
     while engine.has_unfinished():
         engine.step()
         chat = [s for s in engine.scheduler.waiting if s.request_id == "chat"]
@@ -88,3 +91,21 @@ def test_priority_keeps_every_output_the_same() -> None:
         mixed.add_request(str(i), prompt, params, priority=BATCH if i % 2 else 0)
     texts = _texts(mixed)
     assert [texts[str(i)] for i in range(6)] == expected
+
+
+def test_batch_work_pauses_while_an_interactive_request_runs() -> None:
+    engine = _engine()
+    engine.add_request("b0", "zero batch", LONG, priority=BATCH)
+    engine.step()
+    engine.add_request("chat", "interactive", SamplingParams(temperature=0, max_tokens=5))
+    steps_with_chat = 0
+    while any(
+        s.request_id == "chat" for s in engine.scheduler.running + list(engine.scheduler.waiting)
+    ):
+        ids = {o.request_id for o in engine.step()}
+        assert "b0" not in ids  # the batch line keeps its pages but runs no step meanwhile
+        steps_with_chat += 1
+    assert steps_with_chat >= 5
+    assert "b0" in _running(engine)
+    assert "b0" in {o.request_id for o in engine.step()}  # idle again: the batch goes on
+    _texts(engine)
