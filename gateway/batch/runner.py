@@ -130,7 +130,7 @@ class BatchRunner:
             return
         lines = parse_lines(content)  # checked at upload
         if batch["status"] == "validating":
-            batch = await self._update(tenant, batch_id, lambda b: moved(b, "in_progress"))
+            batch = await self._update(tenant, batch_id, _started)
         if batch["status"] == "cancelling":
             self._cancelled.add(batch_id)
         results = await store.results(batch_id, len(lines))
@@ -152,6 +152,8 @@ class BatchRunner:
                 index = todo.popleft()
                 async with self._slot():
                     result = await self._attempts(tenant, batch.get("_key_digest"), lines[index])
+                if result is None:  # shutting down: the line runs again at the next start
+                    return
                 await store.put_result(batch_id, index, result)
                 results[index] = result
                 await self._update(tenant, batch_id, lambda b: _counted(b, results))
@@ -172,10 +174,13 @@ class BatchRunner:
                 self._in_flight -= 1
                 self._freed.notify()
 
-    async def _attempts(self, tenant: str, key_digest: str | None, line: Line) -> dict:
+    async def _attempts(self, tenant: str, key_digest: str | None, line: Line) -> dict | None:
+        """The line's result; None when a shutdown aborted it (nothing to store)."""
         attempts = self._settings().line_attempts
         for attempt in range(attempts):
             result = await run_line(self._app, tenant, key_digest, line, new_id("req"))
+            if self._app.state.drain.expired:
+                return None
             if result["response"]["status_code"] not in RETRIED or attempt == attempts - 1:
                 return result
             await asyncio.sleep(min(MAX_BACKOFF_S, 0.5 * 2**attempt))
@@ -203,8 +208,9 @@ class BatchRunner:
             final, code = "completed", ""
             batch = await self._update(tenant, batch_id, lambda b: moved(b, "finalizing"))
         message = f"The batch was {final} before this request ran."
-        ordered = [results.get(i) or not_run(line.custom_id, code, message) for i, line in
-                   enumerate(lines)]
+        ordered = [
+            results.get(i) or not_run(line.custom_id, code, message) for i, line in enumerate(lines)
+        ]
         output = [r for r in ordered if succeeded(r)]
         errors = [r for r in ordered if not succeeded(r)]
         files = {
@@ -219,6 +225,11 @@ class BatchRunner:
         await self._update(tenant, batch_id, ended)
         await store.ended(tenant, batch_id)
         await store.drop_results(batch_id, len(lines))
+
+
+def _started(batch: dict) -> dict:
+    # A cancel may have come first: it stays cancelling.
+    return moved(batch, "in_progress") if batch["status"] == "validating" else batch
 
 
 def _counted(batch: dict, results: dict[int, dict]) -> dict:
