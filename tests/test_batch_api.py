@@ -197,7 +197,7 @@ def test_bad_batch_requests(url: str) -> None:
     assert refused(endpoint="/v1/moderations").param == "endpoint"
     headers = {"authorization": f"Bearer {KEY}"}
     paged = httpx.get(f"{url}/v1/batches", params={"limit": "many"}, headers=headers)
-    assert paged.status_code == 400 and paged.json()["error"]["param"] == "limit"
+    assert paged.status_code == 400 and paged.json()["error"]["param"] == "query.limit"
     with pytest.raises(openai.NotFoundError):
         client(url).batches.retrieve("batch_nope")
     with pytest.raises(openai.AuthenticationError):
