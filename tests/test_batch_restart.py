@@ -86,11 +86,18 @@ def test_sqlite_batch_resumes_after_the_gateway_is_killed(tmp_path: Path) -> Non
 
 
 def test_redis_batch_finished_by_the_next_gateway(one_torch_thread: None, redis_url: str) -> None:
+    """The second batch's input file is deleted while it runs: the next gateway cannot
+    resume it, and it fails saying so (the first one still completes)."""
     cache = f'{{enabled: true, store: redis, redis_url: "{redis_url}", redis_prefix: batchrs}}'
     text = policy(cache)
     with run_uvicorn(create_app(parse_policy(text, env={}))) as url:
         batch = create(client(url), _lines())
+        orphan = create(client(url), _lines())
+        client(url).files.delete(orphan.input_file_id)
         before = _until_some_done(client(url), batch.id)
     with run_uvicorn(create_app(parse_policy(text, env={}))) as url:
         _check_all_once(client(url), batch.id)
+        failed = wait_ended(client(url), orphan.id)
+        assert failed.status == "failed" and failed.failed_at
+        assert failed.errors is not None and failed.errors.data[0].code == "invalid_file"
         assert 1 <= _requests(url) <= LINES - before  # only the lines left ran here
