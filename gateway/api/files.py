@@ -61,7 +61,10 @@ async def create_file(request: Request, state: State) -> dict:
 
 @router.get("/v1/files")
 async def list_files(
-    request: Request, state: State, purpose: str | None = None, limit: int = 100,
+    request: Request,
+    state: State,
+    purpose: str | None = None,
+    limit: int = 100,
     after: str | None = None,
 ) -> dict:
     tenant = authenticate(request, state.runtime)
