@@ -151,6 +151,8 @@ class BatchRunner:
             while todo and not self._stopped(batch):
                 index = todo.popleft()
                 async with self._slot():
+                    if self._stopped(batch):  # cancelled while it waited for a place
+                        return
                     result = await self._attempts(tenant, batch.get("_key_digest"), lines[index])
                 if result is None:  # shutting down: the line runs again at the next start
                     return
