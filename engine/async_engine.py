@@ -58,6 +58,7 @@ class _Add:
     cache_salt: str | None
     stream: _Stream
     grammar: GrammarState | None
+    priority: int = 0
 
 
 @dataclass
@@ -114,6 +115,7 @@ class AsyncEngine:
         params: SamplingParams,
         request_id: str,
         cache_salt: str | None = None,
+        priority: int = 0,
     ) -> AsyncIterator[RequestOutput]:
         """Stream the request's output deltas; closing the stream early aborts the request.
 
@@ -128,7 +130,7 @@ class AsyncEngine:
         if params.constraint is not None:  # compiled here, on its own pool: it takes a while
             grammar = await self.compiles.state_for(params.constraint)
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
-        self._submit(_Add(request_id, prompt, params, cache_salt, stream, grammar))
+        self._submit(_Add(request_id, prompt, params, cache_salt, stream, grammar, priority))
         finished = False
         try:
             while not finished:
@@ -222,7 +224,12 @@ class AsyncEngine:
                 continue
             try:
                 self.engine.add_request(
-                    cmd.request_id, cmd.prompt, cmd.params, cmd.cache_salt, cmd.grammar
+                    cmd.request_id,
+                    cmd.prompt,
+                    cmd.params,
+                    cmd.cache_salt,
+                    cmd.grammar,
+                    cmd.priority,
                 )
             except Exception as exc:  # a rejected request, not an engine failure
                 cmd.stream.put(exc)

@@ -16,8 +16,10 @@ from gateway.api import (
     admin,
     admin_cache,
     admin_keys,
+    batches,
     dashboard,
     embeddings,
+    files,
     health,
     messages,
     openai,
@@ -29,6 +31,7 @@ from gateway.backends.balance import Balancer
 from gateway.backends.fallback import deployment_key
 from gateway.backends.health import HealthChecker, ReplicaMetrics
 from gateway.backends.local import EngineFactory, LocalEngines, default_engine_factory
+from gateway.batch.runner import BatchRunner
 from gateway.cache.semantic import SemanticCache
 from gateway.cache.verifier import PairVerifier
 from gateway.drain import Drain
@@ -202,9 +205,12 @@ def create_app(
             if interval > 0:
                 watch_task = asyncio.create_task(state.watcher.watch())
         sync_task = await _start_replica_sync(state, policy, replica or replica_id())
+        app.state.batches = BatchRunner(app)
+        await app.state.batches.resume()  # batches a stopped gateway left unfinished
         try:
             yield
         finally:
+            await app.state.batches.close()  # lines in flight run again at the next start
             for task in (history_task, health_task, watch_task, sync_task):
                 if task is not None:
                     task.cancel()
@@ -222,6 +228,8 @@ def create_app(
     install_openapi(app)
     app.include_router(openai.router)
     app.include_router(responses.router)
+    app.include_router(files.router)
+    app.include_router(batches.router)
     app.include_router(messages.router)
     app.include_router(health.router)
     app.include_router(embeddings.router)

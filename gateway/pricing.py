@@ -13,7 +13,7 @@ import logging
 from pathlib import Path
 
 from engine.entrypoints.openai.protocol import Usage
-from gateway.policy import Deployment, Policy, Price, PricingSettings, Tier
+from gateway.policy import BatchSettings, Deployment, Policy, Price, PricingSettings, Tier
 
 logger = logging.getLogger("tiergate.pricing")
 
@@ -88,3 +88,9 @@ def reservation_usd(policy: Policy, prompt_tokens: int, completion_tokens: int) 
     top_in = max((p.input for p in prices), default=0.0)
     top_out = max((p.output for p in prices), default=0.0)
     return (prompt_tokens * top_in + completion_tokens * top_out) / _PER_MILLION
+
+
+def batch_price(price: Price, batch: BatchSettings) -> Price:
+    """A batch line's price: the deployment's, times the policy's batch price factor."""
+    factor = batch.price_factor
+    return Price(input=price.input * factor, output=price.output * factor)

@@ -40,11 +40,17 @@ from gateway.api.deps import (
 )
 from gateway.api.embeddings import embedding_model_cards
 from gateway.api.respond import Call, Payer, backend_error, streamed, whole
-from gateway.backends.base import BackendError, GenerationRequest, OpenAIRequest
+from gateway.backends.base import (
+    INTERACTIVE,
+    BackendError,
+    GenerationRequest,
+    OpenAIRequest,
+)
 from gateway.backends.fallback import Served
 from gateway.cache.semantic import CacheQuery
 from gateway.embedding.shared import embed_once
 from gateway.limits import NOT_LIMITED, Admission
+from gateway.pricing import batch_price
 from gateway.routing.features import PromptFeatures, extract_features
 from gateway.routing.router import Embed, RoutingInput
 from gateway.state import GatewayState, Runtime
@@ -182,7 +188,8 @@ async def _open(ctx: RequestContext) -> Served:
     if ctx.request.headers.get(EXPLAIN_HEADER) == "1":
         ctx.mark(explain=json.dumps(decision.explain(), separators=(",", ":")))
     ctx.state.stats.routed(decision)
-    generation = GenerationRequest(ctx.request.state.request_id, ctx.body, ctx.tenant)
+    priority = getattr(ctx.request.state, "priority", INTERACTIVE)  # batch lines set it
+    generation = GenerationRequest(ctx.request.state.request_id, ctx.body, ctx.tenant, priority)
     try:
         served: Served = await ctx.runtime.chain.open(
             generation, decision.tier, decision.deployment
@@ -190,6 +197,8 @@ async def _open(ctx: RequestContext) -> Served:
     except BackendError as exc:
         raise backend_error(exc) from None
     ctx.mark(tier=served.tier, model=served.model)
+    if priority != INTERACTIVE:  # a batch line's tokens are priced at the batch discount
+        served.price = batch_price(served.price, ctx.runtime.policy.batch)
     if decision.deployment is None and served.tier != decision.tier:
         ctx.state.stats.fallback(decision.tier, served.tier)
     return served
@@ -294,7 +303,7 @@ def chat_shape(model: str, body: OpenAIRequest) -> Shape:
     return ChatShape(model, body.callable_tools())  # tool calls parsed out of the answer
 
 
-def _text_shape(model: str, body: OpenAIRequest) -> Shape:
+def text_shape(model: str, body: OpenAIRequest) -> Shape:
     return TextShape(model)
 
 
@@ -305,7 +314,7 @@ async def chat_completions(request: Request, state: State) -> Response:
 
 @router.post("/v1/completions")
 async def completions(request: Request, state: State) -> Response:
-    return await _complete(request, state, CompletionRequest, _text_shape)
+    return await _complete(request, state, CompletionRequest, text_shape)
 
 
 @router.get("/v1/models")

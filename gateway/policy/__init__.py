@@ -6,6 +6,7 @@ schema then cross-section checks), each reporting `yaml.path: reason` with its l
 watcher.py reloads a changed file. Everything callers use is importable from here.
 """
 
+from gateway.policy.batch import BatchSettings
 from gateway.policy.budgets import PERIODS, Budget, BudgetSettings, PricingSettings
 from gateway.policy.loading import load_policy, parse_policy, policy_from_text, with_lines
 from gateway.policy.schema import Policy, PolicyError, PolicyIssue
@@ -40,6 +41,7 @@ __all__ = [
     "PERIODS",
     "ApiKey",
     "AuthSettings",
+    "BatchSettings",
     "Blend",
     "Budget",
     "BudgetSettings",

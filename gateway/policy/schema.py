@@ -8,6 +8,7 @@ from pydantic import (
 )
 
 from engine.model_registry import BUNDLED
+from gateway.policy.batch import BatchSettings
 from gateway.policy.budgets import BudgetSettings, PricingSettings
 from gateway.policy.common import StrictModel
 from gateway.policy.settings import (
@@ -33,6 +34,7 @@ class Policy(StrictModel):
     engines: dict[str, EngineSettings] = {}
     tiers: Annotated[dict[str, Tier], Field(min_length=1)]
     routes: dict[str, Route] = {}
+    batch: BatchSettings = BatchSettings()
 
     def local_engines(self) -> dict[str, EngineSettings]:
         """Every engine a deployment uses: declared ones, plus bundled names used bare."""
