@@ -60,7 +60,8 @@ async def respond(
     them with `best_of`; usage counts them all)."""
     if body.stream:
         usage = lambda lasts: shapes[0].usage_chunk(usage_of(lasts))  # noqa: E731
-        events = sse_events(children, render, usage if body.include_usage else None)
+        usage_event = usage if body.include_usage else None
+        events = sse_events(children, render, usage_event, body.continuous_usage)
         return event_stream(events, children)
     finals = await collect(request, children)
     if finals is None:
