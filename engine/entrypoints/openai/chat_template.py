@@ -28,6 +28,7 @@ async def render_chat(engine: Templating, body: ChatCompletionRequest) -> str:
     """The prompt text; `PromptTooLongError` as the engine raises it, and a template that
     fails as `InvalidParamError` on `messages` (the template runs over client data and may
     `raise_exception` on bad role orders: whatever fails there is the request's fault)."""
+    check_continuation(body)
     messages = [message.template_dict() for message in body.messages]
     tools = [tool.model_dump(exclude_none=True) for tool in body.tools] if body.tools else None
     try:
@@ -40,6 +41,16 @@ async def render_chat(engine: Templating, body: ChatCompletionRequest) -> str:
         message = f"Could not apply the chat template: {exc}"
         raise InvalidParamError("messages", message) from exc
     return continued(text, messages[-1]["content"]) if body.continue_final_message else text
+
+
+def check_continuation(body: ChatCompletionRequest) -> None:
+    """vLLM's rule: `continue_final_message` goes on with an assistant message, so no new
+    turn may be opened for the model (`add_generation_prompt: false`)."""
+    if not body.continue_final_message:
+        return
+    if body.add_generation_prompt or body.messages[-1].role != "assistant":
+        message = "needs add_generation_prompt: false and an assistant message last"
+        raise InvalidParamError("continue_final_message", message)
 
 
 def continued(rendered: str, final: str) -> str:

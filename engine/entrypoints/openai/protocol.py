@@ -60,8 +60,7 @@ class ChatMessage(BaseModel):
 
 class StreamOptions(BaseModel):
     include_usage: bool = False
-    # vLLM's: the usage so far on every chunk (a gateway resuming a cut stream reads it)
-    continuous_usage_stats: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: each chunk's usage so far
 
 
 _INT32_MAX = 2**31 - 1
@@ -147,10 +146,6 @@ class _SamplingRequest(BaseModel):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
-    @property
-    def continuous_usage(self) -> bool:
-        return bool(self.stream_options and self.stream_options.continuous_usage_stats)
-
     @model_validator(mode="after")
     def _min_below_max(self) -> "_SamplingRequest":
         most = getattr(self, "max_completion_tokens", None) or self.max_tokens
@@ -179,16 +174,6 @@ class ChatCompletionRequest(_SamplingRequest):
     # vLLM's: go on with the final (assistant) message instead of starting a new turn
     continue_final_message: bool = False
     add_generation_prompt: bool = True
-
-    @model_validator(mode="after")
-    def _continues_an_assistant(self) -> "ChatCompletionRequest":
-        if not self.continue_final_message:
-            return self
-        if self.add_generation_prompt:
-            raise ValueError("continue_final_message needs add_generation_prompt: false")
-        if self.messages[-1].role != "assistant":
-            raise ValueError("continue_final_message needs an assistant message last")
-        return self
 
     @field_validator("tool_choice")
     @classmethod
