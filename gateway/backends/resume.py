@@ -160,13 +160,13 @@ class Resuming:
         except ValueError:  # e.g. max_tokens all spent: nothing left to continue
             raise failure from None
         logger.warning("%s; continuing the answer elsewhere", failure.message)
+        await self._pieces.aclose()  # the failed attempt's connection and bookkeeping
         try:
             reopened = await self._reopen(again, self._tried)
         except BackendError as exc:
             self._on_resume(self._tier, "-", "failed")
             message = f"{failure.message}; continuing elsewhere failed: {exc.message}"
             raise BackendError(failure.status, message, False, False) from None
-        await self._pieces.aclose()  # the failed attempt's connection and bookkeeping
         self._spent = _plus(self._spent, self._so_far or Usage.of(0, self._pieces_seen))
         self._guessed_prompts += self._so_far is None
         self._pieces, self._so_far, self._pieces_seen = reopened.pieces, None, 0
