@@ -15,6 +15,7 @@ first state), no reasoning. Anything else ends as before, with an error (an SSE 
 event in a stream). Greedy answers continue exactly as they would have gone on.
 """
 
+import dataclasses
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -69,7 +70,9 @@ def continuation(request: GenerationRequest, text: str, generated: int) -> Gener
     elif text:
         fields["prompt"] = body.prompt + text  # type: ignore[operator]
     again = type(body).model_validate(fields)
-    return GenerationRequest(f"{request.request_id}-r", again, request.tenant)
+    # replace(): whatever else the request carries (its tenant, a priority) goes on with it
+    again_id = f"{request.request_id}-r"
+    return dataclasses.replace(request, request_id=again_id, body=again, prompts={})
 
 
 def _plus(a: Usage, b: Usage) -> Usage:
