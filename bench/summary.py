@@ -141,6 +141,33 @@ def cache_followups_rows(result: dict[str, Any]) -> list[Row]:
     return rows
 
 
+def stream_resume_rows(result: dict[str, Any]) -> list[Row]:
+    """Killed streams resumed: the text against the uninterrupted one, the resume's gap
+    against the gap between pieces, the stream's time against its uninterrupted time."""
+    gap, seconds = result["resume_gap_s"], result["stream_seconds"]
+    base_gap = gap["baseline_gap_between_pieces_median"]
+    return [
+        (
+            f"killed streams ({result['streams']}) with the uninterrupted text",
+            _pct(result["equal_share"]),
+            "the same requests, uninterrupted",
+            "",
+        ),
+        (
+            "gap at the resume (median / p90)",
+            f"{gap['median']:.3f} s / {gap['p90']:.3f} s",
+            f"{base_gap:.3f} s between pieces",
+            _ratio(gap["median"], base_gap),
+        ),
+        (
+            "a stream's extra time (median)",
+            f"{seconds['extra_median']:.3f} s",
+            f"{seconds['baseline_median']:.3f} s uninterrupted",
+            "",
+        ),
+    ]
+
+
 # Benchmarks whose JSON has a same-run baseline worth a row of its own; the others show
 # their goals (value against target).
 def batch_idle_rows(result: dict[str, Any]) -> list[Row]:
@@ -168,6 +195,7 @@ ROWS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "cache_eval": cache_eval_rows,
     "embedder_compare": embedder_compare_rows,
     "cache_followups": cache_followups_rows,
+    "stream_resume": stream_resume_rows,
 }
 
 
@@ -181,6 +209,8 @@ NOTES: dict[str, str] = {
     "upstream is a stand-in whose answer names the request that first got it.",
     "batch_idle": "Latencies on a shared, loaded machine: only the same-run ratio counts; the "
     "JSON keeps the batch-free phases before and after apart, to show the drift between them.",
+    "stream_resume": "Prompts written for the benchmark: a figure of the mechanism (greedy "
+    "continuation on a second engine), not of answer quality.",
 }
 
 

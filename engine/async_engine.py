@@ -10,6 +10,7 @@ prompt stalls neither the caller's event loop nor the other requests' steps.
 
 import asyncio
 import contextlib
+import functools
 import logging
 import queue
 import threading
@@ -161,17 +162,24 @@ class AsyncEngine:
         """Whether the model's chat template shows it the request's `tools`."""
         return getattr(self.tokenizer, "carries_tools", True)  # test tokenizers cannot tell
 
-    async def apply_chat_template(self, messages: list[dict], tools: list[dict] | None) -> str:
+    async def apply_chat_template(
+        self, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool = True
+    ) -> str:
         """The prompt for chat messages (a long one rendered in a worker thread).
 
         PromptTooLongError, without rendering, when the messages are far beyond the context.
         """
         chars = sum(len(str(m.get("content") or "")) for m in messages)
         self.engine.check_prompt_chars(chars)
-        render = self.tokenizer.apply_chat_template
+        render = functools.partial(
+            self.tokenizer.apply_chat_template,
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            tools=tools,
+        )
         if chars <= _INLINE_CHARS and len(messages) <= _INLINE_MESSAGES and not tools:
-            return render(messages, add_generation_prompt=True, tools=tools)
-        return await asyncio.to_thread(render, messages, add_generation_prompt=True, tools=tools)
+            return render()
+        return await asyncio.to_thread(render)
 
     def abort(self, request_id: str) -> None:
         """Abort a request from any thread; a no-op if it already finished."""

@@ -132,7 +132,7 @@ def build_runtime(
     def on_failure(tier: str, model: str, error: BackendError) -> None:
         stats.deployment_failed(tier, model, error.status)
 
-    chain = FallbackChain(tiers, cooldowns, on_failure, balancer=balancer)
+    chain = FallbackChain(tiers, cooldowns, on_failure, balancer=balancer, on_resume=stats.resume)
     tenants = {k.digest(): k.tenant for k in policy.auth.keys}
     labels = {k.digest(): k.label() for k in policy.auth.keys}
     return Runtime(policy, Router(policy, prepared.scorer), chain, tenants, labels)

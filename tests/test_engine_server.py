@@ -343,3 +343,43 @@ def test_prompt_far_beyond_the_context_is_refused_by_its_length(client: openai.O
         client.completions.create(model=NAME, prompt="x" * 2_000_000, max_tokens=1)
     assert caught.value.body["code"] == "context_length_exceeded"
     assert "characters" in caught.value.body["message"]  # refused before tokenizing
+
+
+def _streamed(client: openai.OpenAI, messages: list[dict], max_tokens: int, **extra: bool) -> list:
+    """A greedy stream's chunks, each with its usage so far (vLLM's continuous_usage_stats)."""
+    return list(
+        client.chat.completions.create(
+            model=NAME,
+            messages=messages,
+            max_tokens=max_tokens,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True, "continuous_usage_stats": True},
+            extra_body={"ignore_eos": True, **extra},
+        )
+    )
+
+
+def test_continue_final_message_goes_on_with_the_assistant_text(client: openai.OpenAI) -> None:
+    """vLLM's continuation of a final assistant message: greedy, the text that was cut
+    plus the continuation is the answer (what a gateway resuming a cut stream relies on)."""
+    chunks = [c for c in _streamed(client, USER, 12) if c.choices and c.choices[0].delta.content]
+    answer = "".join(c.choices[0].delta.content for c in chunks)
+    so_far = [c.usage.completion_tokens for c in chunks]
+    assert so_far == sorted(so_far) and so_far[-1] == 12
+    head = "".join(c.choices[0].delta.content for c in chunks[:5])
+    continuing = [*USER, {"role": "assistant", "content": head}]
+    extra = {"continue_final_message": True, "add_generation_prompt": False}
+    rest = _streamed(client, continuing, 12 - so_far[4], **extra)
+    text = "".join(c.choices[0].delta.content or "" for c in rest if c.choices)
+    assert head + text == answer
+    assert rest[-1].usage.completion_tokens == 12 - so_far[4]
+    assert rest[-1].usage.prompt_tokens == chunks[0].usage.prompt_tokens + so_far[4]
+
+
+def test_continue_final_message_needs_an_assistant_message_last(base_url: str) -> None:
+    body = {"model": NAME, "messages": USER, "continue_final_message": True}
+    body["add_generation_prompt"] = False
+    refused = httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=30)
+    assert refused.status_code == 400
+    assert refused.json()["error"]["param"] == "continue_final_message"

@@ -18,6 +18,7 @@ from engine.entrypoints.choices import (
     drain,
     interleave,
     start_children,
+    usage_of,
 )
 from engine.entrypoints.openai.best_of import candidate_params
 from engine.entrypoints.openai.errors import OpenAIError, engine_error
@@ -123,9 +124,12 @@ async def sse_events(
     children: list[Child],
     render: Callable[[int, RequestOutput], BaseModel | list[BaseModel] | None],
     usage_event: Callable[[list[RequestOutput]], BaseModel] | None,
+    continuous_usage: bool = False,
 ) -> AsyncIterator[bytes]:
     """A stream's SSE events: those of each engine output of any choice (one, or several
-    for an output that closes tool calls), then usage if asked, then [DONE]."""
+    for an output that closes tool calls), then usage if asked, then [DONE]. With
+    `continuous_usage` (vLLM's `continuous_usage_stats`) each event carries its choice's
+    usage so far: what a gateway needs to resume the stream elsewhere if this server dies."""
     lasts = [first for first, _ in children]
     items = interleave(children)
     try:
@@ -133,6 +137,8 @@ async def sse_events(
             lasts[index] = out
             event = render(index, out)
             for one in event if isinstance(event, list) else [event] if event else []:
+                if continuous_usage:
+                    one.usage = usage_of([out])
                 yield sse(one)
         if usage_event is not None:
             yield sse(usage_event(lasts))

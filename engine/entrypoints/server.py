@@ -60,7 +60,9 @@ async def respond(
     them with `best_of`; usage counts them all)."""
     if body.stream:
         usage = lambda lasts: shapes[0].usage_chunk(usage_of(lasts))  # noqa: E731
-        events = sse_events(children, render, usage if body.include_usage else None)
+        usage_event = usage if body.include_usage else None
+        so_far = bool(body.stream_options and body.stream_options.continuous_usage_stats)
+        events = sse_events(children, render, usage_event, so_far)
         return event_stream(events, children)
     finals = await collect(request, children)
     if finals is None:

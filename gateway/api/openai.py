@@ -190,9 +190,11 @@ async def _open(ctx: RequestContext) -> Served:
     ctx.state.stats.routed(decision)
     priority = getattr(ctx.request.state, "priority", INTERACTIVE)  # batch lines set it
     generation = GenerationRequest(ctx.request.state.request_id, ctx.body, ctx.tenant, priority)
+    route = ctx.runtime.policy.routes.get(ctx.route)
+    resume = route is None or route.resume_streams  # a tier or model named: on
     try:
         served: Served = await ctx.runtime.chain.open(
-            generation, decision.tier, decision.deployment
+            generation, decision.tier, decision.deployment, resume
         )
     except BackendError as exc:
         raise backend_error(exc) from None

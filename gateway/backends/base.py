@@ -47,6 +47,10 @@ class Piece:
     tool_calls: list[ToolCallDelta] | None = None  # a remote's structured calls
     refusal: str | None = None  # new refusal text
     reasoning: str | None = None  # new reasoning text (`reasoning_content`)
+    # The choice's usage so far, when the source reports it mid-answer (a local engine; a
+    # vLLM-style server asked for `continuous_usage_stats`): what resuming the answer
+    # elsewhere counts. Never shown to the caller; `usage` stays the answer's total.
+    so_far: Usage | None = None
 
     @property
     def says(self) -> bool:
@@ -114,6 +118,9 @@ def parse_retry_after(value: str | None) -> float | None:
 
 
 class Backend(Protocol):
+    """`continues_chat` (optional, False when absent): the backend takes vLLM's
+    `continue_final_message`, so a cut chat answer may be continued on it."""
+
     name: str  # the model name reported in x-tiergate-model and the response's `model`
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[Piece]: ...

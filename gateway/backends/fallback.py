@@ -2,20 +2,23 @@
 
 A request is served by the first deployment that produces its first piece in time. Until
 then anything retryable moves on: the same deployment again (with backoff), the tier's
-next deployment, then the fallback tier's. Once a piece has gone out to the client the
-answer is committed to that deployment; a later failure ends the answer with an error.
+next deployment, then the fallback tier's. Once a piece has gone out to the client, a
+later failure continues the answer on another of them (resume.py) when the route lets it
+and the answer can be continued exactly; otherwise it ends the answer with an error.
 """
 
 import asyncio
 import functools
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from engine.entrypoints.openai.chat_template import offers_tools
+from engine.entrypoints.openai.protocol import ChatCompletionRequest
 from gateway.backends.balance import Balancer, Prefixes, prefixes_of
 from gateway.backends.base import CONTEXT_EXCEEDED, Backend, BackendError, GenerationRequest, Piece
+from gateway.backends.cooldowns import Cooldowns
+from gateway.backends.resume import OnResume, Reopened, Resuming, resumable
 from gateway.policy import Deployment, Price, Tier
 
 logger = logging.getLogger("tiergate.fallback")
@@ -41,53 +44,7 @@ class Served:
     pieces: AsyncIterator[Piece]  # aclose() aborts the request upstream, started or not
     failures: list[BackendError] = field(default_factory=list)  # attempts that failed first
     complete: bool = False  # the first piece is the whole answer: nothing left to wait for
-
-
-class Cooldowns:
-    """Deployments that failed recently are skipped until their cooldown ends.
-
-    A failure the request may have caused itself (a timeout, a 5xx) cools the deployment
-    down for that tenant only: one tenant's bad requests must not take a deployment away
-    from everyone. Once a second tenant sees such a failure within the cooldown, or on a
-    failure that is the deployment's own (`deployment_fault`), it cools down for all.
-    """
-
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._clock = clock
-        self._until: dict[str, float] = {}  # deployment key -> end of its cooldown
-        self._tenant_until: dict[tuple[str, str], float] = {}
-
-    def cooling(self, key: str, tenant: str | None = None) -> bool:
-        now = self._clock()
-        if self._until.get(key, 0.0) > now:
-            return True
-        return tenant is not None and self._tenant_until.get((key, tenant), 0.0) > now
-
-    def trip(self, key: str, seconds: float, tenant: str | None = None) -> None:
-        """Cool `key` down for everyone, or with `tenant` for that tenant (see above)."""
-        if seconds <= 0:
-            return
-        now = self._clock()
-        until = now + seconds
-        if tenant is not None:
-            others = [t for (k, t), end in self._tenant_until.items() if k == key and end > now]
-            if not others or others == [tenant]:
-                self._drop_expired(now)
-                self._tenant_until[(key, tenant)] = until
-                return
-        self._until[key] = until
-
-    def _drop_expired(self, now: float) -> None:
-        # Bounded by the tenants that failed lately; cleaned as new ones arrive.
-        for entry in [e for e, end in self._tenant_until.items() if end <= now]:
-            del self._tenant_until[entry]
-
-    def reset(self, key: str) -> None:
-        """The deployment is known good again (its local engine restarted, or its health
-        probe passes after failing): for every tenant too, as its failures were its own."""
-        self._until.pop(key, None)
-        for entry in [e for e in self._tenant_until if e[0] == key]:
-            del self._tenant_until[entry]
+    key: str = ""  # the deployment's key (model@api_base)
 
 
 def deployment_key(deployment: Deployment) -> str:
@@ -185,6 +142,11 @@ async def refusal(
     if not dep.tools and offers_tools(request.body):
         message = f"{backend.name}: this deployment does not take `tools` (policy tools: false)"
         return BackendError(400, message, False, False, param="tools")
+    body = request.body
+    continues = isinstance(body, ChatCompletionRequest) and body.continue_final_message
+    if continues and not getattr(backend, "continues_chat", False):
+        message = f"{backend.name}: this deployment cannot continue a final assistant message"
+        return BackendError(400, message, False, False, param="continue_final_message")
     check = getattr(backend, "refusal", None)  # local engines know their context and template
     if check is None:
         return None
@@ -220,11 +182,13 @@ class FallbackChain:
         on_failure: OnFailure | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         balancer: Balancer | None = None,
+        on_resume: OnResume | None = None,
     ) -> None:
         self.tiers = tiers
         self._cooldowns = cooldowns
         self.balancer = balancer or Balancer()
         self._on_failure = on_failure or (lambda tier, model, error: None)
+        self._on_resume = on_resume or (lambda tier, served_tier, outcome: None)
         self._sleep = sleep
 
     def chain(self, tier_name: str) -> list[TierBackends]:
@@ -237,7 +201,11 @@ class FallbackChain:
         return out
 
     def _candidates(
-        self, tier_name: str, deployment: str | None, prefixes: Prefixes | None
+        self,
+        tier_name: str,
+        deployment: str | None,
+        prefixes: Prefixes | None,
+        exclude: frozenset[str] = frozenset(),
     ) -> list[tuple[TierBackends, Deployment, Backend]]:
         """Each tier's replicas in its balance order, then the next tier's."""
         if deployment is not None:  # a named deployment is pinned: no other model answers
@@ -246,7 +214,11 @@ class FallbackChain:
             tiers = self.chain(tier_name)
         out = []
         for tier in tiers:
-            pairs = [(d, b) for d, b in tier.backends if deployment in (None, d.model)]
+            pairs = [
+                (d, b)
+                for d, b in tier.backends
+                if deployment in (None, d.model) and deployment_key(d) not in exclude
+            ]
             keys = [deployment_key(d) for d, _ in pairs]
             order = self.balancer.order(
                 tier.name, tier.tier.balance, keys, prefixes, tier.tier.affinity_slack
@@ -255,13 +227,40 @@ class FallbackChain:
         return out
 
     async def open(
-        self, request: GenerationRequest, tier_name: str, deployment: str | None = None
+        self,
+        request: GenerationRequest,
+        tier_name: str,
+        deployment: str | None = None,
+        resume: bool = False,
+        exclude: frozenset[str] = frozenset(),
     ) -> Served:
-        """Find a deployment that starts answering; raises BackendError when none does."""
+        """Find a deployment that starts answering; raises BackendError when none does.
+
+        resume: a failure mid-answer continues it on another deployment (not in `exclude`).
+        """
+        served = await self._open(request, tier_name, deployment, exclude)
+        if resume and resumable(request):
+
+            async def reopen(again: GenerationRequest, tried: frozenset[str]) -> Reopened:
+                more = await self._open(again, tier_name, deployment, tried)
+                return Reopened(more.pieces, more.tier, more.key)
+
+            served.pieces = Resuming(
+                served.pieces, request, served.tier, served.key, reopen, self._on_resume
+            )
+        return served
+
+    async def _open(
+        self,
+        request: GenerationRequest,
+        tier_name: str,
+        deployment: str | None,
+        exclude: frozenset[str],
+    ) -> Served:
         tiers = self.chain(tier_name) if deployment is None else self.tiers.values()
         affinity = any(t.tier.balance == "prefix_affinity" for t in tiers)
         prefixes = prefixes_of(request) if affinity else None
-        candidates = self._candidates(tier_name, deployment, prefixes)
+        candidates = self._candidates(tier_name, deployment, prefixes, exclude)
         tenant = request.tenant
 
         def ready(dep: Deployment) -> bool:
@@ -354,6 +353,7 @@ class FallbackChain:
             done = functools.partial(self.balancer.finished, key)
             answer = _Answer(pieces, first, backend.name, timeout_s, done)
             price = tier.prices.get(dep.model, tier.tier.price)
-            return Served(tier.name, backend.name, price, answer, failures, answer.complete)
+            complete = answer.complete
+            return Served(tier.name, backend.name, price, answer, failures, complete, key)
         self._cooldowns.trip(key, cooldown_s, blamed)
         return None

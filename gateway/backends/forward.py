@@ -45,7 +45,7 @@ OPENAI_FIELDS = frozenset(
 # Completions only: a chat request's `best_of` is an unknown extra, dropped like the rest.
 COMPLETION_FIELDS = frozenset({"best_of"})
 # vLLM's extensions: only servers that speak vLLM's API (`hosted_vllm/`) get them.
-VLLM_FIELDS = frozenset({"top_k", "ignore_eos"})
+VLLM_FIELDS = frozenset({"top_k", "ignore_eos", "continue_final_message", "add_generation_prompt"})
 MESSAGE_FIELDS = frozenset({"role", "content", "name", "tool_calls", "tool_call_id"})
 # Sent by the backends themselves (model, prompt, stream, salt) or refused at validation.
 _OWN_FIELDS = frozenset({"model", "messages", "prompt", "stream", "stream_options", "cache_salt"})

@@ -242,6 +242,8 @@ def _engine_error(exc: Exception, name: str) -> BackendError:
 
 
 class LocalBackend:
+    continues_chat = True  # the engine renders `continue_final_message` itself
+
     def __init__(self, name: str, slot: EngineSlot) -> None:
         self.name = name
         self._slot = slot
@@ -310,7 +312,8 @@ class LocalBackend:
                 async for index, out in outputs:
                     lasts[index] = out
                     if not out.finished:
-                        yield Piece(out.text, logprobs=out.logprobs, index=index)
+                        so_far = usage_of([out])  # what resuming elsewhere would count
+                        yield Piece(out.text, logprobs=out.logprobs, index=index, so_far=so_far)
                         continue
                     running -= 1
                     usage = None if running else usage_of(lasts)  # on the answer's last piece

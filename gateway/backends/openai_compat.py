@@ -99,6 +99,8 @@ class OpenAICompatBackend:
         self._client = client
         self._salted = deployment.model.split("/", 1)[0] in SALTED_PROVIDERS
         self._salt_secret = salt_secret
+        # vLLM-style servers continue a final assistant message and report usage mid-stream
+        self.continues_chat = self._salted
 
     def _headers(self) -> dict[str, str]:
         if self._key_env is None:
@@ -118,8 +120,10 @@ class OpenAICompatBackend:
         payload |= sampling_fields(request, vllm=self._salted)
         if self._salted:
             payload["cache_salt"] = tenant_cache_salt(request.tenant, self._salt_secret)
-        if body.stream:
-            payload["stream_options"] = {"include_usage": True}  # tokens and cost are counted
+        if body.stream:  # tokens and cost are counted; mid-stream too where the server can
+            payload["stream_options"] = {"include_usage": True}
+            if self._salted:
+                payload["stream_options"]["continuous_usage_stats"] = True
         return payload
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Piece]:
@@ -198,6 +202,10 @@ class OpenAICompatBackend:
             raise BackendError(502, f"{self.name}: failed mid-stream", False, False)
         usage = usage_of(chunk.get("usage"), self._salted)
         pieces = [choice_piece(c, is_chat, whole=False) for c in chunk.get("choices") or []]
+        if pieces and usage is not None and self._salted:  # continuous_usage_stats: so far
+            for piece in pieces:
+                piece.so_far = usage
+            usage = None
         pieces = [p for p in pieces if p.says or p.finish_reason]
         if usage is not None:
             pieces = pieces or [Piece()]

@@ -111,6 +111,8 @@ class Route(StrictModel):
     default: str  # tier when no rule matches
     cache: RouteCacheSettings = RouteCacheSettings()
     aliases: list[str] = []  # more model names that pick this route (e.g. "gpt-4o")
+    # An answer whose deployment fails midway goes on on another one (docs/operations.md)
+    resume_streams: bool = True
 
 
 class ExamplePrompt(StrictModel):

@@ -131,6 +131,13 @@ class Stats:
             ["tier", "served_tier"],
             registry=r,
         )
+        self._resumes = Counter(
+            "tiergate_stream_resumes",
+            "Answers whose deployment failed midway, continued on another (resumed) or not "
+            "(failed: no other deployment could continue them)",
+            ["tier", "served_tier", "outcome"],
+            registry=r,
+        )
         self._cooldowns = Counter(
             "tiergate_cooldowns",
             "Times a deployment was put in cooldown after failing",
@@ -208,6 +215,9 @@ class Stats:
 
     def fallback(self, tier: str, served_tier: str) -> None:
         self._fallbacks.labels(tier, served_tier).inc()
+
+    def resume(self, tier: str, served_tier: str, outcome: str) -> None:
+        self._resumes.labels(tier, served_tier, outcome).inc()
 
     def cooldown(self, model: str) -> None:
         self._cooldowns.labels(model).inc()

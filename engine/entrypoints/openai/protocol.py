@@ -60,6 +60,7 @@ class ChatMessage(BaseModel):
 
 class StreamOptions(BaseModel):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: each chunk's usage so far
 
 
 _INT32_MAX = 2**31 - 1
@@ -170,6 +171,9 @@ class ChatCompletionRequest(_SamplingRequest):
     response_format: ResponseFormat | None = None
     logprobs: StrictBool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    # vLLM's: go on with the final (assistant) message instead of starting a new turn
+    continue_final_message: bool = False
+    add_generation_prompt: bool = True
 
     @field_validator("tool_choice")
     @classmethod
