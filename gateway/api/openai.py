@@ -32,6 +32,7 @@ from gateway.api.cache_step import CacheControl, CacheStep, matched_text, scope_
 from gateway.api.deps import State, admit, authenticate, drain_of, parse_body
 from gateway.api.embeddings import embedding_model_cards
 from gateway.api.respond import Call, backend_error, streamed, whole
+from gateway.api.samples_step import sample_hook
 from gateway.backends.base import BackendError, GenerationRequest, OpenAIRequest
 from gateway.backends.fallback import Served
 from gateway.cache.semantic import CacheQuery
@@ -188,6 +189,10 @@ async def _from_tier(ctx: RequestContext) -> Call:
     call = Call(stats, served, ctx.route, tokens, ctx.started, ctx.admission)
     if ctx.cache is not None and not ctx.cache.control.no_store:
         call.after.append(ctx.cache.store_hook(served.tier, served.model, ctx.state.background))
+    policy = ctx.runtime.policy
+    keep = sample_hook(ctx.state, policy, ctx.route, ctx.tenant, ctx.body, served)
+    if keep is not None:  # the route's opt-in traffic sample, for `tiergate router learn`
+        call.after.append(keep)
     return call
 
 

@@ -29,6 +29,8 @@ from gateway.policy.tiers import (
     ExamplePrompt,
     Price,
     Route,
+    RouteLearnSettings,
+    RouterLearningSettings,
     Rule,
     Tier,
 )
@@ -53,6 +55,8 @@ __all__ = [
     "Price",
     "Route",
     "RouteCacheSettings",
+    "RouteLearnSettings",
+    "RouterLearningSettings",
     "Rule",
     "ServerSettings",
     "Strictness",

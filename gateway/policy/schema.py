@@ -17,7 +17,13 @@ from gateway.policy.settings import (
     LimitsSettings,
     ServerSettings,
 )
-from gateway.policy.tiers import Deployment, DifficultySettings, Route, Tier
+from gateway.policy.tiers import (
+    Deployment,
+    DifficultySettings,
+    Route,
+    RouterLearningSettings,
+    Tier,
+)
 
 
 class Policy(StrictModel):
@@ -30,6 +36,7 @@ class Policy(StrictModel):
     engines: dict[str, EngineSettings] = {}
     tiers: Annotated[dict[str, Tier], Field(min_length=1)]
     routes: dict[str, Route] = {}
+    router_learning: RouterLearningSettings = RouterLearningSettings()
 
     def local_engines(self) -> dict[str, EngineSettings]:
         """Every engine a deployment uses: declared ones, plus bundled names used bare."""
