@@ -3,6 +3,7 @@
     python -m training router outcomes [--samples 10 --weights w8a8]
     python -m training router label-cv [--part targets|neighbours]
     python -m training router learning-curve
+    python -m training router learn --policy P --samples F --out E   (tiergate router learn)
     python -m training cache pairs
     python -m training cache verifier [--limit N]
     python -m training cache sharegpt-candidates [--limit N]
@@ -23,6 +24,7 @@ STEPS: dict[str, dict[str, tuple[str, str]]] = {
         ),
         "label-cv": ("training.router.label_cv", "cross-validate the target, C and terms"),
         "learning-curve": ("training.router.learning_curve", "AUC against training size"),
+        "learn": ("training.router.learn", "fit the router to the policy's tiers from traffic"),
     },
     "cache": {
         "pairs": ("training.cache.build_pairs", "build the verifier's labelled pair set"),
@@ -55,8 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     group, step, rest = args[0], args[1], args[2:]
     module, _ = STEPS[group][step]
     sys.argv = [f"python -m training {group} {step}", *rest]  # the step's usage line
-    importlib.import_module(module).main(rest)
-    return 0
+    return importlib.import_module(module).main(rest) or 0  # a step's own exit status
 
 
 if __name__ == "__main__":
