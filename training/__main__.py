@@ -25,6 +25,10 @@ STEPS: dict[str, dict[str, tuple[str, str]]] = {
         "label-cv": ("training.router.label_cv", "cross-validate the target, C and terms"),
         "learning-curve": ("training.router.learning_curve", "AUC against training size"),
         "learn": ("training.router.learn", "fit the router to the policy's tiers from traffic"),
+        "record-traffic": (
+            "training.router.record_traffic",
+            "the recorded traffic tests/test_router_learn.py replays",
+        ),
     },
     "cache": {
         "pairs": ("training.cache.build_pairs", "build the verifier's labelled pair set"),

@@ -166,7 +166,7 @@ async def label_all(rows, policy, small, large, max_usd, record: Path) -> tuple[
     return out, tiers.spent_usd
 
 
-def fit_and_report(args, policy: Policy, outcome: Outcome, rule: tuple[str, int]) -> dict:
+def fit_and_report(args, policy: Policy, outcome: Outcome, rule: tuple[str, int]) -> tuple:
     from gateway.embedding.embedder import Embedder
 
     embed = Embedder(policy.embedder.model, backend=policy.embedder.backend).embed_many
