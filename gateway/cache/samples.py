@@ -7,6 +7,8 @@ They live in the cache's store (the same SQLite file, or the same Redis under
 samples are listed, exported and purged through /admin/router/samples, never another's.
 """
 
+from __future__ import annotations  # annotations below name `list` beside a method of that name
+
 import json
 import time
 import uuid
@@ -37,7 +39,7 @@ class Sample:
         return json.dumps(asdict(self), ensure_ascii=False)
 
     @classmethod
-    def from_json(cls, text: str | bytes) -> "Sample":
+    def from_json(cls, text: str | bytes) -> Sample:
         return cls(**json.loads(text))
 
     @property

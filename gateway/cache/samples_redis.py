@@ -6,6 +6,8 @@ its own prefix); the key's TTL is the route's retention, renewed on each add, so
 that stops sampling leaves nothing behind.
 """
 
+from __future__ import annotations  # annotations below name `list` beside a method of that name
+
 import hashlib
 import time
 

@@ -4,6 +4,8 @@ Its own connection on its own worker thread: the cache's connection stays the ca
 WAL journaling lets both write the one file.
 """
 
+from __future__ import annotations  # annotations below name `list` beside a method of that name
+
 import asyncio
 import sqlite3
 import time

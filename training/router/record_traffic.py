@@ -76,8 +76,11 @@ def serve(policy_path: Path, port: int) -> tuple[threading.Thread, object]:
 
 def record(prompts: list[str], folder: Path, max_tokens: int, port: int) -> Path:
     policy = folder / "policy.yaml"
-    text = POLICY.format(key=KEY, admin=ADMIN, store=folder / "store.sqlite3", engine=ENGINE)
-    policy.write_text(text.replace("{examples}", str(DIFFICULTY_EXAMPLES)))
+    store = folder / "store.sqlite3"
+    text = POLICY.format(
+        key=KEY, admin=ADMIN, store=store, engine=ENGINE, examples=DIFFICULTY_EXAMPLES
+    )
+    policy.write_text(text)
     thread, server = serve(policy, port)
     base = f"http://127.0.0.1:{port}"
     try:
