@@ -104,21 +104,18 @@ def route_tiers(policy: Policy, route: str | None) -> tuple[str, str, str, int]:
 
 async def read_rows(args: argparse.Namespace, policy: Policy, route: str) -> list[Row]:
     if args.samples:
-        lines = Path(args.samples).read_text().splitlines()
-        rows = [Row.from_json(line) for line in lines if line.strip()]
+        rows = []
+        for number, line in enumerate(Path(args.samples).read_text().splitlines(), 1):
+            try:
+                rows += [Row.from_json(line)] if line.strip() else []
+            except (ValueError, TypeError, AttributeError) as exc:
+                raise ValueError(f"{args.samples}:{number}: not a sample: {exc}") from None
         return [r for r in rows if r.sample.route == route]
     store = open_sample_store(policy.cache)
     try:
         return [Row(s, {s.tier: s.answer}) for s in await store.list(args.tenant, route)]
     finally:
         await store.close()
-
-
-def needs_calls(rows: list[Row], tiers: tuple[str, str], judge: str) -> bool:
-    return any(
-        any(t not in r.answers for t in tiers) or (r.verdict or {}).get("judge") != judge
-        for r in rows
-    )
 
 
 async def label(row: Row, tiers: Tiers, small: str, large: str, out: Outcome) -> None:
@@ -152,13 +149,8 @@ def _max_tokens(row: Row, tiers: Tiers) -> int:
 async def label_all(rows, policy, small, large, max_usd, record: Path) -> tuple[Outcome, float]:
     out = Outcome()
     tiers = Tiers(policy, max_usd)
-    with record.open("w") as sink:
-        if not needs_calls(rows, (small, large), tiers.judge_model()):
-            for row in rows:  # everything recorded: no engine starts, nothing is paid
-                await label(row, tiers, small, large, out)
-                sink.write(row.to_json() + "\n")
-            return out, 0.0
-        async with tiers.running():
+    async with tiers.running():
+        with record.open("w") as sink:
             for row in rows:
                 await label(row, tiers, small, large, out)
                 sink.write(row.to_json() + "\n")

@@ -60,19 +60,27 @@ class Tiers:
         self.spent_usd = 0.0
         self.calls = 0
         self._runtime = None
+        self._engines: LocalEngines | None = None
+        self._http: httpx.AsyncClient | None = None
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator["Tiers"]:
-        engines = LocalEngines(retire_grace_s=0.0)
-        prepared = await prepare(self.policy, engines, None)
-        engines.activate(prepared.engines)
+        """Calls may be made inside; the engines start on the first one (a run that only
+        replays a record, or whose cap refuses every call, starts none)."""
         async with httpx.AsyncClient() as http:
-            self._runtime = build_runtime(self.policy, prepared, Cooldowns(), Stats(), http)
+            self._http = http
             try:
                 yield self
             finally:
-                self._runtime = None
-                await engines.shutdown()
+                if self._engines is not None:
+                    await self._engines.shutdown()
+                self._runtime = self._engines = self._http = None
+
+    async def _start(self) -> None:
+        self._engines = LocalEngines(retire_grace_s=0.0)
+        prepared = await prepare(self.policy, self._engines, None)
+        self._engines.activate(prepared.engines)
+        self._runtime = build_runtime(self.policy, prepared, Cooldowns(), Stats(), self._http)
 
     def judge_model(self) -> str:
         return self.policy.tiers[JUDGE_TIER].deployments[0].model
@@ -85,9 +93,11 @@ class Tiers:
     async def ask(self, tier: str, messages: list[dict], max_tokens: int) -> Reply:
         """The tier's greedy answer; BackendError when it fails, SpendCapReached first when
         the call could pass the cap."""
-        assert self._runtime is not None, "use `async with tiers.running()`"
+        assert self._http is not None, "use `async with tiers.running()`"
         if self.spent_usd + self._estimate(tier, messages, max_tokens) > self.max_usd:
             raise SpendCapReached(f"{self.spent_usd:.4f} USD spent of {self.max_usd}")
+        if self._runtime is None:
+            await self._start()
         body = ChatCompletionRequest.model_validate(
             {"model": tier, "messages": messages, "max_tokens": max_tokens, "temperature": 0}
         )
