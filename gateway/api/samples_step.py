@@ -15,7 +15,8 @@ from engine.entrypoints.openai.protocol import ChatCompletionRequest
 from gateway.api.respond import AfterHook, Answer
 from gateway.backends.base import OpenAIRequest
 from gateway.backends.fallback import Served
-from gateway.cache.samples import Sample, SampleStore, open_sample_store, store_key
+from gateway.cache.sample_stores import open_sample_store, store_key
+from gateway.cache.samples import Sample, SampleStore
 from gateway.policy import Policy
 from gateway.state import GatewayState
 

@@ -15,8 +15,6 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-from gateway.policy import CacheSettings
-
 LIST_LIMIT = 10_000  # most samples one listing returns
 
 
@@ -67,22 +65,3 @@ class SampleStore(Protocol):
         ...
 
     async def close(self) -> None: ...
-
-
-def store_key(cache: CacheSettings) -> tuple:
-    """What decides which store the samples go to: a reload that changes it reopens it."""
-    if cache.store == "redis":
-        return ("redis", cache.redis_url, cache.redis_prefix)
-    return ("embedded", str(cache.sqlite_path()))
-
-
-def open_sample_store(cache: CacheSettings) -> SampleStore:
-    """The samples' store beside the cache's entries, as the cache section names it."""
-    if cache.store == "redis":
-        from gateway.cache.samples_redis import RedisSamples
-
-        assert cache.redis_url is not None  # the schema requires it for `store: redis`
-        return RedisSamples(cache.redis_url, cache.redis_prefix)
-    from gateway.cache.samples_sqlite import SqliteSamples
-
-    return SqliteSamples(cache.sqlite_path())

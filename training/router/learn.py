@@ -26,7 +26,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from gateway.backends.base import BackendError
-from gateway.cache.samples import Sample, open_sample_store
+from gateway.cache.sample_stores import open_sample_store
+from gateway.cache.samples import Sample
 from gateway.policy import Policy, PolicyError, load_policy
 from gateway.routing.calibrate import score_rule_index, write_threshold
 from training.artifacts import write_artifact
