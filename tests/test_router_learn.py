@@ -86,7 +86,8 @@ def test_learn_end_to_end(tmp_path: Path, one_torch_thread: None) -> None:
     policy = write_policy(tmp_path)
     rows = recorded()
     small_served = next(i for i, r in enumerate(rows) if r["tier"] == "small")
-    del rows[small_served]["answers"]["large"]  # one live answer from the large tier
+    del rows[small_served]["answers"]["large"]  # one live answer from the large tier,
+    rows[small_served]["max_tokens"] = 12  # kept short
     rows[-1]["verdict"] = None  # and one live verdict from the judge
     samples = tmp_path / "samples.jsonl"
     samples.write_text("".join(json.dumps(r) + "\n" for r in rows))
