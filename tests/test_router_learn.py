@@ -201,3 +201,33 @@ def test_a_new_examples_file_reloads_the_gateway(tmp_path: Path, one_torch_threa
         assert eventually(lambda: state.runtime.loaded_at > before, 30)
         admin = {"authorization": "Bearer sk-learn-admin"}
         assert httpx.get(f"{base}/admin/policy", headers=admin).json()["last_error"] is None
+
+
+def test_learn_reads_one_tenants_samples_from_the_store(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """`--from-store --tenant` reads the policy's own store, that tenant's samples only
+    (with a cap of 0 each one needs a call it may not make: counted, nothing written)."""
+    import asyncio
+
+    from gateway.cache.samples_sqlite import SqliteSamples
+
+    policy = write_policy(tmp_path)
+    store_path = tmp_path / "store.sqlite3"
+    policy.write_text(POLICY + f"cache: {{path: '{store_path}'}}\n")
+    rows = recorded()[:5]
+
+    async def fill() -> None:
+        store = SqliteSamples(store_path)
+        for i, row in enumerate(rows):
+            keep = {k: v for k, v in row.items() if k not in ("answers", "verdict")}
+            sample = Sample(**keep | {"tenant": "a" if i < 3 else "b", "expires_at": 4e9})
+            await store.add(sample, 100)
+        await store.close()
+
+    asyncio.run(fill())
+    out = tmp_path / "out.jsonl"
+    code = learn("--policy", str(policy), "--from-store", "--tenant", "a", "--out", str(out),
+                 "--max-usd", "0")  # fmt: skip
+    assert code == 1 and "{'spend_cap': 3}" in capsys.readouterr().err
+    assert not out.exists()
