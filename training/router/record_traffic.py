@@ -28,8 +28,14 @@ auth: {{keys: [{{key: {key}, tenant: recorded}}], admin_key: {admin}}}
 cache: {{enabled: false, path: '{store}'}}
 engines: {{smollm2-135m: {engine}, qwen2.5-coder-0.5b: {engine}}}
 tiers:
-  small: {{deployments: [{{model: smollm2-135m}}], price: {{input: 0.02, output: 0.04}}}}
-  large: {{deployments: [{{model: qwen2.5-coder-0.5b}}], price: {{input: 0.07, output: 0.15}}}}
+  small:
+    deployments: [{{model: smollm2-135m}}]
+    price: {{input: 0.02, output: 0.04}}
+    timeout_s: 900  # one busy core: a long answer may take minutes
+  large:
+    deployments: [{{model: qwen2.5-coder-0.5b}}]
+    price: {{input: 0.07, output: 0.15}}
+    timeout_s: 900
 difficulty:
   examples: ['{examples}']
   blend: {{classifier: 1.0, kernel: 3.0}}
