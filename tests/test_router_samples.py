@@ -109,6 +109,11 @@ def test_learn_settings_are_checked() -> None:
         text = base + f"routes: {{auto: {{default: t, learn: {{{bad}}}}}}}\n"
         with pytest.raises(PolicyError, match="learn"):
             parse_policy(text, env={})
+    for bad in ("max_usd: -1", "max_tokens: 0", "judge: {api_base: x}", "judges: []"):
+        with pytest.raises(PolicyError, match="router_learning"):
+            parse_policy(base + f"router_learning: {{{bad}}}\n", env={})
+    good = parse_policy(base + "router_learning: {judge: {model: openai/gpt-4o}}\n", env={})
+    assert good.router_learning.judge.model == "openai/gpt-4o"
 
 
 def policy_text(paid: str, store: Path) -> str:
