@@ -126,6 +126,7 @@ async def label(row: Row, tiers: Tiers, small: str, large: str, out: Outcome) ->
             if tier not in row.answers:
                 reply = await tiers.ask(tier, row.sample.messages, _max_tokens(row, tiers))
                 row.answers[tier] = reply.text
+                row.verdict = None  # a verdict on other answers says nothing of this one
         judge = tiers.judge_model()
         if (row.verdict or {}).get("judge") != judge:
             asked = judge_messages(row.sample.messages, row.answers[small], row.answers[large])
