@@ -20,9 +20,10 @@ from gateway.app import create_app
 from gateway.cache.samples import Sample, SampleStore
 from gateway.cache.samples_redis import RedisSamples
 from gateway.cache.samples_sqlite import SqliteSamples
+from gateway.cache.store import StoreUnavailable
 from gateway.policy import PolicyError, parse_policy
 from tests.paid_api import paid_api_app
-from tests.servers import eventually, run_uvicorn
+from tests.servers import eventually, free_port, run_uvicorn
 
 KEY_A, KEY_B, ADMIN = "sk-samples-tenant-a", "sk-samples-tenant-b", "sk-samples-admin"
 DAY = 86400.0
@@ -99,6 +100,16 @@ async def test_redis_keys_carry_the_retention(redis_url: str) -> None:
         keys = [k async for k in client.scan_iter(f"{prefix}:samples:*")]
         assert len(keys) == 1 and 0 < await client.pttl(keys[0]) <= 60_000
         await client.aclose()
+    finally:
+        await store.close()
+
+
+async def test_an_unreachable_redis_is_store_unavailable() -> None:
+    store = RedisSamples(f"redis://127.0.0.1:{free_port()}/0", "test:down")
+    try:
+        for call in (store.add(sample("a"), 3), store.list("a", None), store.purge("a", None)):
+            with pytest.raises(StoreUnavailable):
+                await call
     finally:
         await store.close()
 
@@ -201,3 +212,15 @@ def test_samples_need_the_admin_key(gateway: str) -> None:
     assert answer.status_code in (401, 403) and "error" in answer.json()
     purge_all = admin(gateway, "DELETE", all="true")
     assert purge_all.status_code == 200
+
+
+def test_a_store_that_fails_loses_samples_never_answers(tmp_path: Path) -> None:
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")  # the store's folder would have to be this file
+    with run_uvicorn(paid_api_app()) as paid:
+        policy = parse_policy(policy_text(f"{paid}/v1", blocked / "store.sqlite3"), env={})
+        with run_uvicorn(create_app(policy)) as base:
+            ask(base, KEY_A, "Still answered?")
+            listed = admin(base, "GET")
+            assert listed.status_code == 503 and "error" in listed.json()
+            assert admin(base, "DELETE", tenant="a").status_code == 503

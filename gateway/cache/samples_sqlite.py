@@ -70,7 +70,7 @@ class SqliteSamples:
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(self._executor, fn, *args)
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, OSError) as exc:  # a broken file, or a folder it cannot make
             raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
 
     def _connection(self) -> sqlite3.Connection:
