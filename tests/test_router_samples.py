@@ -127,13 +127,18 @@ def test_learn_settings_are_checked() -> None:
     assert good.router_learning.judge.model == "openai/gpt-4o"
 
 
-def policy_text(paid: str, store: Path) -> str:
+def policy_text(paid: str, store: Path, redis_url: str | None = None) -> str:
     tier = f'{{deployments: [{{model: openai/paid, api_base: "{paid}"}}]}}'
+    cache = f"{{enabled: false, path: '{store}'}}"
+    if redis_url is not None:  # keys of its own on the shared server
+        prefix = f"test:{uuid.uuid4().hex}"
+        cache = f"{{enabled: false, store: redis, redis_url: '{redis_url}', redis_prefix: {prefix}"
+        cache += "}"
     return f"""
 auth:
   keys: [{{key: {KEY_A}, tenant: a}}, {{key: {KEY_B}, tenant: b}}]
   admin_key: {ADMIN}
-cache: {{enabled: false, path: '{store}'}}
+cache: {cache}
 tiers: {{small: {tier}, large: {tier}}}
 routes:
   auto: {{default: small, learn: {{sample_rate: 1.0, max_samples: 3}}}}
@@ -141,11 +146,14 @@ routes:
 """
 
 
-@pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+@pytest.fixture(scope="module", params=["embedded", "redis"])
+def gateway(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, redis_url: str
+) -> Iterator[str]:
     store = tmp_path_factory.mktemp("samples") / "store.sqlite3"
+    redis = redis_url if request.param == "redis" else None
     with run_uvicorn(paid_api_app()) as paid:
-        policy = parse_policy(policy_text(f"{paid}/v1", store), env={})
+        policy = parse_policy(policy_text(f"{paid}/v1", store, redis), env={})
         with run_uvicorn(create_app(policy)) as base:
             yield base
 
