@@ -120,11 +120,33 @@ def embedder_compare_rows(result: dict[str, Any]) -> list[Row]:
     return rows
 
 
+def cache_followups_rows(result: dict[str, Any]) -> list[Row]:
+    """Follow-ups served another conversation's answer, against a last-message-only key."""
+    phases = result["phases"]
+    base = phases["baseline_last_message_only"]
+    rows: list[Row] = []
+    for name in ("replay", "transplant"):
+        t = phases[name]
+        rows.append(
+            (
+                f"{name}: cross-conversation hits, of {t['requests']} requests",
+                str(t["cross_conversation_hits"]),
+                f"keyed on the last message: {base['cross_conversation_hits']} "
+                f"of {base['requests']}",
+                "",
+            )
+        )
+    repeat = phases["repeat"]
+    rows.append(("the same conversations again: served", _pct(repeat["served_rate"]), "", ""))
+    return rows
+
+
 # Benchmarks whose JSON has a same-run baseline worth a row of its own; the others show
 # their goals (value against target).
 ROWS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "cache_eval": cache_eval_rows,
     "embedder_compare": embedder_compare_rows,
+    "cache_followups": cache_followups_rows,
 }
 
 
@@ -134,6 +156,8 @@ NOTES: dict[str, str] = {
     "a unit test of the verifier, not a result on rewordings people write.",
     "embedder_compare": "Pairs written by people (train split only; the held-out split is "
     "never scored here).",
+    "cache_followups": "Real ShareGPT conversations and their recorded answers; the "
+    "upstream is a stand-in whose answer names the request that first got it.",
 }
 
 

@@ -68,6 +68,7 @@ class _Abort:
 class AsyncEngine:
     def __init__(self, config: EngineConfig, runner: "ModelRunner | None" = None) -> None:
         self.engine = LLMEngine(config, runner)  # owned by the loop thread once started
+        self._owns_runner = runner is None  # a runner passed in is the caller's to free
         self.tokenizer = self.engine.tokenizer
         self.max_model_len = self.engine.max_model_len
         self.model_name = self.engine.model_name
@@ -202,8 +203,10 @@ class AsyncEngine:
         except BaseException as exc:
             log.exception("engine step loop crashed")
             self._die(f"engine step loop crashed: {exc!r}", exc)
-            return
-        self._die("engine shut down", None)
+        else:
+            self._die("engine shut down", None)
+        if self._owns_runner:
+            self.engine.runner.release()
 
     def _queued_commands(self) -> Iterator[_Add | _Abort]:
         while True:

@@ -15,6 +15,7 @@ from engine.entrypoints.openai.errors import install_error_handlers
 from gateway.api import (
     admin,
     admin_cache,
+    admin_keys,
     admin_samples,
     dashboard,
     embeddings,
@@ -33,6 +34,7 @@ from gateway.cache.semantic import SemanticCache
 from gateway.cache.verifier import PairVerifier
 from gateway.drain import Drain
 from gateway.embedding.shared import SharedEmbedder
+from gateway.keys import ManagedKeys
 from gateway.limits import Limiter
 from gateway.policy import Deployment, Policy, PolicyError, PolicyIssue, PolicyWatcher
 from gateway.policy.watcher import example_files
@@ -195,6 +197,7 @@ def create_app(
         health_task = asyncio.create_task(health.run())
         app.state.gateway = state
         app.state.limiter = Limiter(stats.registry)
+        app.state.managed_keys = ManagedKeys()
         app.state.drain = Drain()
         watch_task = None
         if path is not None:
@@ -217,6 +220,7 @@ def create_app(
             await _stop_cache(state)
             await http.aclose()
             await app.state.limiter.close()
+            await app.state.managed_keys.close()
             await engines.shutdown()
 
     app = FastAPI(title="tiergate", lifespan=lifespan, docs_url=None, redoc_url=None)
@@ -229,6 +233,7 @@ def create_app(
     app.include_router(embeddings.router)
     app.include_router(admin.router)
     app.include_router(admin_cache.router)
+    app.include_router(admin_keys.router)
     app.include_router(admin_samples.router)
     app.include_router(dashboard.router)
     app.add_middleware(TiergateHeaders)

@@ -29,9 +29,17 @@ from engine.entrypoints.openai.shapes import ChatShape, Shape, TextShape
 from engine.entrypoints.streaming import CLIENT_CLOSED_REQUEST, unless_disconnected
 from engine.sampling_params import SamplingParams
 from gateway.api.cache_step import CacheControl, CacheStep, matched_text, scope_of
-from gateway.api.deps import State, admit, authenticate, drain_of, parse_body
+from gateway.api.deps import (
+    State,
+    admit,
+    authenticate,
+    check_model_allowed,
+    drain_of,
+    key_terms,
+    parse_body,
+)
 from gateway.api.embeddings import embedding_model_cards
-from gateway.api.respond import Call, backend_error, streamed, whole
+from gateway.api.respond import Call, Payer, backend_error, streamed, whole
 from gateway.api.samples_step import sample_hook
 from gateway.backends.base import BackendError, GenerationRequest, OpenAIRequest
 from gateway.backends.fallback import Served
@@ -44,6 +52,7 @@ from gateway.state import GatewayState, Runtime
 
 router = APIRouter()
 EXPLAIN_HEADER = "x-tiergate-explain"  # "1": the answer carries the routing decision
+_TEMPLATE_TOKENS = 64  # what a chat template adds to the messages' text, at most, usually
 
 
 def _features(body: OpenAIRequest) -> PromptFeatures:
@@ -73,6 +82,11 @@ class RequestContext:
     @property
     def route(self) -> str:
         return self.body.model if self.body.model in self.runtime.policy.routes else "-"
+
+    def payer(self) -> Payer:
+        terms = key_terms(self.request)
+        key = terms.label if terms is not None else "-"
+        return Payer(self.tenant, key, self.runtime.policy.pricing)
 
     def mark(self, **values: str) -> None:
         """Response headers' values (tier, model, cache), written when the answer starts."""
@@ -141,7 +155,9 @@ async def _from_cache(ctx: RequestContext) -> Call | None:
     answer = lookup.answer
     avoided = Usage.of(answer.prompt_tokens, answer.completion_tokens)
     ctx.state.stats.cache_saved(ctx.route, served.tier, served.model, avoided, served.price)
-    return Call(stats, served, ctx.route, tokens, ctx.started, ctx.admission, cached=True)
+    call = Call(stats, served, ctx.route, tokens, ctx.started, ctx.admission, cached=True)
+    call.payer = ctx.payer()
+    return call
 
 
 def _routing_input(ctx: RequestContext) -> RoutingInput:
@@ -187,6 +203,7 @@ async def _from_tier(ctx: RequestContext) -> Call:
     ctx.state.stats.first_token(served.tier, time.perf_counter() - ctx.started)
     stats, tokens = ctx.state.stats, ctx.features.approx_tokens
     call = Call(stats, served, ctx.route, tokens, ctx.started, ctx.admission)
+    call.payer = ctx.payer()
     if ctx.cache is not None and not ctx.cache.control.no_store:
         call.after.append(ctx.cache.store_hook(served.tier, served.model, ctx.state.background))
     policy = ctx.runtime.policy
@@ -227,7 +244,7 @@ async def _complete(
 ) -> Response:
     runtime = state.runtime
     try:
-        tenant = authenticate(request, runtime)
+        tenant = await authenticate(request, runtime)
         body = await parse_body(request, model)
     except OpenAIError as exc:
         state.stats.request_done("-", "-", "-", exc.status)
@@ -247,10 +264,13 @@ async def serve(
         state.stats.tenant_request(asked, tenant)
         if body.model not in runtime.router.model_names():  # before the cache can answer
             raise _not_found(body.model)
+        check_model_allowed(request, body.model)
         ctx = RequestContext(request, state, runtime, tenant, body, _features(body))
         ctx.embed = embed_once(state.embedder.current, ctx.features.last_user_text)
         tokens = ctx.features.approx_tokens
-        ctx.admission = await admit(request, runtime, tenant, tokens, _completion_budget(body))
+        most = _completion_budget(body)
+        bound = ctx.features.chars + _TEMPLATE_TOKENS  # a token per character at most, nearly
+        ctx.admission = await admit(request, runtime, tenant, tokens, most, bound)
         ctx.cache = _cache_step(ctx)
         call = await _answered(ctx)
     except OpenAIError as exc:  # refused before any answer: counted under the tier, if any
@@ -296,7 +316,7 @@ async def completions(request: Request, state: State) -> Response:
 @router.get("/v1/models")
 async def list_models(request: Request, state: State) -> dict:
     runtime = state.runtime
-    authenticate(request, runtime)
+    await authenticate(request, runtime)
     policy = runtime.policy
     owners = {name: "tiergate-route" for name in policy.routes}
     owners |= {name: "tiergate-tier" for name in policy.tiers}
@@ -304,4 +324,7 @@ async def list_models(request: Request, state: State) -> dict:
         ModelCard(id=name, owned_by=owners.get(name, "tiergate-deployment"))
         for name in runtime.router.model_names()
     ]
-    return ModelList(data=cards + embedding_model_cards()).model_dump()
+    terms = key_terms(request)
+    allowed = terms.allowed_models if terms is not None else None
+    cards = [c for c in cards + embedding_model_cards() if allowed is None or c.id in allowed]
+    return ModelList(data=cards).model_dump()

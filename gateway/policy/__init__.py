@@ -6,6 +6,7 @@ schema then cross-section checks), each reporting `yaml.path: reason` with its l
 watcher.py reloads a changed file. Everything callers use is importable from here.
 """
 
+from gateway.policy.budgets import PERIODS, Budget, BudgetSettings, PricingSettings
 from gateway.policy.loading import load_policy, parse_policy, policy_from_text, with_lines
 from gateway.policy.schema import Policy, PolicyError, PolicyIssue
 from gateway.policy.settings import (
@@ -21,6 +22,7 @@ from gateway.policy.settings import (
     Strictness,
     default_cache_path,
     key_digest,
+    key_label,
 )
 from gateway.policy.tiers import (
     Blend,
@@ -37,9 +39,12 @@ from gateway.policy.tiers import (
 from gateway.policy.watcher import PolicyWatcher
 
 __all__ = [
+    "PERIODS",
     "ApiKey",
     "AuthSettings",
     "Blend",
+    "Budget",
+    "BudgetSettings",
     "CacheSettings",
     "Deployment",
     "DifficultySettings",
@@ -53,6 +58,7 @@ __all__ = [
     "PolicyIssue",
     "PolicyWatcher",
     "Price",
+    "PricingSettings",
     "Route",
     "RouteCacheSettings",
     "RouteLearnSettings",
@@ -63,6 +69,7 @@ __all__ = [
     "Tier",
     "default_cache_path",
     "key_digest",
+    "key_label",
     "load_policy",
     "parse_policy",
     "policy_from_text",

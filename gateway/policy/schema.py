@@ -8,6 +8,7 @@ from pydantic import (
 )
 
 from engine.model_registry import BUNDLED
+from gateway.policy.budgets import BudgetSettings, PricingSettings
 from gateway.policy.common import StrictModel
 from gateway.policy.settings import (
     AuthSettings,
@@ -30,6 +31,8 @@ class Policy(StrictModel):
     server: ServerSettings = ServerSettings()
     auth: AuthSettings  # required: serving without keys must be a choice, not an omission
     limits: LimitsSettings = LimitsSettings()
+    budgets: BudgetSettings = BudgetSettings()
+    pricing: PricingSettings = PricingSettings()
     cache: CacheSettings = CacheSettings()
     embedder: EmbedderSettings = EmbedderSettings()
     difficulty: DifficultySettings = DifficultySettings()
