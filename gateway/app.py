@@ -16,6 +16,7 @@ from gateway.api import (
     admin,
     admin_cache,
     admin_keys,
+    admin_samples,
     batches,
     dashboard,
     embeddings,
@@ -39,6 +40,7 @@ from gateway.embedding.shared import SharedEmbedder
 from gateway.keys import ManagedKeys
 from gateway.limits import Limiter
 from gateway.policy import Deployment, Policy, PolicyError, PolicyIssue, PolicyWatcher
+from gateway.policy.watcher import example_files
 from gateway.replicas import Fleet, ReplicaSync, replica_id
 from gateway.replicas.fleet import policy_sha256
 from gateway.replicas.signing import policy_secret
@@ -102,6 +104,8 @@ async def _stop_cache(state: GatewayState) -> None:
         await asyncio.wait(list(state.background), timeout=5)
     if state.cache is not None:
         await state.cache.close()
+    if state.samples is not None:
+        await state.samples.close()
     await state.embedder.close()
 
 
@@ -201,7 +205,9 @@ def create_app(
         watch_task = None
         if path is not None:
             interval = policy.server.reload_interval_s
-            state.watcher = PolicyWatcher(path, _applier(state), interval, stats.policy_reload)
+            state.watcher = PolicyWatcher(
+                path, _applier(state), interval, stats.policy_reload, example_files(policy)
+            )
             if interval > 0:
                 watch_task = asyncio.create_task(state.watcher.watch())
         sync_task = await _start_replica_sync(state, policy, replica or replica_id())
@@ -236,6 +242,7 @@ def create_app(
     app.include_router(admin.router)
     app.include_router(admin_cache.router)
     app.include_router(admin_keys.router)
+    app.include_router(admin_samples.router)
     app.include_router(dashboard.router)
     app.add_middleware(TiergateHeaders)
     app.add_middleware(BodyLimit, max_body_bytes=policy.server.max_body_bytes)  # outermost

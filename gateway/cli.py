@@ -1,4 +1,5 @@
-"""The `tiergate` command: serve | engine | check-policy | hash-key | stats | calibrate* | train.
+"""The `tiergate` command: serve | engine | check-policy | hash-key | stats | calibrate* | train |
+router learn.
 
 Heavy imports (uvicorn, the app, the engine and torch) happen inside each subcommand, so
 `tiergate check-policy` answers in well under a second.
@@ -240,6 +241,11 @@ def train(args: argparse.Namespace) -> int:
     return run_step(args.step)
 
 
+def router(args: argparse.Namespace) -> int:
+    """`tiergate router learn ...`: the training step that fits the router to the tiers."""
+    return train(argparse.Namespace(step=["router", args.action, *args.rest]))
+
+
 def calibrate_cache(args: argparse.Namespace) -> int:
     """`python -m training cache calibrate`: the pairs and their scoring live in training/."""
     return train(argparse.Namespace(step=["cache", "calibrate", *args.options]))
@@ -318,6 +324,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="a training step: router|cache STEP (python -m training)")
     p.add_argument("step", nargs=argparse.REMAINDER, help="e.g. cache verifier --limit 400")
     p.set_defaults(func=train)
+    p = sub.add_parser("router", help="router learn: fit the router to your tiers from traffic")
+    p.add_argument("action", choices=["learn"])
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="--policy P --samples F --out E ...")
+    p.set_defaults(func=router)
     return parser
 
 

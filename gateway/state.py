@@ -14,6 +14,7 @@ from gateway.backends.fallback import Cooldowns, FallbackChain, TierBackends
 from gateway.backends.local import EngineSlot, LocalBackend, LocalEngines
 from gateway.backends.openai_compat import NATIVE_PROVIDERS, OpenAICompatBackend
 from gateway.backends.remote import RemoteBackend, load_litellm
+from gateway.cache.samples import SampleStore
 from gateway.cache.semantic import SemanticCache
 from gateway.embedding.shared import SharedEmbedder
 from gateway.policy import Deployment, Policy, PolicyWatcher
@@ -59,6 +60,9 @@ class GatewayState:
     replicas: ReplicaSync = field(  # the other gateways on the same Redis, if any
         default_factory=lambda: ReplicaSync(None, "-", _no_report)
     )
+    # Traffic samples for `tiergate router learn`, opened on first use (gateway/api/samples_step.py)
+    samples: SampleStore | None = None
+    samples_key: tuple = ()  # the cache settings it was opened for
 
     def engine_registries(self) -> list[Any]:
         """Each running local engine's metrics registry (a test double may have none)."""

@@ -47,6 +47,8 @@ def policy_text(stub: str) -> str:
           never_called:
             deployments:
               - {{model: hosted_vllm/x, api_base: "http://svc:pa55word@gpu-box:8000/v1?sig=s3cr3t"}}
+        router_learning:
+          judge: {{model: hosted_vllm/j, api_base: "http://judge:j5ecret@judge-box/v1"}}
         """)
 
 
@@ -160,12 +162,14 @@ def test_admin_policy_redacts_credentials(url: str) -> None:
     response = httpx.get(f"{url}/admin/policy", headers=bearer(ADMIN))
     assert response.status_code == 200
     shown = response.json()["policy"]
-    for secret in ("pa55word", "svc:", "s3cr3t", "hunter2", "cacheuser", "do-not-show-me"):
+    secrets = ("pa55word", "svc:", "s3cr3t", "hunter2", "cacheuser", "do-not-show-me", "j5ecret")
+    for secret in secrets:
         assert secret not in response.text
     assert shown["tiers"]["never_called"]["deployments"][0]["api_base"] == (
         "http://***@gpu-box:8000/v1?sig=***"
     )
     assert shown["cache"]["redis_url"] == "redis://***@redis-internal:6379/0"
+    assert shown["router_learning"]["judge"]["api_base"] == "http://***@judge-box/v1"
     assert shown["auth"]["keys"][1]["key_sha256"] == HASH[:8] + "..."
     assert METRICS not in response.text and KEY not in response.text
 

@@ -5,6 +5,7 @@
     python -m training router learning-curve
     python -m training router real-prompts --bigbench PATH
     python -m training router prior-cv
+    python -m training router learn --policy P --samples F --out E   (tiergate router learn)
     python -m training cache pairs
     python -m training cache verifier [--limit N]
     python -m training cache sharegpt-candidates [--limit N]
@@ -31,6 +32,11 @@ STEPS: dict[str, dict[str, tuple[str, str]]] = {
             "the prior's real prompts, graded, split; writes the examples",
         ),
         "prior-cv": ("training.router.prior_cv", "cross-validate the prior's settings"),
+        "learn": ("training.router.learn", "fit the router to the policy's tiers from traffic"),
+        "record-traffic": (
+            "training.router.record_traffic",
+            "the recorded traffic tests/test_router_learn.py replays",
+        ),
     },
     "cache": {
         "pairs": ("training.cache.build_pairs", "build the verifier's labelled pair set"),

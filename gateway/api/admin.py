@@ -42,6 +42,9 @@ def _redacted(policy_json: dict[str, Any]) -> dict[str, Any]:
     for tier in policy_json.get("tiers", {}).values():
         for deployment in tier.get("deployments", []):
             deployment["api_base"] = redact_url(deployment.get("api_base"))
+    judge = policy_json.get("router_learning", {}).get("judge")
+    if judge:  # a deployment like any tier's
+        judge["api_base"] = redact_url(judge.get("api_base"))
     for section in ("cache", "limits", "server"):
         part = policy_json.get(section, {})
         if part.get("redis_url"):

@@ -40,6 +40,7 @@ from gateway.api.deps import (
 )
 from gateway.api.embeddings import embedding_model_cards
 from gateway.api.respond import Call, Payer, backend_error, streamed, whole
+from gateway.api.samples_step import sample_hook
 from gateway.backends.base import (
     INTERACTIVE,
     BackendError,
@@ -216,6 +217,10 @@ async def _from_tier(ctx: RequestContext) -> Call:
     call.payer = ctx.payer()
     if ctx.cache is not None and not ctx.cache.control.no_store:
         call.after.append(ctx.cache.store_hook(served.tier, served.model, ctx.state.background))
+    policy = ctx.runtime.policy
+    keep = sample_hook(ctx.state, policy, ctx.route, ctx.tenant, ctx.body, served)
+    if keep is not None:  # the route's opt-in traffic sample, for `tiergate router learn`
+        call.after.append(keep)
     return call
 
 

@@ -97,7 +97,7 @@ class Call:
 
     async def completed(self, answer: "Gathered") -> Usage:
         """The answer ended well: count it and hand it to the hooks (choice 0's text: the
-        cache, the only hook, never takes requests for more than one choice)."""
+        hooks, the cache and the traffic sample, never take requests for more than one choice)."""
         first = answer.ended()[0]
         usage = self.usage_or_estimate(answer.usage, answer.all_text())
         await self.done(200, usage)

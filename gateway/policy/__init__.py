@@ -32,6 +32,8 @@ from gateway.policy.tiers import (
     ExamplePrompt,
     Price,
     Route,
+    RouteLearnSettings,
+    RouterLearningSettings,
     Rule,
     Tier,
 )
@@ -61,6 +63,8 @@ __all__ = [
     "PricingSettings",
     "Route",
     "RouteCacheSettings",
+    "RouteLearnSettings",
+    "RouterLearningSettings",
     "Rule",
     "ServerSettings",
     "Strictness",

@@ -19,7 +19,13 @@ from gateway.policy.settings import (
     LimitsSettings,
     ServerSettings,
 )
-from gateway.policy.tiers import Deployment, DifficultySettings, Route, Tier
+from gateway.policy.tiers import (
+    Deployment,
+    DifficultySettings,
+    Route,
+    RouterLearningSettings,
+    Tier,
+)
 
 
 class Policy(StrictModel):
@@ -35,6 +41,7 @@ class Policy(StrictModel):
     tiers: Annotated[dict[str, Tier], Field(min_length=1)]
     routes: dict[str, Route] = {}
     batch: BatchSettings = BatchSettings()
+    router_learning: RouterLearningSettings = RouterLearningSettings()
 
     def local_engines(self) -> dict[str, EngineSettings]:
         """Every engine a deployment uses: declared ones, plus bundled names used bare."""

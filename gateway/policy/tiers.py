@@ -106,6 +106,22 @@ class Rule(StrictModel):
     )(not_negative)
 
 
+class RouteLearnSettings(StrictModel):
+    """`routes.<name>.learn`: an opt-in sample of the route's answered requests, kept in the
+    cache's store for `tiergate router learn` (docs/routing.md, "Fitting to your tiers")."""
+
+    sample_rate: float = 0.0  # share of answered requests kept (0..1); 0: none, the default
+    max_samples: int = 1000  # most kept per tenant on this route; the oldest go first
+    retention_days: float = 30.0  # a sample is dropped this long after its request
+
+    _check_rate = field_validator("sample_rate")(between_0_and_1)
+    _check_positive = field_validator("max_samples", "retention_days")(positive)
+
+    @property
+    def retention_s(self) -> float:
+        return self.retention_days * 86400.0
+
+
 class Route(StrictModel):
     rules: list[Rule] = []  # first match wins
     default: str  # tier when no rule matches
@@ -113,6 +129,21 @@ class Route(StrictModel):
     aliases: list[str] = []  # more model names that pick this route (e.g. "gpt-4o")
     # An answer whose deployment fails midway goes on on another one (docs/operations.md)
     resume_streams: bool = True
+    learn: RouteLearnSettings = RouteLearnSettings()
+
+
+class RouterLearningSettings(StrictModel):
+    """`router_learning`: how `tiergate router learn` labels the sampled traffic."""
+
+    # The judge comparing the small and the large answer. None: the first deployment of the
+    # policy's most expensive tier (locally the largest model; a remote through litellm).
+    judge: Deployment | None = None
+    judge_price: Price = Price()  # USD per 1M tokens, counted against max_usd
+    max_usd: float = 1.0  # spend cap of one run: answers fetched plus judge calls
+    max_tokens: int = 256  # the answer fetched from the other tier, at most
+
+    _check_usd = field_validator("max_usd")(not_negative)
+    _check_tokens = field_validator("max_tokens")(positive)
 
 
 class ExamplePrompt(StrictModel):

@@ -1,4 +1,5 @@
-"""Hot reload: the policy file watched by its mtime, each valid new policy applied."""
+"""Hot reload: the policy file (and the example files it lists) watched by mtime, each
+valid new policy applied."""
 
 import asyncio
 import logging
@@ -12,7 +13,9 @@ logger = logging.getLogger("tiergate.policy")
 
 
 class PolicyWatcher:
-    """Polls the policy file's mtime and calls `apply` with each new valid policy.
+    """Polls the policy file's mtime, and its difficulty example files' (so a new examples
+    file from `tiergate router learn` is picked up), and calls `apply` with each new valid
+    policy.
 
     An invalid file leaves the running policy in force: the error is logged and kept in
     `last_error` (shown by GET /admin/policy) until a later load succeeds. Policy text from
@@ -25,8 +28,10 @@ class PolicyWatcher:
         apply: Callable[[Policy], Awaitable[None]],
         interval_s: float = 1.0,
         on_result: Callable[[bool], None] | None = None,
+        examples: list[Path] | None = None,
     ) -> None:
         self.path = path
+        self.examples = examples or []  # the running policy's example files, also watched
         self._apply = apply  # raises PolicyError to refuse a policy it cannot put in force
         self.interval_s = interval_s
         self._on_result = on_result or (lambda ok: None)
@@ -36,11 +41,8 @@ class PolicyWatcher:
         self._mtime = self._current_mtime()
         self._lock = asyncio.Lock()
 
-    def _current_mtime(self) -> int | None:
-        try:
-            return self.path.stat().st_mtime_ns
-        except OSError:
-            return None
+    def _current_mtime(self) -> tuple[int | None, ...]:
+        return tuple(_mtime(p) for p in (self.path, *self.examples))
 
     def read(self) -> str:
         return read_policy_text(self.path)
@@ -77,6 +79,8 @@ class PolicyWatcher:
         except PolicyError as exc:
             self.refuse(exc)
             return None
+        self.examples = example_files(policy)
+        self._mtime = self._current_mtime()
         self.last_error = None
         self._on_result(True)
         logger.info("policy reloaded from %s", source)
@@ -98,3 +102,15 @@ class PolicyWatcher:
                 await self.reload()
             except Exception:  # a bug in one reload must not end hot reload for good
                 logger.exception("policy reload failed")
+
+
+def _mtime(path: Path) -> int | None:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return None
+
+
+def example_files(policy: Policy) -> list[Path]:
+    """The example files a loaded policy lists (made absolute when it was loaded)."""
+    return [Path(e) for e in policy.difficulty.examples if isinstance(e, str)]
