@@ -156,13 +156,12 @@ class SemanticCache:
             and held.serves(query.max_tokens)
         ][: self.settings.candidates]
         refused, reason = 0, None
-        for hit, held in candidates:
-            if self._verifier is not None and strictness != "off":
-                verdict = await self._verify(query.text, held.question, hit.similarity, strictness)
-                if not verdict.accept:
-                    refused += 1
-                    reason = reason or verdict.reason
-                    continue
+        verdicts = await self._verdicts(query.text, candidates, strictness)
+        for (hit, _), verdict in zip(candidates, verdicts, strict=True):
+            if verdict is not None and not verdict.accept:
+                refused += 1
+                reason = reason or verdict.reason
+                continue
             answer = await self._fetch(hit.entry_id)
             if answer is not None:
                 return Lookup("semantic", answer, hit.entry_id, hit.similarity, refused, reason)
@@ -260,6 +259,7 @@ class SemanticCache:
         """Take a reloaded policy's cache section. False: the store or index settings
         changed, and only a new cache (close this one, open another) can apply them."""
         fixed = ("store", "path", "redis_url", "redis_prefix", "approximate_above")
+        fixed += ("verifier_model",)  # another verifier: a new cache loads it
         if any(getattr(settings, k) != getattr(self.settings, k) for k in fixed):
             return False
         self.settings = settings
@@ -290,6 +290,9 @@ class SemanticCache:
             logger.warning("semantic cache store did not close within %gs", CLOSE_WAIT_S)
         self.tables.close()
         self._verify_thread.shutdown(wait=False)
+        closing = getattr(self._verifier, "close", None)
+        if closing is not None:
+            await closing()
 
     # --- helpers -----------------------------------------------------------------------
 
@@ -307,6 +310,26 @@ class SemanticCache:
     async def _touch(self, entry_id: str, now: float) -> None:
         with contextlib.suppress(StoreUnavailable):
             await self._store.touch(entry_id, now)
+
+    async def _verdicts(
+        self, query: str, candidates: list[tuple], strictness: str
+    ) -> list[Verdict | None]:
+        """Each candidate's verdict (None: no verifier asked). A verifier that scores a
+        lookup's candidates together (the pair model) gets them in one call; a broken one
+        refuses: a miss, never a wrong hit."""
+        if self._verifier is None or strictness == "off" or not candidates:
+            return [None] * len(candidates)
+        many = getattr(self._verifier, "verify_many", None)
+        if many is None:
+            return [
+                await self._verify(query, held.question, hit.similarity, strictness)
+                for hit, held in candidates
+            ]
+        try:
+            return await many(query, [held.question for _, held in candidates], strictness)
+        except Exception as exc:
+            logger.exception("cache verifier failed")
+            return [Verdict(False, 0.0, f"verifier_failed: {type(exc).__name__}")] * len(candidates)
 
     async def _verify(self, query: str, candidate: str, cosine: float, strictness: str) -> Verdict:
         loop = asyncio.get_running_loop()

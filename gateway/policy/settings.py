@@ -135,6 +135,9 @@ class CacheSettings(StrictModel):
     approximate_above: int = 20_000  # a scope's index turns from exact to IVF above this
     min_similarity: float = 0.8  # default cosine floor for candidates
     verifier: Strictness = "strict"  # the one of the three under 1% wrong hits on test
+    # pair: the vetoes, then the cross-encoder (gateway/cache/pair_model.py); logistic: the
+    # vetoes, then the older logistic model over cosine and word-alignment features
+    verifier_model: Literal["pair", "logistic"] = "pair"
     candidates: int = 3  # most candidates the verifier sees per lookup, best first
     max_temperature: float = 1.0  # answers sampled hotter are not stored
 
