@@ -1,7 +1,7 @@
-"""The pair verifier through the live gateway, on the default policy's cache keys: a
-rewording people write, whose cosine is below the old 0.8 floor, is served from the cache;
-a negation of the stored question, and another scope, are not. The tier is the paid-API
-stand-in; the embedder, the pair model (ONNX Runtime) and the store are the real ones.
+"""The pair model through the live gateway (`verifier_model: pair`, `verifier: lenient`, the
+default floor): a rewording people wrote (train split), whose cosine is below the old 0.8
+floor, is served from the cache; its negation is not. The tier is the paid-API stand-in;
+the embedder, the pair model (ONNX Runtime) and the store are the real ones.
 """
 
 from collections.abc import Iterator
@@ -18,16 +18,16 @@ from tests.paid_api import paid_api_app
 from tests.servers import eventually, run_uvicorn
 
 KEY = "sk-pair-verifier"
-STORED = "How do I undo my last git commit but keep the changes?"
-REWORDED = "git: revert the most recent commit without losing my edits"
-NEGATED = "How do I undo my last git commit and not keep the changes?"
-OTHER_SCOPE = "How do I undo my last git commit on a shared remote branch?"
+STORED = "recommend me a film for tonight"
+REWORDED = "What's a good movie to watch tonight?"  # cosine 0.76
+NEGATED = "What's not a good movie to watch tonight?"
 
 
 def policy_text(paid: str, cache_path: Path) -> str:
     return f"""
 auth: {{keys: [{{key: {KEY}, tenant: acme}}]}}
-cache: {{enabled: true, store: embedded, path: {cache_path}}}
+cache: {{enabled: true, store: embedded, path: {cache_path}, verifier_model: pair,
+        verifier: lenient}}
 tiers:
   cheap: {{deployments: [{{model: openai/gpt-4o-mini, api_base: "{paid}/v1"}}]}}
 routes:
@@ -40,7 +40,6 @@ def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     cache_path = tmp_path_factory.mktemp("pair") / "cache.sqlite3"
     with run_uvicorn(paid_api_app()) as paid:
         policy = parse_policy(policy_text(paid, cache_path), env={})
-        assert policy.cache.verifier_model == "pair"  # the default
         with run_uvicorn(create_app(policy)) as base:
             yield base
 
@@ -73,6 +72,6 @@ def test_a_rewording_below_the_old_floor_hits_and_a_negation_does_not(
     hit = ask(url, REWORDED)
     assert hit.headers["x-tiergate-cache"] == "hit"
     assert hit.parse().choices[0].message.content == first.parse().choices[0].message.content
-    for other in (NEGATED, OTHER_SCOPE):
-        assert cosine(embedder, other, STORED) >= floor  # a candidate the verifier saw
-        assert ask(url, other).headers["x-tiergate-cache"] == "miss", other
+    assert cosine(embedder, NEGATED, STORED) >= floor  # a candidate the verifier saw
+    refused = ask(url, NEGATED)
+    assert refused.headers["x-tiergate-cache"] == "miss"

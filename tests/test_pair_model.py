@@ -55,10 +55,10 @@ def test_scores_are_probabilities_that_tell_a_rewording_from_another_ask(model) 
     assert probs[0] > probs[1]  # a narrower ask scores below the rewording
 
 
-def test_a_padded_batch_scores_as_its_pairs_one_by_one(model) -> None:
+def test_a_batch_scores_as_its_pairs_one_by_one(model) -> None:
     batch = model.score_pairs([a for a, _ in PAIRS], [b for _, b in PAIRS])
     single = [model.score_pairs([a], [b])[0] for a, b in PAIRS]
-    assert batch == pytest.approx(single, abs=1e-4)
+    assert batch == single  # exactly: a pair's score never depends on its neighbours
 
 
 def test_long_texts_are_cut_not_refused(model) -> None:
@@ -82,7 +82,7 @@ async def test_concurrent_lookups_share_forward_passes(model) -> None:
         results = await asyncio.gather(*(batcher.score([a], [b]) for a, b in PAIRS))
     finally:
         await batcher.close()
-    assert model.passes - before < len(PAIRS)  # batched, not one pass per lookup
+    assert model.passes - before < len(PAIRS)  # batched: fewer turns than lookups
     alone = [model.score_pairs([a], [b])[0] for a, b in PAIRS]
     assert [r[0] for r in results] == pytest.approx(alone, abs=1e-4)
 
@@ -90,9 +90,9 @@ async def test_concurrent_lookups_share_forward_passes(model) -> None:
 async def test_vetoes_decide_before_the_model_and_verdicts_follow_thresholds(verifier) -> None:
     query, stored = PARAPHRASE
     p = verifier.model.score_pairs([query], [stored])[0]
-    cands = [stored, "What's the worst way to learn Python quickly?", query.upper()]
+    cands = [stored, "What's the best way to learn Python 3 quickly?", query.upper()]
     verdicts = await verifier.verify_many(query, cands, "lenient")
-    assert verdicts[1].reason == "antonym" and verdicts[1].probability == 0.0
+    assert verdicts[1].reason == "numbers differ" and verdicts[1].probability == 0.0
     assert verdicts[2].accept and verdicts[2].probability == 1.0  # the same words
     assert verdicts[0].probability == pytest.approx(p, abs=1e-4)
     assert verdicts[0].accept == (p >= verifier.thresholds["lenient"])

@@ -9,7 +9,9 @@ question can score high while a changed scope scores low.
 
 `score_pairs(queries, candidates)` is the one entry point (blocking; thread-safe: ONNX
 Runtime sessions may run concurrently). `PairBatcher.score` is the request path's form: it
-micro-batches the pairs of concurrent lookups into one forward pass, as the embedder does.
+gathers the pairs of concurrent lookups into one turn of the model's thread, as the
+embedder does, scored one pair per pass (see score_pairs: int8 activations are scaled per
+tensor; a weight-only int8 graph would let one pass take them all).
 """
 
 import asyncio
@@ -78,14 +80,19 @@ class PairModel:
         self.passes = 0  # forward passes run, so tests can see batching
 
     def score_pairs(self, queries: list[str], candidates: list[str]) -> list[float]:
-        """P(the answer stored for candidates[i] answers queries[i]) for every i."""
+        """P(the answer stored for candidates[i] answers queries[i]) for every i.
+
+        One forward pass per pair: the int8 graph quantises its activations with one scale
+        per tensor, so in a padded batch a pair's score moved with its neighbours (by up to
+        0.04, past the thresholds' margins). A pair alone scores the same in any call."""
         if len(queries) != len(candidates):
             raise ValueError("score_pairs needs as many candidates as queries")
-        if not queries:
-            return []
-        (logits,) = self._session.run(None, encode_pairs(self._tokenizer, queries, candidates))
+        out = []
+        for q, c in zip(queries, candidates, strict=True):
+            (logits,) = self._session.run(None, encode_pairs(self._tokenizer, [q], [c]))
+            out.append(_sigmoid(float(np.asarray(logits).reshape(-1)[0])))
         self.passes += 1
-        return [_sigmoid(float(z)) for z in np.asarray(logits).reshape(-1)]
+        return out
 
 
 def _sigmoid(z: float) -> float:
