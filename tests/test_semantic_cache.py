@@ -325,6 +325,10 @@ async def test_reloaded_settings_apply_unless_the_store_changes(opened, embedder
     assert paraphrase.outcome == "miss"
     moved = cache.settings.model_copy(update={"path": "/elsewhere/cache.sqlite3"})
     assert not cache.reconfigure(moved) and cache.settings.min_similarity == 0.99
+    other_model = cache.settings.model_copy(update={"verifier_model": "pair"})
+    assert not cache.reconfigure(other_model)  # a new cache loads the other verifier
+    with pytest.raises(ValueError, match="verifier_model"):
+        CacheSettings(verifier_model="cosine")
 
 
 async def test_concurrent_stores_lookups_and_deletes_stay_consistent(opened, tmp_path) -> None:
