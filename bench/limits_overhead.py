@@ -18,10 +18,12 @@ from bench import common
 from gateway.backends.base import Piece
 from gateway.drain import Drain
 from gateway.limits import Limiter
+from gateway.limits.terms import KeyTerms
 from gateway.policy import key_digest, parse_policy
 from tests.servers import run_redis
 
 KEY = "sk-bench-limits-key"
+TERMS = KeyTerms(key_digest(KEY.encode()), "bench")
 POLICY = f"""
 auth: {{keys: [{{key: {KEY}, tenant: bench}}]}}
 tiers: {{small: {{deployments: [{{model: smollm2-135m}}]}}}}
@@ -50,7 +52,7 @@ async def limiter_costs(n: int, redis_url: str) -> dict[str, float]:
 
     def request(policy: Any) -> Callable[[], Awaitable[None]]:
         async def once() -> None:
-            admission = await limiter.admit(policy, "bench", KEY, 100)
+            admission = await limiter.admit(policy, "bench", TERMS, 100)
             await admission.finish(150)
 
         return once

@@ -58,6 +58,7 @@ class _Add:
     cache_salt: str | None
     stream: _Stream
     grammar: GrammarState | None
+    priority: int = 0
 
 
 @dataclass
@@ -68,6 +69,7 @@ class _Abort:
 class AsyncEngine:
     def __init__(self, config: EngineConfig, runner: "ModelRunner | None" = None) -> None:
         self.engine = LLMEngine(config, runner)  # owned by the loop thread once started
+        self._owns_runner = runner is None  # a runner passed in is the caller's to free
         self.tokenizer = self.engine.tokenizer
         self.max_model_len = self.engine.max_model_len
         self.model_name = self.engine.model_name
@@ -113,6 +115,7 @@ class AsyncEngine:
         params: SamplingParams,
         request_id: str,
         cache_salt: str | None = None,
+        priority: int = 0,
     ) -> AsyncIterator[RequestOutput]:
         """Stream the request's output deltas; closing the stream early aborts the request.
 
@@ -127,7 +130,7 @@ class AsyncEngine:
         if params.constraint is not None:  # compiled here, on its own pool: it takes a while
             grammar = await self.compiles.state_for(params.constraint)
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
-        self._submit(_Add(request_id, prompt, params, cache_salt, stream, grammar))
+        self._submit(_Add(request_id, prompt, params, cache_salt, stream, grammar, priority))
         finished = False
         try:
             while not finished:
@@ -202,8 +205,10 @@ class AsyncEngine:
         except BaseException as exc:
             log.exception("engine step loop crashed")
             self._die(f"engine step loop crashed: {exc!r}", exc)
-            return
-        self._die("engine shut down", None)
+        else:
+            self._die("engine shut down", None)
+        if self._owns_runner:
+            self.engine.runner.release()
 
     def _queued_commands(self) -> Iterator[_Add | _Abort]:
         while True:
@@ -219,7 +224,12 @@ class AsyncEngine:
                 continue
             try:
                 self.engine.add_request(
-                    cmd.request_id, cmd.prompt, cmd.params, cmd.cache_salt, cmd.grammar
+                    cmd.request_id,
+                    cmd.prompt,
+                    cmd.params,
+                    cmd.cache_salt,
+                    cmd.grammar,
+                    cmd.priority,
                 )
             except Exception as exc:  # a rejected request, not an engine failure
                 cmd.stream.put(exc)

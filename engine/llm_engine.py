@@ -81,13 +81,15 @@ class LLMEngine:
         params: SamplingParams,
         cache_salt: str | None = None,
         grammar: GrammarState | None = None,
+        priority: int = 0,
     ) -> None:
         """Queue a request; raises PromptTooLongError, QueueFullError or ValueError.
 
         The cache salt stands for the tenant (the gateway sets it from the tenant), so it is
         also what `max_waiting_per_tenant` counts by. A constrained request's grammar is
         best compiled by the caller (`self.grammars.state_for`, off the step loop); without
-        one it is compiled here.
+        one it is compiled here. `priority`: lower is served first (0 interactive, 1 batch
+        work, which is preempted first and never admitted ahead of interactive requests).
         """
         if request_id in self._seqs:
             raise ValueError(f"request id {request_id!r} is already in use")
@@ -109,6 +111,7 @@ class LLMEngine:
             params=params,
             max_tokens=min(params.max_tokens, self.max_model_len - len(ids)),
             cache_salt=cache_salt,
+            priority=priority,
             arrival_time=time.monotonic(),
             generator=None if params.seed is None else torch.Generator().manual_seed(params.seed),
             detokenizer=IncrementalDetokenizer(self.tokenizer, ids, params.stop),

@@ -62,6 +62,15 @@ class ModelRunner:
             "%s: %s", self.model_name, " ".join(f"{k}={v}" for k, v in self.kernel_info().items())
         )
 
+    def release(self) -> None:
+        """Free the weights and KV pools now: a stopped engine's objects can outlive it in
+        reference cycles until a full collection, and hold its gigabytes until then (a hot
+        reload that retires an engine, a test session that starts many)."""
+        self.fused = None
+        self.kv_caches = []
+        self.model = None  # type: ignore[assignment]
+        self._scratch, self._logits = torch.empty(0), torch.empty(0)
+
     def kernel_info(self) -> dict[str, str]:
         """What runs this model: ops, weight format, fused decode, KV dtype, each format's kernel
         path and measured choices, CPU features."""

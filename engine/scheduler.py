@@ -4,6 +4,13 @@ When a running sequence needs a page and none is left, the newest running sequen
 tenant (cache salt) with the most running is preempted: its pages are released (full ones
 stay in the prefix cache, so it usually gets them back) and it re-prefills prompt +
 generated tokens when readmitted at the head of its tenant's queue.
+
+Priority (`Sequence.priority`, lower first: 0 interactive, 1 batch work): a step runs only
+the most urgent priority present, running or waiting, so batch work fills the steps
+interactive work leaves idle and pauses (keeping its pages) while any interactive request is
+in; running batch sequences are the first preempted when pages run out, and an interactive
+request that finds no free slot or pages preempts batch work to get in. An interactive
+request so waits at most the step under way, never behind a batch.
 """
 
 from collections import Counter, deque
@@ -47,7 +54,8 @@ class Scheduler:
         Decodes go first (one token each, so a long prefill never stalls streaming requests),
         then the next prefill chunks of running requests, then waiting requests while the token
         budget, max_num_seqs and free pages allow: in arrival order within a tenant, the
-        tenant with the fewest running first (`_next_waiting`).
+        tenant with the fewest running first (`_next_waiting`). Only the most urgent priority
+        present takes part: batch work waits for steps without interactive requests.
         """
         self._out = {}
         self._budget = self.max_batched_tokens
@@ -55,16 +63,17 @@ class Scheduler:
         remaining = {s.seq_id: s.num_tokens - s.num_computed_tokens for s in self.running}
         decodes = [s for s in self.running if remaining[s.seq_id] == 1]
         prefills = [s for s in self.running if remaining[s.seq_id] > 1]
+        urgent = min((s.priority for s in (*self.running, *self.waiting)), default=0)
         for seq in decodes + prefills:
             if self._budget <= 0:
                 break
-            if seq.status is not SeqStatus.RUNNING:
-                continue  # preempted to make room for an older request
+            if seq.status is not SeqStatus.RUNNING or seq.priority > urgent:
+                continue  # preempted to make room for an older request, or batch work paused
             n = min(remaining[seq.seq_id], self._budget)
             if self._reserve(seq, n):
                 self._schedule(seq, n)
         if not self._preempted:  # pages are short: admitting more would only thrash
-            self._admit()
+            self._admit(urgent)
         return list(self._out.values())
 
     def _schedule(self, seq: Sequence, n: int) -> None:
@@ -85,19 +94,36 @@ class Scheduler:
         return True
 
     def _victim(self) -> Sequence:
-        """The newest running request of the tenant (cache salt) with the most running: the
-        one that just got in behind another tenant's many is not the first to go."""
-        running = Counter(s.cache_salt for s in self.running)
+        """Among the least urgent running requests (batch work first), the newest of the
+        tenant (cache salt) with the most running: the one that just got in behind another
+        tenant's many is not the first to go."""
+        lowest = max(s.priority for s in self.running)
+        pool = [s for s in self.running if s.priority == lowest]
+        running = Counter(s.cache_salt for s in pool)
         most = max(running.values())
-        return next(s for s in reversed(self.running) if running[s.cache_salt] == most)
+        return next(s for s in reversed(pool) if running[s.cache_salt] == most)
 
-    def _admit(self) -> None:
+    def _make_room(self, seq: Sequence) -> bool:
+        """Preempt the newest running request less urgent than `seq` (batch work for an
+        interactive one); False when there is none."""
+        victim = next((s for s in reversed(self.running) if s.priority > seq.priority), None)
+        if victim is None:
+            return False
+        self.running.remove(victim)
+        dropped = self._out.pop(victim.seq_id, None)
+        if dropped is not None:
+            self._budget += len(dropped[1].token_ids)
+        self._preempt(victim)
+        return True
+
+    def _admit(self, urgent: int) -> None:
         deferred: set[int] = set()  # seq_ids whose prefix pages are still being computed
         running = Counter(s.cache_salt for s in self.running)
-        salts = len({s.cache_salt for s in self.waiting})  # the scan stops once it saw each
-        while self._budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self._next_waiting(running, deferred, salts)
-            if seq is None:
+        while self._budget > 0:
+            seq = self._next_waiting(running, deferred)
+            if seq is None or seq.priority > urgent:
+                break
+            if len(self.running) >= self.max_num_seqs and not self._make_room(seq):
                 break
             hit = self.kv.lookup(seq)
             if hit.next_in_flight:  # wait a step or two, then reuse those pages
@@ -105,6 +131,9 @@ class Scheduler:
                 continue
             n = min(seq.num_tokens - hit.num_tokens, self._budget)
             if not self.kv.allocate(seq, n, hit):
+                if self._make_room(seq):  # batch work gave its pages back: try again
+                    running = Counter(s.cache_salt for s in self.running)
+                    continue
                 break  # pages are short: whoever comes next waits too
             self.waiting.remove(seq)
             self._on_admitted(seq, hit.num_tokens)
@@ -112,16 +141,23 @@ class Scheduler:
             running[seq.cache_salt] += 1
             self._schedule(seq, n)
 
-    def _next_waiting(self, running: Counter, deferred: set[int], salts: int) -> Sequence | None:
-        """The oldest waiting request of the tenant (cache salt) with the fewest running.
+    def _next_waiting(self, running: Counter, deferred: set[int]) -> Sequence | None:
+        """The most urgent priority waiting, and within it the oldest waiting request of the
+        tenant (cache salt) with the fewest running.
 
         Across tenants the queue is fair, within one it is first come, first served: one
         tenant's hundred waiting requests never sit ahead of another tenant's one.
         """
+        ready = [s for s in self.waiting if s.seq_id not in deferred]
+        if not ready:
+            return None
+        urgent = min(s.priority for s in ready)
+        ready = [s for s in ready if s.priority == urgent]
+        salts = len({s.cache_salt for s in ready})  # the scan stops once it saw each
         best: Sequence | None = None
         seen: set[str | None] = set()
-        for seq in self.waiting:
-            if seq.cache_salt in seen or seq.seq_id in deferred:
+        for seq in ready:
+            if seq.cache_salt in seen:
                 continue
             seen.add(seq.cache_salt)
             if best is None or running[seq.cache_salt] < running[best.cache_salt]:

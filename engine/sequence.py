@@ -26,6 +26,7 @@ class Sequence:
     params: SamplingParams
     max_tokens: int  # params.max_tokens clamped so prompt + output fits the context
     cache_salt: str | None = None
+    priority: int = 0  # lower is served first: 0 interactive, 1 batch work (scheduler.py)
     arrival_time: float = 0.0
     generator: torch.Generator | None = None
     detokenizer: IncrementalDetokenizer | None = None

@@ -15,8 +15,11 @@ from engine.entrypoints.openai.errors import install_error_handlers
 from gateway.api import (
     admin,
     admin_cache,
+    admin_keys,
+    batches,
     dashboard,
     embeddings,
+    files,
     health,
     messages,
     openai,
@@ -28,11 +31,13 @@ from gateway.backends.balance import Balancer
 from gateway.backends.fallback import deployment_key
 from gateway.backends.health import HealthChecker, ReplicaMetrics
 from gateway.backends.local import EngineFactory, LocalEngines, default_engine_factory
+from gateway.batch.runner import BatchRunner
 from gateway.cache.cross_verifier import CrossVerifier
 from gateway.cache.semantic import SemanticCache
 from gateway.cache.verifier import PairVerifier
 from gateway.drain import Drain
 from gateway.embedding.shared import SharedEmbedder
+from gateway.keys import ManagedKeys
 from gateway.limits import Limiter
 from gateway.policy import Deployment, Policy, PolicyError, PolicyIssue, PolicyWatcher
 from gateway.replicas import Fleet, ReplicaSync, replica_id
@@ -193,6 +198,7 @@ def create_app(
         health_task = asyncio.create_task(health.run())
         app.state.gateway = state
         app.state.limiter = Limiter(stats.registry)
+        app.state.managed_keys = ManagedKeys()
         app.state.drain = Drain()
         watch_task = None
         if path is not None:
@@ -201,9 +207,12 @@ def create_app(
             if interval > 0:
                 watch_task = asyncio.create_task(state.watcher.watch())
         sync_task = await _start_replica_sync(state, policy, replica or replica_id())
+        app.state.batches = BatchRunner(app)
+        await app.state.batches.resume()  # batches a stopped gateway left unfinished
         try:
             yield
         finally:
+            await app.state.batches.close()  # lines in flight run again at the next start
             for task in (history_task, health_task, watch_task, sync_task):
                 if task is not None:
                     task.cancel()
@@ -213,6 +222,7 @@ def create_app(
             await _stop_cache(state)
             await http.aclose()
             await app.state.limiter.close()
+            await app.state.managed_keys.close()
             await engines.shutdown()
 
     app = FastAPI(title="tiergate", lifespan=lifespan, docs_url=None, redoc_url=None)
@@ -220,11 +230,14 @@ def create_app(
     install_openapi(app)
     app.include_router(openai.router)
     app.include_router(responses.router)
+    app.include_router(files.router)
+    app.include_router(batches.router)
     app.include_router(messages.router)
     app.include_router(health.router)
     app.include_router(embeddings.router)
     app.include_router(admin.router)
     app.include_router(admin_cache.router)
+    app.include_router(admin_keys.router)
     app.include_router(dashboard.router)
     app.add_middleware(TiergateHeaders)
     app.add_middleware(BodyLimit, max_body_bytes=policy.server.max_body_bytes)  # outermost

@@ -1,4 +1,4 @@
-"""The `tiergate` command: serve | engine | check-policy | hash-key | stats | calibrate | train.
+"""The `tiergate` command: serve | engine | check-policy | hash-key | stats | calibrate* | train.
 
 Heavy imports (uvicorn, the app, the engine and torch) happen inside each subcommand, so
 `tiergate check-policy` answers in well under a second.
@@ -240,6 +240,11 @@ def train(args: argparse.Namespace) -> int:
     return run_step(args.step)
 
 
+def calibrate_cache(args: argparse.Namespace) -> int:
+    """`python -m training cache calibrate`: the pairs and their scoring live in training/."""
+    return train(argparse.Namespace(step=["cache", "calibrate", *args.options]))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tiergate", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -263,6 +268,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tier", help="default: the tier of the route's first min_score rule")
     p.add_argument("--write", action="store_true", help="write the threshold into the policy")
     p.set_defaults(func=calibrate)
+
+    p = sub.add_parser(
+        "calibrate-cache",
+        help="the cache's floor and verifier threshold for a wrong-hit bound",
+        add_help=False,  # --help reaches the step's own parser
+    )
+    p.set_defaults(func=calibrate_cache, passes_options=True)  # its options: the step's
 
     p = sub.add_parser("engine", help="serve one local model over an OpenAI-compatible API")
     p.add_argument("--model", required=True, help="bundled name, GGUF path or HF folder")
@@ -311,7 +323,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, options = parser.parse_known_args(argv)
+    if options and not getattr(args, "passes_options", False):
+        parser.error(f"unrecognized arguments: {' '.join(options)}")
+    args.options = options
     return args.func(args)
 
 

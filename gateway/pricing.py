@@ -12,7 +12,8 @@ import json
 import logging
 from pathlib import Path
 
-from gateway.policy import Deployment, Policy, Price, Tier
+from engine.entrypoints.openai.protocol import Usage
+from gateway.policy import BatchSettings, Deployment, Policy, Price, PricingSettings, Tier
 
 logger = logging.getLogger("tiergate.pricing")
 
@@ -67,3 +68,29 @@ def most_expensive(prices: dict[tuple[str, str], Price]) -> tuple[str, Price]:
         return "-", Price()
     (tier, _), price = max(prices.items(), key=lambda item: item[1].input + item[1].output)
     return tier, price
+
+
+def spend_usd(usage: Usage, price: Price, pricing: PricingSettings, cached: bool = False) -> float:
+    """What a request costs its tenant: `price` for its usage, prompt tokens the upstream
+    served from its prefix cache at `cached_prompt_factor`, and a whole answer from the
+    semantic cache (`cached`) at `cache_hit_factor` of what its tier would have charged."""
+    details = usage.prompt_tokens_details
+    reused = min(details.cached_tokens if details else 0, usage.prompt_tokens)
+    prompt = usage.prompt_tokens - reused + reused * pricing.cached_prompt_factor
+    usd = (prompt * price.input + usage.completion_tokens * price.output) / _PER_MILLION
+    return usd * pricing.cache_hit_factor if cached else usd
+
+
+def reservation_usd(policy: Policy, prompt_tokens: int, completion_tokens: int) -> float:
+    """The most a request can cost before it is routed: its tokens at the highest input and
+    output prices among the policy's deployments (a budget reserves this until it ends)."""
+    prices = policy_prices(policy).values()
+    top_in = max((p.input for p in prices), default=0.0)
+    top_out = max((p.output for p in prices), default=0.0)
+    return (prompt_tokens * top_in + completion_tokens * top_out) / _PER_MILLION
+
+
+def batch_price(price: Price, batch: BatchSettings) -> Price:
+    """A batch line's price: the deployment's, times the policy's batch price factor."""
+    factor = batch.price_factor
+    return Price(input=price.input * factor, output=price.output * factor)

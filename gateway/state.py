@@ -33,6 +33,7 @@ class Runtime:
     router: Router
     chain: FallbackChain
     tenants: dict[str, str]  # SHA-256 hex of a bearer key -> tenant
+    key_labels: dict[str, str] = field(default_factory=dict)  # SHA-256 hex -> spend label
     loaded_at: float = field(default_factory=time.time)
 
 
@@ -133,4 +134,5 @@ def build_runtime(
 
     chain = FallbackChain(tiers, cooldowns, on_failure, balancer=balancer)
     tenants = {k.digest(): k.tenant for k in policy.auth.keys}
-    return Runtime(policy, Router(policy, prepared.scorer), chain, tenants)
+    labels = {k.digest(): k.label() for k in policy.auth.keys}
+    return Runtime(policy, Router(policy, prepared.scorer), chain, tenants, labels)

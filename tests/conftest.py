@@ -1,6 +1,9 @@
 """Shared fixtures: one redis-server for the whole test run, one torch thread, and the C
 kernels loaded afresh or turned off for a test."""
 
+import contextlib
+import ctypes
+import gc
 from collections.abc import Iterator
 
 import pytest
@@ -41,3 +44,16 @@ def no_kernels(fresh_kernels: None, monkeypatch: pytest.MonkeyPatch) -> None:
     """The C kernels off for this test (TIERGATE_NATIVE=0): whatever it builds takes the
     torch path."""
     monkeypatch.setenv("TIERGATE_NATIVE", "0")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """After a module's fixtures are torn down, collect its cycles and give freed heap back:
+    the session starts one in-process model gateway per module, and a full collection may
+    not come for many modules otherwise (CI was killed for memory at 90% of the suite)."""
+    result = yield
+    if nextitem is None or getattr(nextitem, "module", None) is not getattr(item, "module", None):
+        gc.collect()
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+    return result

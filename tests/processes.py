@@ -49,8 +49,14 @@ class Process:
         raise TimeoutError(f"{self.args[0]} not listening on {self.port} after {timeout}s")
 
     def start(self) -> None:
+        """Launch and wait; a child that never got ready is killed, not left holding its
+        model's memory for the rest of the test session."""
         self.launch()
-        self.wait_ready()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.kill()
+            raise
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -123,16 +123,17 @@ def run_uvicorn(app: object, port: int | None = None) -> Iterator[str]:
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 120
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("uvicorn failed to start")
-        time.sleep(0.02)
     try:
+        # The lifespan loads the app's models: minutes on a slow, shared CI machine.
+        deadline = time.monotonic() + 300
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("uvicorn failed to start")
+            time.sleep(0.02)
         yield f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True
-        thread.join(timeout=30)
+        thread.join(timeout=60)
 
 
 class RedisServer:

@@ -134,6 +134,9 @@ def test_dashboard_loads_asks_for_the_key_and_draws_live(
     wait_until(page, f"Number(document.body.dataset.updates) > {done}")
     table = page.text_content("#route-tenants")
     assert "auto" in table and "acme" in table
+    spend = page.text_content("#spend-keys")  # spend by tenant and key: a label, not the key
+    assert "acme" in spend and "sha256:" in spend and "$" in spend and KEY not in spend
+    assert "auto" in page.text_content("#spend-routes")
     tiers = page.text_content("#tiers")
     assert "smollm2-135m" in tiers and "openai/gpt-4o" in tiers
     assert "smollm2-135m" in page.text_content("#engines")

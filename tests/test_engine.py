@@ -3,6 +3,7 @@
 import asyncio
 import random
 import time
+import weakref
 from collections.abc import Iterator
 
 import pytest
@@ -363,3 +364,20 @@ class _Shim:
 
     def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
         return getattr(self._runner, name)
+
+
+async def test_shutdown_frees_the_weights_of_an_engine_that_built_them(
+    runner: ModelRunner,
+) -> None:
+    """A stopped engine's model and KV pools go at once, even while something still holds the
+    engine (a reference cycle, a retired slot); a runner passed in stays its owner's."""
+    owned = AsyncEngine(_config())
+    model = weakref.ref(owned.engine.runner.model)
+    assert await _collect(owned, "Hello", GREEDY, "owned")
+    owned.shutdown()
+    assert owned.engine.runner.model is None and owned.engine.runner.kv_caches == []
+    assert model() is None  # no collection needed: nothing else held it
+    borrowed = AsyncEngine(_config(), runner)
+    assert await _collect(borrowed, "Hello", GREEDY, "borrowed")
+    borrowed.shutdown()
+    assert runner.model is not None and runner.kv_caches

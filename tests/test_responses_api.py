@@ -121,6 +121,8 @@ def test_store_false_keeps_nothing(url: str) -> None:
         ({"temperature": 5}, "temperature"),
         ({"max_output_tokens": 0}, "max_output_tokens"),
         ({"input": []}, "input"),
+        ({"conversation": "conv_123"}, "conversation"),  # its turns: not here to read
+        ({"conversation": {"id": "conv_123"}}, "conversation"),
     ],
 )
 def test_what_chat_cannot_serve_is_a_400_naming_the_field(

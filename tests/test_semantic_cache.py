@@ -48,16 +48,22 @@ class NumbersMustMatch:
     def __init__(self, threshold: float = 0.0) -> None:
         self.threshold = threshold
         self.calls: list[tuple[str, str, str]] = []
+        self.thresholds: list[float | None] = []  # the calibrated threshold each call got
 
-    def verify(self, query: str, candidate: str, cosine: float, strictness: str) -> Verdict:
+    def verify(
+        self, query: str, candidate: str, cosine: float, strictness: str, threshold=None
+    ) -> Verdict:
         self.calls.append((query, candidate, strictness))
+        self.thresholds.append(threshold)
         if re.findall(r"\d+", query) != re.findall(r"\d+", candidate):
             return Verdict(False, 0.0, "numbers differ")
         return Verdict(cosine >= self.threshold, cosine, "below threshold")
 
 
 class Broken:
-    def verify(self, query: str, candidate: str, cosine: float, strictness: str) -> Verdict:
+    def verify(
+        self, query: str, candidate: str, cosine: float, strictness: str, threshold=None
+    ) -> Verdict:
         raise RuntimeError("model file missing")
 
 
@@ -170,11 +176,21 @@ class ManyAtOnce:
         self.accept, self.broken = accept, broken
         self.calls: list[list[str]] = []
 
-    async def verify_many(self, query: str, candidates: list[str], strictness: str):
+    async def verify_many(self, query: str, candidates: list[str], strictness: str, threshold):
         self.calls.append(candidates)
         if self.broken:
             raise RuntimeError("model file missing")
         return [Verdict(c == self.accept, 0.9, "ok") for c in candidates]
+
+
+async def test_a_calibrated_threshold_reaches_the_verifier_route_first(opened, embedder) -> None:
+    verifier = NumbersMustMatch()
+    cache, embeds = await opened(verifier, verifier_threshold=0.42), Embeds(embedder)
+    await put(cache, embeds, "What is 2+2?")
+    await ask(cache, embeds, "what's 2+2 ?")
+    route = cache.settings.for_route(None).model_copy(update={"verifier_threshold": 0.9})
+    await ask(cache, embeds, "what's 2+2 ?", route=route)
+    assert verifier.thresholds == [0.42, 0.9]
 
 
 async def test_a_broken_verifier_refuses_instead_of_raising(opened, embedder) -> None:

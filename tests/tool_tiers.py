@@ -58,8 +58,8 @@ routes:
 def tool_tiers(folder: Path) -> Iterator[openai.OpenAI]:
     """The openai client of a gateway serving the three tiers."""
     engine = Engine(folder / "engine.log", model=QWEN, served="qwen")
-    engine.start()
     try:
+        engine.start()
         policy = parse_policy(policy_text(engine.api_base(), folder / "cache.sqlite3"), env={})
         with run_uvicorn(create_app(policy)) as url:
             yield openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0, timeout=300)

@@ -3,11 +3,14 @@
     python -m training router outcomes [--samples 10 --weights w8a8]
     python -m training router label-cv [--part targets|neighbours]
     python -m training router learning-curve
+    python -m training router real-prompts --bigbench PATH
+    python -m training router prior-cv
     python -m training cache pairs
     python -m training cache verifier [--limit N]
     python -m training cache pair-model
     python -m training cache sharegpt-candidates [--limit N]
     python -m training cache real-pairs
+    python -m training cache calibrate [--pairs FILE --target-wrong 0.01 --write ...]
 
 `python -m training GROUP STEP --help` shows a step's options.
 """
@@ -24,6 +27,11 @@ STEPS: dict[str, dict[str, tuple[str, str]]] = {
         ),
         "label-cv": ("training.router.label_cv", "cross-validate the target, C and terms"),
         "learning-curve": ("training.router.learning_curve", "AUC against training size"),
+        "real-prompts": (
+            "training.router.real_prompts",
+            "the prior's real prompts, graded, split; writes the examples",
+        ),
+        "prior-cv": ("training.router.prior_cv", "cross-validate the prior's settings"),
     },
     "cache": {
         "pairs": ("training.cache.build_pairs", "build the verifier's labelled pair set"),
@@ -39,6 +47,10 @@ STEPS: dict[str, dict[str, tuple[str, str]]] = {
         "real-pairs": (
             "training.cache.real_pairs",
             "the pairs written by people, with a fixed held-out split",
+        ),
+        "calibrate": (
+            "training.cache.calibrate_cli",
+            "the cache's floor and verifier threshold for a wrong-hit bound",
         ),
     },
 }
@@ -60,8 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     group, step, rest = args[0], args[1], args[2:]
     module, _ = STEPS[group][step]
     sys.argv = [f"python -m training {group} {step}", *rest]  # the step's usage line
-    importlib.import_module(module).main(rest)
-    return 0
+    return importlib.import_module(module).main(rest) or 0  # a step's exit status, if any
 
 
 if __name__ == "__main__":

@@ -1,19 +1,23 @@
 """Admin actions on the semantic cache: purge (all, by tenant, by route), invalidate one
-entry, report a wrong hit (removed and counted), and the cache's own figures.
+entry, report a wrong hit (removed, counted, kept as a labelled pair), export a tenant's
+reported pairs for `tiergate calibrate-cache`, and the cache's own figures.
 
 A hit names its entry in `x-tiergate-cache-entry`; that id is what invalidation and
 reports take. Every action is audited with the admin key's fingerprint.
 """
 
 import contextlib
+import json
 from typing import Any
 
 from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from engine.entrypoints.openai.errors import OpenAIError
 from gateway.api.audit import audit
 from gateway.api.deps import Admin, State, parse_body
+from gateway.cache import reports
 from gateway.cache.semantic import SemanticCache
 from gateway.cache.store import StoreUnavailable
 from gateway.state import GatewayState
@@ -33,6 +37,8 @@ class WrongHitReport(BaseModel):
 
     entry_id: str = Field(min_length=1, max_length=256)
     reason: str | None = Field(default=None, max_length=1000)  # kept in the audit log
+    # the question the wrong answer was given to; default: the entry's latest semantic hit
+    query: str | None = Field(default=None, min_length=1, max_length=100_000)
 
 
 def _cache(state: GatewayState) -> SemanticCache:
@@ -77,10 +83,39 @@ async def invalidate(request: Request, entry_id: str, state: State, _: Admin) ->
 async def report_wrong_hit(request: Request, state: State, _: Admin) -> dict[str, Any]:
     """A hit an operator found wrong: removed, and counted next to the hit rate."""
     body = await parse_body(request, WrongHitReport, empty=b"{}")
+    cache = _cache(state)
+    held = cache.tables.get(body.entry_id)  # read before it goes
+    asked = body.query or cache.hit_query(body.entry_id)
+    pair = reports.pair_of(held, asked, body.reason) if held is not None else None
     await _remove(state, body.entry_id)
     state.stats.wrong_hit_reported()
+    if pair is not None:
+        try:
+            await reports.append(cache, held.tenant, pair)
+        except StoreUnavailable:  # removed and counted; only the pair is lost
+            pair = None
     audit(request, "cache wrong hit reported", entry_id=body.entry_id, reason=body.reason)
-    return {"reported": body.entry_id, "removed": True}
+    return {"reported": body.entry_id, "removed": True, "pair": pair is not None}
+
+
+@router.get("/admin/cache/reports/export")
+async def export_reports(
+    state: State, _: Admin, tenant: str | None = None, format: str = "jsonl"
+) -> Response:
+    """One tenant's wrong-hit reports as labelled pairs, the file calibrate-cache reads."""
+    if not tenant:
+        raise OpenAIError(400, "tenant is required: reports are kept per tenant.", param="tenant")
+    if format not in ("jsonl", "json"):
+        raise OpenAIError(400, "format must be jsonl or json.", param="format")
+    try:
+        pairs = await reports.read(_cache(state), tenant)
+    except StoreUnavailable:
+        raise OpenAIError(503, "The cache store is unreachable. Try again.") from None
+    if format == "json":
+        return JSONResponse({"object": "list", "tenant": tenant, "data": pairs})
+    body = "".join(json.dumps(p, ensure_ascii=False) + "\n" for p in pairs)
+    headers = {"content-disposition": 'attachment; filename="wrong-hits.jsonl"'}
+    return Response(body, media_type="application/x-ndjson", headers=headers)
 
 
 @router.get("/admin/cache")

@@ -3,9 +3,11 @@ scraper), the caller's place under its rate limits, the shutdown drain, and the 
 parsed with OpenAI's error shape. The only module that knows where the app keeps these.
 
 One module for every router, so a key is checked one way everywhere: tenants by their
-key's SHA-256, the admin and metrics keys compared in constant time on bytes.
+key's SHA-256 (the policy's keys, then the managed keys' store), the admin and metrics keys
+compared in constant time on bytes.
 """
 
+import logging
 from typing import Annotated, TypeVar
 
 from fastapi import Depends, Request
@@ -18,9 +20,14 @@ from engine.entrypoints.openai.errors import OpenAIError
 from engine.entrypoints.streaming import CLIENT_CLOSED_REQUEST
 from gateway.api.audit import key_fingerprint
 from gateway.drain import Drain
+from gateway.keys import KeyStoreError, ManagedKey, ManagedKeys
+from gateway.keys.record import KEY_PREFIX
 from gateway.limits import Admission
+from gateway.limits.terms import KeyTerms
 from gateway.policy import key_digest
 from gateway.state import GatewayState, Runtime
+
+logger = logging.getLogger("tiergate.auth")
 
 
 async def get_state(request: Request) -> GatewayState:
@@ -37,13 +44,42 @@ def drain_of(request: Request) -> Drain:
 
 
 async def admit(
-    request: Request, runtime: Runtime, tenant: str, approx_tokens: int, completion_tokens: int = 0
+    request: Request,
+    runtime: Runtime,
+    tenant: str,
+    approx_tokens: int,
+    completion_tokens: int = 0,
+    prompt_bound: int | None = None,
 ) -> Admission:
-    """The request's place under its tenant's and key's limits, or a 429. `completion_tokens`:
-    the most its answer may generate, reserved until it ends."""
-    digest = getattr(request.state, "key_digest", None)  # set by `authenticate`
-    limiter = request.app.state.limiter
-    return await limiter.admit(runtime.policy, tenant, digest, approx_tokens, completion_tokens)
+    """The request's place under its tenant's and key's limits and budgets, or a 429.
+    `completion_tokens`: the most its answer may generate, reserved until it ends;
+    `prompt_bound`: the most prompt tokens it can have, what a budget reserves."""
+    limiter, policy, terms = request.app.state.limiter, runtime.policy, key_terms(request)
+    return await limiter.admit(
+        policy, tenant, terms, approx_tokens, completion_tokens, prompt_bound
+    )
+
+
+def key_terms(request: Request) -> KeyTerms | None:
+    """The caller's key's terms (set by `authenticate`; None with `auth: {mode: none}`)."""
+    return getattr(request.state, "key_terms", None)
+
+
+def check_model_allowed(request: Request, model: str) -> None:
+    """A managed key limited to some models gets OpenAI's 404 for any other name (as an
+    OpenAI project key does for a model its project cannot use)."""
+    terms = key_terms(request)
+    if terms is not None and terms.allowed_models is not None and model not in terms.allowed_models:
+        raise OpenAIError(
+            404,
+            f"The model `{model}` does not exist or you do not have access to it.",
+            param="model",
+            code="model_not_found",
+        )
+
+
+def managed_keys(request: Request) -> ManagedKeys:
+    return request.app.state.managed_keys
 
 
 def _mask(key: str) -> str:
@@ -57,7 +93,7 @@ def _presented_key(request: Request, x_api_key: bool) -> bytes | None:
     return token or None
 
 
-def authenticate(request: Request, runtime: Runtime, x_api_key: bool = False) -> str:
+async def authenticate(request: Request, runtime: Runtime, x_api_key: bool = False) -> str:
     """The caller's tenant; with `auth: {mode: none}` everyone is tenant "default".
     `x_api_key`: the key may also come as `x-api-key` (/v1/messages, as Anthropic's API)."""
     if runtime.policy.auth.mode == "none":
@@ -73,11 +109,34 @@ def authenticate(request: Request, runtime: Runtime, x_api_key: bool = False) ->
     # Keys are looked up by their SHA-256, so policies may store hashes instead of keys.
     digest = key_digest(token)
     tenant = runtime.tenants.get(digest)
-    if tenant is None:
-        shown = _mask(token.decode("latin-1"))
-        raise OpenAIError(401, f"Incorrect API key provided: {shown}.", code="invalid_api_key")
-    request.state.key_digest = digest  # per-key limits
+    if tenant is not None:
+        terms = KeyTerms(digest, runtime.key_labels.get(digest, digest[:8]))
+    else:
+        managed = token.startswith(KEY_PREFIX.encode())  # no other token is looked up
+        record = await _managed_key(request, runtime, digest) if managed else None
+        if record is None:
+            shown = _mask(token.decode("latin-1"))
+            raise OpenAIError(401, f"Incorrect API key provided: {shown}.", code="invalid_api_key")
+        tenant, terms = record.tenant, record.terms()
+    request.state.key_digest = digest  # the router's tier_override check
+    request.state.key_terms = terms  # per-key limits, budget, allowed models, spend label
     return tenant
+
+
+async def _managed_key(request: Request, runtime: Runtime, digest: str) -> ManagedKey | None:
+    """The live managed key with this digest: read from the store on every request, so a
+    revoke holds at once on every replica; an expired key is refused like a revoked one."""
+    try:
+        store = await managed_keys(request).store(runtime.policy)
+        record = await store.by_digest(digest)
+    except KeyStoreError as exc:  # fail closed: a key nobody can check is not let in
+        logger.warning("managed keys: the store failed (%s); their requests get 503", exc)
+        raise OpenAIError(
+            503, "The key store is unavailable; retry shortly.", type="server_error"
+        ) from None
+    if record is not None and record.expired():
+        raise OpenAIError(401, f"API key {record.id} has expired.", code="invalid_api_key")
+    return record
 
 
 Body = TypeVar("Body", bound=BaseModel)
@@ -103,11 +162,11 @@ def _bearer_matches(request: Request, *keys: str | None) -> bool:
     return token is not None and any(k is not None and same_key(token, k) for k in keys)
 
 
-def _is_tenant_key(request: Request, state: GatewayState) -> bool:
+async def _is_tenant_key(request: Request, state: GatewayState) -> bool:
     if state.runtime.policy.auth.mode == "none":  # auth off: no key is a tenant's
         return False
     try:
-        authenticate(request, state.runtime)  # the API's own check: one source of truth
+        await authenticate(request, state.runtime)  # the API's own check: one source of truth
     except OpenAIError:
         return False
     return True
@@ -118,7 +177,7 @@ async def require_admin(request: Request, state: State) -> None:
     if admin_key is None:
         raise OpenAIError(403, "The admin API is disabled: set auth.admin_key in the policy.")
     if not _bearer_matches(request, admin_key):
-        if _is_tenant_key(request, state):  # a valid key, just not an admin's
+        if await _is_tenant_key(request, state):  # a valid key, just not an admin's
             raise OpenAIError(403, "This endpoint needs the admin key; a tenant key cannot use it.")
         message = "This endpoint needs the admin key as a bearer token."
         raise OpenAIError(401, message, code="invalid_api_key")

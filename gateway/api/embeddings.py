@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from engine.entrypoints.openai.errors import OpenAIError
 from engine.entrypoints.openai.protocol import ModelCard
-from gateway.api.deps import State, admit, authenticate, parse_body
+from gateway.api.deps import State, admit, authenticate, check_model_allowed, parse_body
 from gateway.embedding.embedder import MODEL_NAME, Embedder, EmbedderNotInstalled
 from gateway.state import GatewayState
 
@@ -78,7 +78,7 @@ def _encode(vector: Any, encoding: str) -> list[float] | str:
 @router.post("/v1/embeddings")
 async def create_embeddings(request: Request, state: State) -> JSONResponse:
     runtime = state.runtime
-    tenant = authenticate(request, runtime)
+    tenant = await authenticate(request, runtime)
     body = await parse_body(request, EmbeddingRequest)
     if body.model not in MODEL_NAMES:
         raise OpenAIError(
@@ -88,6 +88,7 @@ async def create_embeddings(request: Request, state: State) -> JSONResponse:
             param="model",
             code="model_not_found",
         )
+    check_model_allowed(request, body.model)
     request.state.model = MODEL_NAME
     texts = body.texts()
     estimate = sum(len(t) for t in texts) // 4 + len(texts)

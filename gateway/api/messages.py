@@ -24,7 +24,7 @@ router = APIRouter()
 
 async def _create(request: Request, state: GatewayState) -> Response:
     try:
-        tenant = authenticate(request, state.runtime, x_api_key=True)
+        tenant = await authenticate(request, state.runtime, x_api_key=True)
         body = await parse_body(request, MessagesRequest)
         chat = to_chat(body)
     except OpenAIError as exc:  # refused before the pipeline, which counts the rest

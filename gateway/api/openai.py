@@ -29,20 +29,35 @@ from engine.entrypoints.openai.shapes import ChatShape, Shape, TextShape
 from engine.entrypoints.streaming import CLIENT_CLOSED_REQUEST, unless_disconnected
 from engine.sampling_params import SamplingParams
 from gateway.api.cache_step import CacheControl, CacheStep, matched_text, scope_of
-from gateway.api.deps import State, admit, authenticate, drain_of, parse_body
+from gateway.api.deps import (
+    State,
+    admit,
+    authenticate,
+    check_model_allowed,
+    drain_of,
+    key_terms,
+    parse_body,
+)
 from gateway.api.embeddings import embedding_model_cards
-from gateway.api.respond import Call, backend_error, streamed, whole
-from gateway.backends.base import BackendError, GenerationRequest, OpenAIRequest
+from gateway.api.respond import Call, Payer, backend_error, streamed, whole
+from gateway.backends.base import (
+    INTERACTIVE,
+    BackendError,
+    GenerationRequest,
+    OpenAIRequest,
+)
 from gateway.backends.fallback import Served
 from gateway.cache.semantic import CacheQuery
 from gateway.embedding.shared import embed_once
 from gateway.limits import NOT_LIMITED, Admission
+from gateway.pricing import batch_price
 from gateway.routing.features import PromptFeatures, extract_features
 from gateway.routing.router import Embed, RoutingInput
 from gateway.state import GatewayState, Runtime
 
 router = APIRouter()
 EXPLAIN_HEADER = "x-tiergate-explain"  # "1": the answer carries the routing decision
+_TEMPLATE_TOKENS = 64  # what a chat template adds to the messages' text, at most, usually
 
 
 def _features(body: OpenAIRequest) -> PromptFeatures:
@@ -72,6 +87,11 @@ class RequestContext:
     @property
     def route(self) -> str:
         return self.body.model if self.body.model in self.runtime.policy.routes else "-"
+
+    def payer(self) -> Payer:
+        terms = key_terms(self.request)
+        key = terms.label if terms is not None else "-"
+        return Payer(self.tenant, key, self.runtime.policy.pricing)
 
     def mark(self, **values: str) -> None:
         """Response headers' values (tier, model, cache), written when the answer starts."""
@@ -140,7 +160,9 @@ async def _from_cache(ctx: RequestContext) -> Call | None:
     answer = lookup.answer
     avoided = Usage.of(answer.prompt_tokens, answer.completion_tokens)
     ctx.state.stats.cache_saved(ctx.route, served.tier, served.model, avoided, served.price)
-    return Call(stats, served, ctx.route, tokens, ctx.started, ctx.admission, cached=True)
+    call = Call(stats, served, ctx.route, tokens, ctx.started, ctx.admission, cached=True)
+    call.payer = ctx.payer()
+    return call
 
 
 def _routing_input(ctx: RequestContext) -> RoutingInput:
@@ -166,7 +188,8 @@ async def _open(ctx: RequestContext) -> Served:
     if ctx.request.headers.get(EXPLAIN_HEADER) == "1":
         ctx.mark(explain=json.dumps(decision.explain(), separators=(",", ":")))
     ctx.state.stats.routed(decision)
-    generation = GenerationRequest(ctx.request.state.request_id, ctx.body, ctx.tenant)
+    priority = getattr(ctx.request.state, "priority", INTERACTIVE)  # batch lines set it
+    generation = GenerationRequest(ctx.request.state.request_id, ctx.body, ctx.tenant, priority)
     try:
         served: Served = await ctx.runtime.chain.open(
             generation, decision.tier, decision.deployment
@@ -174,6 +197,8 @@ async def _open(ctx: RequestContext) -> Served:
     except BackendError as exc:
         raise backend_error(exc) from None
     ctx.mark(tier=served.tier, model=served.model)
+    if priority != INTERACTIVE:  # a batch line's tokens are priced at the batch discount
+        served.price = batch_price(served.price, ctx.runtime.policy.batch)
     if decision.deployment is None and served.tier != decision.tier:
         ctx.state.stats.fallback(decision.tier, served.tier)
     return served
@@ -186,6 +211,7 @@ async def _from_tier(ctx: RequestContext) -> Call:
     ctx.state.stats.first_token(served.tier, time.perf_counter() - ctx.started)
     stats, tokens = ctx.state.stats, ctx.features.approx_tokens
     call = Call(stats, served, ctx.route, tokens, ctx.started, ctx.admission)
+    call.payer = ctx.payer()
     if ctx.cache is not None and not ctx.cache.control.no_store:
         call.after.append(ctx.cache.store_hook(served.tier, served.model, ctx.state.background))
     return call
@@ -222,7 +248,7 @@ async def _complete(
 ) -> Response:
     runtime = state.runtime
     try:
-        tenant = authenticate(request, runtime)
+        tenant = await authenticate(request, runtime)
         body = await parse_body(request, model)
     except OpenAIError as exc:
         state.stats.request_done("-", "-", "-", exc.status)
@@ -242,10 +268,13 @@ async def serve(
         state.stats.tenant_request(asked, tenant)
         if body.model not in runtime.router.model_names():  # before the cache can answer
             raise _not_found(body.model)
+        check_model_allowed(request, body.model)
         ctx = RequestContext(request, state, runtime, tenant, body, _features(body))
         ctx.embed = embed_once(state.embedder.current, ctx.features.last_user_text)
         tokens = ctx.features.approx_tokens
-        ctx.admission = await admit(request, runtime, tenant, tokens, _completion_budget(body))
+        most = _completion_budget(body)
+        bound = ctx.features.chars + _TEMPLATE_TOKENS  # a token per character at most, nearly
+        ctx.admission = await admit(request, runtime, tenant, tokens, most, bound)
         ctx.cache = _cache_step(ctx)
         call = await _answered(ctx)
     except OpenAIError as exc:  # refused before any answer: counted under the tier, if any
@@ -274,7 +303,7 @@ def chat_shape(model: str, body: OpenAIRequest) -> Shape:
     return ChatShape(model, body.callable_tools())  # tool calls parsed out of the answer
 
 
-def _text_shape(model: str, body: OpenAIRequest) -> Shape:
+def text_shape(model: str, body: OpenAIRequest) -> Shape:
     return TextShape(model)
 
 
@@ -285,13 +314,13 @@ async def chat_completions(request: Request, state: State) -> Response:
 
 @router.post("/v1/completions")
 async def completions(request: Request, state: State) -> Response:
-    return await _complete(request, state, CompletionRequest, _text_shape)
+    return await _complete(request, state, CompletionRequest, text_shape)
 
 
 @router.get("/v1/models")
 async def list_models(request: Request, state: State) -> dict:
     runtime = state.runtime
-    authenticate(request, runtime)
+    await authenticate(request, runtime)
     policy = runtime.policy
     owners = {name: "tiergate-route" for name in policy.routes}
     owners |= {name: "tiergate-tier" for name in policy.tiers}
@@ -299,4 +328,7 @@ async def list_models(request: Request, state: State) -> dict:
         ModelCard(id=name, owned_by=owners.get(name, "tiergate-deployment"))
         for name in runtime.router.model_names()
     ]
-    return ModelList(data=cards + embedding_model_cards()).model_dump()
+    terms = key_terms(request)
+    allowed = terms.allowed_models if terms is not None else None
+    cards = [c for c in cards + embedding_model_cards() if allowed is None or c.id in allowed]
+    return ModelList(data=cards).model_dump()

@@ -28,12 +28,12 @@ _BODIES: dict[str, tuple[type[BaseModel], type[BaseModel]]] = {
 }
 _ERRORS = {
     "400": "Invalid body, unknown parameter value, or prompt too long",
-    "401": "Missing or wrong API key",
-    "404": "Unknown model",
+    "401": "Missing, wrong, revoked or expired API key",
+    "404": "Unknown model, or one the key may not use",
     "413": "Body larger than server.max_body_bytes",
-    "429": "Rate limited or the engine's queue is full (see Retry-After)",
+    "429": "Rate limited, over budget or the engine's queue is full (see Retry-After)",
     "502": "Every deployment of the tier and its fallbacks failed",
-    "503": "No deployment available",
+    "503": "No deployment available, or the managed keys' store is down",
     "504": "Every deployment timed out",
 }
 

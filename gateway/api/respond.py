@@ -31,6 +31,8 @@ from engine.outputs import TokenLogprobs
 from gateway.backends.base import BackendError, Piece
 from gateway.backends.fallback import Served
 from gateway.limits import NOT_LIMITED, Admission
+from gateway.policy import PricingSettings
+from gateway.pricing import spend_usd
 from gateway.stats.counters import Stats
 
 _CHARS_PER_TOKEN = 4
@@ -50,6 +52,15 @@ class Answer:
 AfterHook = Callable[[Answer], None]
 
 
+@dataclass(frozen=True)
+class Payer:
+    """Whom a request's spend is counted to, and how the policy prices it."""
+
+    tenant: str = "-"
+    key: str = "-"  # the key's label (a name, a managed key's id or a hash prefix)
+    pricing: PricingSettings = field(default_factory=PricingSettings)
+
+
 @dataclass
 class Call:
     """One request's bookkeeping, from the first piece to the last byte."""
@@ -63,6 +74,7 @@ class Call:
     admission: Admission = field(default_factory=lambda: NOT_LIMITED)
     cached: bool = False  # answered from the semantic cache: no tier was paid
     after: list[AfterHook] = field(default_factory=list)
+    payer: "Payer" = field(default_factory=lambda: Payer())
 
     def usage_or_estimate(self, usage: Usage | None, text: str) -> Usage:
         # A remote that reports no usage still gets counted (roughly) rather than for free.
@@ -71,14 +83,17 @@ class Call:
         return Usage.of(self.approx_prompt_tokens, -(-len(text) // _CHARS_PER_TOKEN))
 
     async def done(self, status: int, usage: Usage | None = None) -> None:
-        served = self.served
-        if usage is not None and not self.cached:
-            self.stats.usage(served.tier, served.model, usage, served.price)
+        served, payer, cost = self.served, self.payer, 0.0
+        if usage is not None:
+            cost = spend_usd(usage, served.price, payer.pricing, self.cached)
+            if not self.cached:
+                self.stats.usage(served.tier, served.model, usage, served.price, cost)
+            self.stats.spent(payer.tenant, payer.key, self.route, cost)
         self.stats.latency(served.tier, time.perf_counter() - self.started)
         self.stats.request_done(self.route, served.tier, served.model, status)
         # Token limits count what a tier generated: a cache hit generated nothing.
         tokens = 0 if self.cached else usage.total_tokens if usage is not None else None
-        await self.admission.finish(tokens)
+        await self.admission.finish(tokens, cost)
 
     async def completed(self, answer: "Gathered") -> Usage:
         """The answer ended well: count it and hand it to the hooks (choice 0's text: the

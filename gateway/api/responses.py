@@ -41,7 +41,7 @@ async def _history(state: GatewayState, tenant: str, body: ResponsesRequest) -> 
 
 async def _create(request: Request, state: GatewayState) -> Response:
     try:
-        tenant = authenticate(request, state.runtime)
+        tenant = await authenticate(request, state.runtime)
         body = await parse_body(request, ResponsesRequest)
         history = await _history(state, tenant, body)
         chat = to_chat(body, history)
@@ -75,7 +75,7 @@ async def create_response(request: Request, state: State) -> Response:
 
 @router.get("/v1/responses/{response_id}")
 async def get_response(response_id: str, request: Request, state: State) -> dict:
-    tenant = authenticate(request, state.runtime)
+    tenant = await authenticate(request, state.runtime)
     stored = await response_store.load(state.cache, tenant, response_id)
     if stored is None:
         raise _not_found(response_id)
@@ -84,7 +84,7 @@ async def get_response(response_id: str, request: Request, state: State) -> dict
 
 @router.delete("/v1/responses/{response_id}")
 async def delete_response(response_id: str, request: Request, state: State) -> dict:
-    tenant = authenticate(request, state.runtime)
+    tenant = await authenticate(request, state.runtime)
     if not await response_store.delete(state.cache, tenant, response_id):
         raise _not_found(response_id)
     return {"id": response_id, "object": "response", "deleted": True}

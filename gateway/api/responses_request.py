@@ -4,7 +4,7 @@ The gateway answers a Responses request through the chat pipeline: `to_chat` tur
 instructions, the input items (messages, function calls and their outputs, the stored
 conversation of `previous_response_id` first), the tools and `text.format` into a
 ChatCompletionRequest. What the chat API has no twin for (built-in tools, images, files,
-background runs) is a 400 naming the field, never silently dropped.
+background runs, a `conversation` object) is a 400 naming the field, never silently dropped.
 """
 
 from typing import Any, Literal
@@ -74,6 +74,9 @@ class ResponsesRequest(BaseModel):
     metadata: dict[str, str] | None = None
     user: str | None = None
     background: Literal[False] | None = None  # runs that outlive their request: not served
+    # A Conversations API object holds earlier turns this gateway cannot read: accepted and
+    # dropped, its follow-ups ("continue") would be answered, and cached, without them.
+    conversation: Any = None
 
 
 def _bad(message: str, param: str) -> OpenAIError:
@@ -162,6 +165,12 @@ def _tool_choice(choice: Any) -> Any:
 def to_chat(body: ResponsesRequest, history: list[dict[str, Any]]) -> ChatCompletionRequest:
     """The chat completions request that answers `body`; `history`: the stored
     conversation `previous_response_id` names (its messages, then its answer)."""
+    if body.conversation is not None:
+        message = (
+            "conversation is not supported: this gateway keeps no conversation objects; "
+            "continue with previous_response_id, or send the earlier turns in input"
+        )
+        raise _bad(message, "conversation")
     messages = [{"role": "system", "content": body.instructions}] if body.instructions else []
     messages += history + input_messages(body)
     if not messages:

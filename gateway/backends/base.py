@@ -19,6 +19,8 @@ from engine.entrypoints.openai.tool_calls import ToolCallDelta
 from engine.outputs import TokenLogprobs
 
 OpenAIRequest = ChatCompletionRequest | CompletionRequest
+# The engines' scheduling priorities (lower first): batch lines fill idle capacity only.
+INTERACTIVE, BATCH = 0, 1
 
 
 @dataclass
@@ -26,6 +28,7 @@ class GenerationRequest:
     request_id: str
     body: OpenAIRequest
     tenant: str  # also the engine's cache salt: tenants never share KV pages
+    priority: int = INTERACTIVE  # BATCH for a batch line (local engines schedule it last)
     # Prompt token ids by local engine, kept from the chain's checks so a call reuses them.
     prompts: dict[str, list[int]] = field(default_factory=dict, repr=False)
 

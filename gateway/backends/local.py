@@ -31,7 +31,7 @@ from engine.entrypoints.openai.chat_template import prompt_ids
 from engine.entrypoints.openai.errors import RETRY_AFTER_SECONDS, engine_error_status
 from engine.entrypoints.openai.protocol import to_sampling_params
 from engine.errors import EngineError, TenantQueueFullError
-from gateway.backends.base import BackendError, GenerationRequest, Piece
+from gateway.backends.base import INTERACTIVE, BackendError, GenerationRequest, Piece
 from gateway.policy import EngineSettings
 
 logger = logging.getLogger("tiergate.local")
@@ -285,12 +285,16 @@ class LocalBackend:
             # One engine id per attempt: a retry must not collide with the last one's abort.
             engine_id = f"{request.request_id}-{next(self._attempts)}"
 
+            # Batch work asks for its priority; interactive calls stay as test doubles know them.
+            extra = {"priority": request.priority} if request.priority != INTERACTIVE else {}
+
             async def start(index: int) -> Child:
                 outputs = engine.generate(
                     prompt,
                     choice_params(params, index),
                     f"{engine_id}-{index}" if index else engine_id,
                     cache_salt=request.tenant,
+                    **extra,
                 )
                 return await anext(outputs), outputs
 

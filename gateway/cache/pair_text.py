@@ -23,8 +23,12 @@ CASE_ASK = re.compile(
     r"|\bcase[- ]?(?:sensitiv|insensitiv)",
     re.IGNORECASE,
 )
-# Maths between numbers ("2+2" vs "2*2"): the operator is part of the question.
-OPERATOR = re.compile(r"(?<=\d)\s*([-+*/x×÷^%=<>])\s*(?=\d)")
+# Maths between numbers or variables ("2+2" vs "2*2", "5x + 6" vs "5x - 6"): the operator
+# is part of the question. A letter counts as a variable alone ("a + b") or after a
+# coefficient ("5x"), so hyphenated words ("top-5", "covid-19") are not maths.
+OPERATOR = re.compile(
+    r"(?:(?<=\d)|(?<=\d[a-z])|(?<=\W[a-z])|(?<=^[a-z]))\s*([-+*/x×÷^%=<>])\s*(?=\d|[a-z]\b)"
+)
 QUOTED = re.compile(
     r"\"([^\"]{1,80})\"|“([^”]{1,80})”|`([^`]{1,80})`|(?:^|\s)'([^']{1,80})'(?=$|[\s.,;:?!])"
 )

@@ -23,6 +23,7 @@ import contextlib
 import logging
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ import numpy as np
 from gateway.cache.entry import STORABLE_FINISH_REASONS, CachedAnswer, Entry
 from gateway.cache.store import CLOSE_WAIT_S, Store, StoreUnavailable, stop_task
 from gateway.cache.tables import EntryTables
+from gateway.cache.verdicts import verdicts
 from gateway.cache.verifier import Verdict
 from gateway.embedding.embedder import Embedder
 from gateway.policy import CacheSettings, RouteCacheSettings
@@ -52,6 +54,7 @@ logger = logging.getLogger("tiergate.cache")
 Embed = Callable[[], Awaitable[np.ndarray]]  # the request's embedding, memoised by the caller
 SWEEP_INTERVAL_S = 1.0  # how often expired entries leave memory and the store
 SEARCH_SLACK = 4  # search this many times `candidates`: some hits may not serve the request
+HIT_QUERIES_KEPT = 10_000  # the latest semantic hits' questions, for wrong-hit reports
 
 
 @dataclass(frozen=True)
@@ -75,7 +78,14 @@ class Lookup:
 
 
 class Verifier(Protocol):
-    def verify(self, query: str, candidate: str, cosine: float, strictness: str) -> Verdict: ...
+    def verify(
+        self,
+        query: str,
+        candidate: str,
+        cosine: float,
+        strictness: str,
+        threshold: float | None = None,
+    ) -> Verdict: ...
 
 
 class SemanticCache:
@@ -91,6 +101,9 @@ class SemanticCache:
         self._sweeper: asyncio.Task | None = None
         self._loaded = False
         self._touches: set[asyncio.Task] = set()
+        # entry id -> the question its latest semantic hit answered: a wrong-hit report on
+        # the entry then becomes a labelled pair (gateway/cache/reports.py). This replica's.
+        self._hit_queries: OrderedDict[str, str] = OrderedDict()
 
     @classmethod
     async def open(
@@ -147,6 +160,7 @@ class SemanticCache:
         hits = await self.tables.search(query.scope, vector, k)
         floor = _setting(rs.min_similarity, self.settings.min_similarity)
         strictness = _setting(rs.verifier, self.settings.verifier)
+        threshold = _setting(rs.verifier_threshold, self.settings.verifier_threshold)
         candidates = [
             (hit, held)
             for hit in hits
@@ -156,14 +170,17 @@ class SemanticCache:
             and held.serves(query.max_tokens)
         ][: self.settings.candidates]
         refused, reason = 0, None
-        verdicts = await self._verdicts(query.text, candidates, strictness)
-        for (hit, _), verdict in zip(candidates, verdicts, strict=True):
+        found = await verdicts(
+            self._verifier, self._verify_thread, query.text, candidates, strictness, threshold
+        )
+        for (hit, _), verdict in zip(candidates, found, strict=True):
             if verdict is not None and not verdict.accept:
                 refused += 1
                 reason = reason or verdict.reason
                 continue
             answer = await self._fetch(hit.entry_id)
             if answer is not None:
+                self._remember_hit(hit.entry_id, query.text)
                 return Lookup("semantic", answer, hit.entry_id, hit.similarity, refused, reason)
         best = hits[0].similarity if hits else None
         return Lookup("miss", similarity=best, refused=refused, reason=reason)
@@ -230,6 +247,10 @@ class SemanticCache:
         )
 
     # --- admin ---------------------------------------------------------------------------
+
+    def hit_query(self, entry_id: str) -> str | None:
+        """The question the entry's latest semantic hit on this replica answered, if kept."""
+        return self._hit_queries.get(entry_id)
 
     async def invalidate(self, entry_id: str) -> bool:
         """Remove one entry everywhere. Raises StoreUnavailable when the store is down."""
@@ -307,39 +328,15 @@ class SemanticCache:
         touch.add_done_callback(self._touches.discard)
         return answer
 
+    def _remember_hit(self, entry_id: str, text: str) -> None:
+        self._hit_queries[entry_id] = text
+        self._hit_queries.move_to_end(entry_id)
+        if len(self._hit_queries) > HIT_QUERIES_KEPT:
+            self._hit_queries.popitem(last=False)
+
     async def _touch(self, entry_id: str, now: float) -> None:
         with contextlib.suppress(StoreUnavailable):
             await self._store.touch(entry_id, now)
-
-    async def _verdicts(
-        self, query: str, candidates: list[tuple], strictness: str
-    ) -> list[Verdict | None]:
-        """Each candidate's verdict (None: no verifier asked). A verifier that scores a
-        lookup's candidates together (the pair model) gets them in one call; a broken one
-        refuses: a miss, never a wrong hit."""
-        if self._verifier is None or strictness == "off" or not candidates:
-            return [None] * len(candidates)
-        many = getattr(self._verifier, "verify_many", None)
-        if many is None:
-            return [
-                await self._verify(query, held.question, hit.similarity, strictness)
-                for hit, held in candidates
-            ]
-        try:
-            return await many(query, [held.question for _, held in candidates], strictness)
-        except Exception as exc:
-            logger.exception("cache verifier failed")
-            return [Verdict(False, 0.0, f"verifier_failed: {type(exc).__name__}")] * len(candidates)
-
-    async def _verify(self, query: str, candidate: str, cosine: float, strictness: str) -> Verdict:
-        loop = asyncio.get_running_loop()
-        try:
-            return await loop.run_in_executor(
-                self._verify_thread, self._verifier.verify, query, candidate, cosine, strictness
-            )
-        except Exception as exc:  # a broken verifier refuses: a miss, never a wrong hit
-            logger.exception("cache verifier failed")
-            return Verdict(False, 0.0, f"verifier_failed: {type(exc).__name__}")
 
     async def sweep(self) -> int:
         """Remove expired entries from memory and the store; returns how many."""

@@ -92,12 +92,18 @@ class PairVerifier:
         return None
 
     def verify(
-        self, query: str, candidate: str, cosine: float, strictness: str = "balanced"
+        self,
+        query: str,
+        candidate: str,
+        cosine: float,
+        strictness: str = "balanced",
+        threshold: float | None = None,
     ) -> Verdict:
+        """`threshold` (a calibrated `cache.verifier_threshold`) replaces the strictness's."""
         if strictness not in self.thresholds:
             raise ValueError(f"strictness must be one of {', '.join(STRICTNESS)}")
         p, reason = self.probability(query, candidate, cosine)
         if reason:
             return Verdict(False, p, reason)
-        accept = p >= self.thresholds[strictness]
+        accept = p >= (self.thresholds[strictness] if threshold is None else threshold)
         return Verdict(accept, p, "ok" if accept else "low probability")

@@ -11,6 +11,7 @@ from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from gateway.limits.budget import RedisBudgets
 from gateway.limits.window import WINDOW_S, Denial, Scope
 
 PREFIX = "tiergate:limits:"
@@ -108,6 +109,8 @@ class RedisStore:
         )
         self._admit = self._redis.register_script(_ADMIT)
         self._finish = self._redis.register_script(_FINISH)
+        # The same connection for the budgets' counts, their reservations under the same lease.
+        self.budgets = RedisBudgets(self._redis, LEASE_S)
 
     async def admit(self, scopes: list[Scope], cost: int, member: str) -> Denial | None:
         args: list[int | str] = [cost, member, int(LEASE_S * 1000), int(WINDOW_S * 1000)]

@@ -6,6 +6,8 @@ schema then cross-section checks), each reporting `yaml.path: reason` with its l
 watcher.py reloads a changed file. Everything callers use is importable from here.
 """
 
+from gateway.policy.batch import BatchSettings
+from gateway.policy.budgets import PERIODS, Budget, BudgetSettings, PricingSettings
 from gateway.policy.loading import load_policy, parse_policy, policy_from_text, with_lines
 from gateway.policy.schema import Policy, PolicyError, PolicyIssue
 from gateway.policy.settings import (
@@ -21,6 +23,7 @@ from gateway.policy.settings import (
     Strictness,
     default_cache_path,
     key_digest,
+    key_label,
 )
 from gateway.policy.tiers import (
     Blend,
@@ -35,9 +38,13 @@ from gateway.policy.tiers import (
 from gateway.policy.watcher import PolicyWatcher
 
 __all__ = [
+    "PERIODS",
     "ApiKey",
     "AuthSettings",
+    "BatchSettings",
     "Blend",
+    "Budget",
+    "BudgetSettings",
     "CacheSettings",
     "Deployment",
     "DifficultySettings",
@@ -51,6 +58,7 @@ __all__ = [
     "PolicyIssue",
     "PolicyWatcher",
     "Price",
+    "PricingSettings",
     "Route",
     "RouteCacheSettings",
     "Rule",
@@ -59,6 +67,7 @@ __all__ = [
     "Tier",
     "default_cache_path",
     "key_digest",
+    "key_label",
     "load_policy",
     "parse_policy",
     "policy_from_text",

@@ -182,10 +182,11 @@ def _limits_issues(policy: Policy) -> list[PolicyIssue]:
         for name in policy.limits.tenants
         if name not in tenants
     ]
-    for digest in policy.limits.keys:
-        if digest.lower() not in hashes:
-            reason = "no key in auth.keys has this SHA-256 (printf %s KEY | sha256sum)"
-            issues.append(PolicyIssue(f"limits.keys.{digest}", reason))
+    reason = "no key in auth.keys has this SHA-256 (printf %s KEY | sha256sum)"
+    for section, digests in (("limits", policy.limits.keys), ("budgets", policy.budgets.keys)):
+        for digest in digests:
+            if digest.lower() not in hashes:
+                issues.append(PolicyIssue(f"{section}.keys.{digest}", reason))
     return issues
 
 

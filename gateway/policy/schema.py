@@ -8,6 +8,8 @@ from pydantic import (
 )
 
 from engine.model_registry import BUNDLED
+from gateway.policy.batch import BatchSettings
+from gateway.policy.budgets import BudgetSettings, PricingSettings
 from gateway.policy.common import StrictModel
 from gateway.policy.settings import (
     AuthSettings,
@@ -24,12 +26,15 @@ class Policy(StrictModel):
     server: ServerSettings = ServerSettings()
     auth: AuthSettings  # required: serving without keys must be a choice, not an omission
     limits: LimitsSettings = LimitsSettings()
+    budgets: BudgetSettings = BudgetSettings()
+    pricing: PricingSettings = PricingSettings()
     cache: CacheSettings = CacheSettings()
     embedder: EmbedderSettings = EmbedderSettings()
     difficulty: DifficultySettings = DifficultySettings()
     engines: dict[str, EngineSettings] = {}
     tiers: Annotated[dict[str, Tier], Field(min_length=1)]
     routes: dict[str, Route] = {}
+    batch: BatchSettings = BatchSettings()
 
     def local_engines(self) -> dict[str, EngineSettings]:
         """Every engine a deployment uses: declared ones, plus bundled names used bare."""

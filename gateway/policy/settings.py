@@ -57,6 +57,7 @@ class ApiKey(StrictModel):
     key_sha256: str | None = None
     tenant: str
     tier_override: bool = False  # may this key pick the tier with the x-tiergate-tier header
+    name: str | None = None  # its label in spend metrics; None: `sha256:` + 8 hex digits
 
     @field_validator("key")
     @classmethod
@@ -81,6 +82,14 @@ class ApiKey(StrictModel):
     def digest(self) -> str:
         return self.key_sha256 or key_digest(self.key.encode())  # type: ignore[union-attr]
 
+    def label(self) -> str:
+        return self.name or key_label(self.digest())
+
+
+def key_label(digest: str) -> str:
+    """A key as metrics name it: never the key, a prefix of its hash too short to look up."""
+    return "sha256:" + digest[:8]
+
 
 def key_digest(key: bytes) -> str:
     """How keys are compared: by SHA-256, so a stored hash and a plain key work alike."""
@@ -104,6 +113,9 @@ class AuthSettings(StrictModel):
     # Secret mixed into the cache salt sent to remote engines (HMAC of the tenant), so a
     # salt cannot be guessed from a tenant's name. None: a random one per process.
     cache_salt_secret: str | None = None
+    # SQLite file of the keys made with POST /admin/keys when no Redis is set (with one,
+    # they live there). None: managed-keys.sqlite3 beside the cache's default file.
+    managed_keys_path: str | None = None
 
     _check_secrets = field_validator("admin_key", "metrics_key", "cache_salt_secret")(_secret)
 
@@ -118,10 +130,14 @@ class AuthSettings(StrictModel):
             raise ValueError("mode none takes no keys: remove them or the mode")
         return self
 
+    def managed_keys_file(self) -> Path:
+        path = self.managed_keys_path
+        return Path(path).expanduser() if path else default_cache_path("managed-keys.sqlite3")
 
-def default_cache_path() -> Path:
+
+def default_cache_path(name: str = "semantic-cache.sqlite3") -> Path:
     root = os.environ.get("TIERGATE_CACHE_DIR") or Path.home() / ".cache" / "tiergate"
-    return Path(root) / "semantic-cache.sqlite3"
+    return Path(root) / name
 
 
 class CacheSettings(StrictModel):
@@ -141,10 +157,13 @@ class CacheSettings(StrictModel):
     # pair: most vetoes, then the cross-encoder (gateway/cache/pair_model.py). logistic
     # serves more at the same wrong hits on the people's pairs (docs/cache.md).
     verifier_model: Literal["logistic", "pair"] = "logistic"
+    # The verifier's probability a candidate needs, instead of the strictness's own: what
+    # `tiergate calibrate-cache` picks for a wrong-hit bound. None: the strictness decides.
+    verifier_threshold: float | None = None
     candidates: int = 3  # most candidates the verifier sees per lookup, best first
     max_temperature: float = 1.0  # answers sampled hotter are not stored
 
-    _check_similarity = field_validator("min_similarity")(between_0_and_1)
+    _check_similarity = field_validator("min_similarity", "verifier_threshold")(between_0_and_1)
     _check_positive = field_validator("ttl_s", "max_entries", "approximate_above", "candidates")(
         positive
     )
@@ -167,6 +186,7 @@ class CacheSettings(StrictModel):
             enabled=self.enabled and overrides.enabled is not False,
             min_similarity=_first(overrides.min_similarity, self.min_similarity),
             verifier=overrides.verifier or self.verifier,
+            verifier_threshold=_first(overrides.verifier_threshold, self.verifier_threshold),
             ttl_s=_first(overrides.ttl_s, self.ttl_s),
         )
 

@@ -21,9 +21,10 @@ class RouteCacheSettings(StrictModel):
     enabled: bool | None = None
     min_similarity: float | None = None  # cosine a candidate needs before the verifier sees it
     verifier: Strictness | None = None
+    verifier_threshold: float | None = None  # the verifier's probability a candidate needs
     ttl_s: float | None = None
 
-    _check_similarity = field_validator("min_similarity")(between_0_and_1)
+    _check_similarity = field_validator("min_similarity", "verifier_threshold")(between_0_and_1)
     _check_ttl = field_validator("ttl_s")(positive)
 
 

@@ -47,6 +47,12 @@ class Stats:
         self._cost = Counter(
             "tiergate_cost_usd", "Cost from the tier prices", ["tier", "model"], registry=r
         )
+        self._spend = Counter(
+            "tiergate_spend_usd",
+            "What requests cost their tenants (cache hits as pricing says), by tenant, key, route",
+            ["tenant", "key", "route"],
+            registry=r,
+        )
         self._latency = Histogram(
             "tiergate_request_duration_seconds",
             "Time from request to last byte",
@@ -160,10 +166,17 @@ class Stats:
         if decision.score is not None:
             self._scores.labels(decision.route).observe(decision.score)
 
-    def usage(self, tier: str, model: str, usage: Usage, price: Price) -> None:
+    def usage(
+        self, tier: str, model: str, usage: Usage, price: Price, cost: float | None = None
+    ) -> None:
+        """`cost`: what the policy's pricing makes of it (None: `usage` at `price`)."""
         self._prompt_tokens.labels(tier, model).inc(usage.prompt_tokens)
         self._completion_tokens.labels(tier, model).inc(usage.completion_tokens)
-        self._cost.labels(tier, model).inc(cost_usd(usage, price))
+        self._cost.labels(tier, model).inc(cost_usd(usage, price) if cost is None else cost)
+
+    def spent(self, tenant: str, key: str, route: str, cost: float) -> None:
+        """A request's cost to its tenant (`key`: the key's label, never the key)."""
+        self._spend.labels(tenant, key, route or "-").inc(cost)
 
     def latency(self, tier: str, seconds: float) -> None:
         self._latency.labels(tier).observe(seconds)

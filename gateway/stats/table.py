@@ -76,6 +76,11 @@ def _tier_rows(w: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+def _spend_rows(w: dict[str, Any]) -> list[list[str]]:
+    spend = w.get("spend") or {"keys": []}  # an older replica's view has none
+    return [[r["tenant"], r["key"], _fmt(r["usd"], "$")] for r in spend["keys"]]
+
+
 def _engine_rows(stats: dict[str, Any], w: dict[str, Any]) -> list[list[str]]:
     rows = []
     for name, e in stats["engines"].items():
@@ -111,6 +116,7 @@ def render(stats: dict[str, Any], window: str) -> str:
         [
             _summary(w, window),
             table([*route_headers, "refused", "hit rate"], _route_rows(w), left=2),
+            table(["tenant", "key", "spent"], _spend_rows(w), left=2),
             table(tier_headers, _tier_rows(w), left=2),
             table(engine_headers, _engine_rows(stats, w)),
             *_fleet_part(stats, window),

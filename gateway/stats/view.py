@@ -190,6 +190,18 @@ def _engine_counters(samples: Samples) -> dict[str, Any]:
     return out
 
 
+def _spend(samples: Samples) -> dict[str, Any]:
+    """What tenants spent (`tiergate_spend_usd`): per tenant, per key and per route."""
+    name = "tiergate_spend_usd_total"
+    keys = total(samples, name, "tenant", "key")
+    return {
+        "usd": sum(total(samples, name).values()),
+        "tenants": {t: usd for (t,), usd in sorted(total(samples, name, "tenant").items())},
+        "keys": [{"tenant": t, "key": k, "usd": usd} for (t, k), usd in sorted(keys.items())],
+        "routes": {r: usd for (r,), usd in sorted(total(samples, name, "route").items())},
+    }
+
+
 def window(samples: Samples, seconds: float, top: tuple[str, Price]) -> dict[str, Any]:
     pairs = _cache_rows(samples, ("route", "tenant"))
     everything = _cache_rows(samples, ()).get((), {})
@@ -206,6 +218,7 @@ def window(samples: Samples, seconds: float, top: tuple[str, Price]) -> dict[str
         ],
         "tiers": _tiers(samples),
         "savings": _savings(samples, top),
+        "spend": _spend(samples),
         "cache": {"wrong_hits_reported": int(wrong)},
         "engines": _engine_counters(samples),
     }

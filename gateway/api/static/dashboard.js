@@ -106,6 +106,11 @@ function render(stats) {
     ["misses", (r) => r.misses], ["bypasses", (r) => r.bypasses],
     ["verifier refusals", (r) => r.verifier_refusals], ["hit rate", (r) => r.hit_rate, "%"],
   ], w.route_tenants);
+  table("spend-keys", [
+    ["tenant", (r) => r.tenant], ["key", (r) => r.key], ["spent", (r) => r.usd, "$"],
+  ], w.spend.keys);
+  table("spend-routes", [["route", (r) => r.route], ["spent", (r) => r.usd, "$"]],
+    Object.entries(w.spend.routes).map(([route, usd]) => ({route, usd})));
   const models = Object.entries(w.tiers).flatMap(([tier, t]) =>
     Object.entries(t.models).map(([model, m]) => ({tier, model, t, m})));
   table("tiers", [
