@@ -1,210 +1,215 @@
-"""How often the semantic cache hits, and how often wrongly: cosine alone vs the verifier.
+"""The semantic cache on rewordings people wrote: what it serves, what it serves wrongly.
 
-    python -m bench.cache_eval [--no-embed] [--live-cosines]
+    python -m bench.cache_eval [--limit N]
 
-On the labelled pairs (training/cache/build_pairs.py; the verifier never trained or tuned
-on the test split): the curve of hit rate (should-hit pairs accepted) against wrong-hit
-rate (must-not pairs accepted) for a cosine threshold alone (the baseline, same run) and
-for the shipped verifier (gateway/cache/verifier_model.json), per must-not category, and
-the strict / balanced / lenient operating points on dev and test. Also the verifier's time
-per pair, next to one query's embedding (a cost every lookup already pays) on each
-embedder backend. `--live-cosines` scores dev and test with the cosines of the embedder
-the gateway ships (ONNX Runtime by default) instead of those stored in the pair set, and
-reports how far they drift.
-Writes bench/results/cache_eval.json.
+On the `heldout` split of training/data/cache_pairs_real/pairs.jsonl (never trained or
+tuned on), the people's pairs (hand-written, the earlier groups, ShareGPT), each pair in a
+scope of its own: the stored question `b`, then the new question `a`. Three settings in the
+same run: the baseline (the old default: the vetoes and the logistic model at the 0.8
+floor), the default policy's (the logistic model at its lower floor) and the pair model
+(`verifier_model: pair`, the cross-encoder, at that floor); each verifier also at strict /
+balanced / lenient and several floors offline (the embedder's live cosines and the
+verifiers' scores). Through a real SemanticCache (SQLite store, the ONNX embedder):
+served per category, must-not served with its upper 95% Clopper-Pearson bound, exact
+repeats, and the lookup's wall and CPU time. Rule-made pairs are their own category;
+follow-ups (the same words in another conversation) are kept apart by the scope, not by
+any verifier, and are reported apart. Writes cache_eval.json (TIERGATE_BENCH_RESULTS).
 """
 
 import argparse
+import asyncio
+import json
+import tempfile
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from bench import common
-from gateway.cache.pair_text import analyse
-from gateway.cache.verifier import DEFAULT_ARTIFACT, STRICTNESS, PairVerifier
-from training.cache.train_verifier import DEFAULT_PAIRS, load_pairs
+from gateway.cache.cross_verifier import CrossVerifier
+from gateway.cache.semantic import CachedAnswer, CacheQuery, SemanticCache
+from gateway.cache.verifier import STRICTNESS, PairVerifier
+from gateway.embedding.embedder import Embedder
+from gateway.policy import CacheSettings
+from training.artifacts import REAL_PAIRS
+from training.bounds import upper_bound
 
-GOAL_WRONG, GOAL_HITS = 0.01, 0.70
-FLOORS = (0.0, 0.5, 0.6, 0.7)  # a similarity floor the cache may apply before verifying
-
-
-def rates(accepted: list[bool], pairs: list[dict]) -> dict[str, float]:
-    pos = [a for a, p in zip(accepted, pairs, strict=True) if p["label"] == 1]
-    neg = [a for a, p in zip(accepted, pairs, strict=True) if p["label"] == 0]
-    return {
-        "hit_rate": round(sum(pos) / max(len(pos), 1), 4),
-        "wrong_hit_rate": round(sum(neg) / max(len(neg), 1), 4),
-        "wrong_hits": sum(neg),
-        "must_not": len(neg),
-        "should_hit": len(pos),
-    }
+GOAL_SERVED, GOAL_WRONG, GOAL_BOUND, GOAL_P50_MS = 0.70, 0.01, 0.02, 15.0
+SHOULD_HIT = ("paraphrase", "near_repeat")
+MUST_NOT = ("negation", "number", "entity", "scope", "antonym", "unrelated")
+FLOORS = (0.5, 0.6, 0.65, 0.7, 0.8)
+BASELINE = {"verifier_model": "logistic", "min_similarity": 0.8, "verifier": "strict"}
 
 
-def by_kind(accepted: list[bool], pairs: list[dict]) -> dict[str, dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = {}
-    for kind in sorted({p["kind"] for p in pairs}):
-        picked = [(a, p) for a, p in zip(accepted, pairs, strict=True) if p["kind"] == kind]
-        label = picked[0][1]["label"]
-        share = sum(a for a, _ in picked) / len(picked)
-        out[kind] = {
+def heldout(path: Path, limit: int | None) -> list[dict]:
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if r["split"] == "heldout"]
+    return rows[:limit] if limit else rows
+
+
+def share(k: int, n: int) -> float | None:
+    return round(k / n, 4) if n else None
+
+
+def table(rows: list[dict], served: list[bool]) -> dict[str, Any]:
+    """Served per category; the totals over the people's should-hit and must-not pairs."""
+    out: dict[str, Any] = {}
+    people = [(s, r) for s, r in zip(served, rows, strict=True) if r["source"] != "rules"]
+    for cat in (*SHOULD_HIT, *MUST_NOT, "exact_repeat", "followup"):
+        picked = [s for s, r in people if r["category"] == cat]
+        out[cat] = {
             "pairs": len(picked),
-            "label": label,
-            "hit_rate" if label else "wrong_hit_rate": round(share, 4),
+            "served": sum(picked),
+            "share": share(sum(picked), len(picked)),
         }
+    for label in (True, False):
+        picked = [
+            s
+            for s, r in zip(served, rows, strict=True)
+            if r["source"] == "rules" and r["should_hit"] == label
+        ]
+        out[f"rule_edit_{'should_hit' if label else 'must_not'}"] = {
+            "pairs": len(picked),
+            "served": sum(picked),
+            "share": share(sum(picked), len(picked)),
+        }
+    pos = [s for s, r in people if r["category"] in SHOULD_HIT]
+    neg = [s for s, r in people if r["category"] in MUST_NOT]
+    out["should_hit"] = {"pairs": len(pos), "served": sum(pos), "share": share(sum(pos), len(pos))}
+    out["must_not"] = {
+        "pairs": len(neg),
+        "served": sum(neg),
+        "share": share(sum(neg), len(neg)),
+        "upper_95": round(upper_bound(sum(neg), len(neg)), 4) if neg else None,
+    }
     return out
 
 
-def curve(scores: list[float], pairs: list[dict], thresholds: list[float]) -> list[dict]:
-    return [{"threshold": t, **rates([s >= t for s in scores], pairs)} for t in thresholds]
-
-
-def best_under(points: list[dict], wrong: float) -> dict | None:
-    ok = [p for p in points if p["wrong_hit_rate"] <= wrong]
-    return max(ok, key=lambda p: (p["hit_rate"], -p["threshold"]), default=None)
-
-
-def evaluate(verifier: PairVerifier, pairs: list[dict]) -> dict[str, Any]:
-    cosines = [p["cosine"] for p in pairs]
-    probs, reasons = zip(
-        *(verifier.probability(p["a"], p["b"], p["cosine"]) for p in pairs), strict=True
-    )
-    grid = [round(i / 100, 2) for i in range(40, 101)]
-    cos_curve = curve(cosines, pairs, grid)
-    ver_curve = curve(list(probs), pairs, [round(i / 50, 2) for i in range(51)])
-    points = {}
-    for name in STRICTNESS:
-        t = verifier.thresholds[name]
-        for floor in FLOORS:
-            accepted = [p >= t and c >= floor for p, c in zip(probs, cosines, strict=True)]
-            key = name if floor == 0 else f"{name}@cosine>={floor}"
-            points[key] = {"threshold": t, "floor": floor, **rates(accepted, pairs)}
-            if floor == 0:
-                points[key]["by_kind"] = by_kind(accepted, pairs)
-    cos_at_1 = best_under(cos_curve, GOAL_WRONG)
-    vetoes = Counter(r for r, p in zip(reasons, pairs, strict=True) if r)
-    return {
-        "pairs": len(pairs),
-        "cosine_alone": {
-            "curve": cos_curve,
-            "best_at_1pct_wrong": cos_at_1,
-            "by_kind_at_0.80": by_kind([c >= 0.8 for c in cosines], pairs),
-        },
-        "verifier": {
-            "curve": ver_curve,
-            "operating_points": points,
-            "veto_reasons": dict(vetoes.most_common()),
-            "should_hit_vetoed": sum(
-                1 for r, p in zip(reasons, pairs, strict=True) if r and p["label"] == 1
-            ),
-        },
-    }
-
-
-def time_verifier(verifier: PairVerifier, pairs: list[dict]) -> dict[str, float]:
-    """Each pair twice: both texts new to the analysis cache, then both analysed already."""
-    analyse.cache_clear()
-    new, seen, cpu = [], [], []  # cpu: this thread's CPU time, blind to descheduling
-    for p in pairs:
-        for times in (new, seen):
-            start, start_cpu = time.perf_counter(), time.thread_time()
-            verifier.verify(p["a"], p["b"], p["cosine"])
-            times.append((time.perf_counter() - start) * 1e6)
-            if times is new:
-                cpu.append((time.thread_time() - start_cpu) * 1e6)
-    return {
-        "verify_us_p50": round(common.percentile(new, 50), 1),
-        "verify_us_p99": round(common.percentile(new, 99), 1),
-        "verify_cpu_us_p99": round(common.percentile(cpu, 99), 1),
-        "verify_cached_texts_us_p50": round(common.percentile(seen, 50), 1),
-    }
-
-
-def time_embedding(texts: list[str]) -> dict[str, float]:
-    """One query's embedding, wall and this thread's CPU, per embedder backend (same run)."""
-    import torch
-
-    from gateway.embedding.embedder import Embedder
-
-    torch.set_num_threads(1)
-    out: dict[str, float] = {}
-    for backend in ("onnx", "torch"):
-        embedder = Embedder(backend=backend)
-        embedder.embed_many(texts[:2])
-        wall, cpu = [], []
-        for t in texts:
-            start, start_cpu = time.perf_counter(), time.thread_time()
-            embedder.embed_many([t])
-            wall.append((time.perf_counter() - start) * 1e6)
-            cpu.append((time.thread_time() - start_cpu) * 1e6)
-        suffix = "" if backend == "onnx" else f"_{backend}"  # the default backend unsuffixed
-        out[f"embed_one_query_us_p50{suffix}"] = round(common.percentile(wall, 50), 1)
-        out[f"embed_one_query_cpu_us_p50{suffix}"] = round(common.percentile(cpu, 50), 1)
-    return out
-
-
-def live_cosines(pairs: list[dict]) -> dict[str, float]:
-    """Replace each pair's stored cosine (measured when the set was built, on torch) with
-    the shipped embedder's, so the operating points are those a live gateway gets."""
-    from gateway.embedding.embedder import Embedder
-
-    embedder = Embedder()
-    texts = sorted({p["a"] for p in pairs} | {p["b"] for p in pairs})
+def live_cosines(embedder: Embedder, rows: list[dict]) -> list[float]:
+    texts = sorted({r["a"] for r in rows} | {r["b"] for r in rows})
     vectors = embedder.embed_many(texts)
-    row = {t: i for i, t in enumerate(texts)}
-    drift = []
-    for p in pairs:
-        cosine = float(vectors[row[p["a"]]] @ vectors[row[p["b"]]])
-        drift.append(abs(cosine - p["cosine"]))
-        p["cosine"] = cosine
+    at = {t: i for i, t in enumerate(texts)}
+    return [float(vectors[at[r["a"]]] @ vectors[at[r["b"]]]) for r in rows]
+
+
+def offline(rows: list[dict], cos: list[float], scores: dict, thresholds: dict) -> dict:
+    """Every verifier x strictness x floor from the same cosines and scores."""
+    out: dict[str, Any] = {}
+    for name, probs in scores.items():
+        for strict in STRICTNESS:
+            t = thresholds[name][strict]
+            for floor in FLOORS:
+                served = [c >= floor and p >= t for c, p in zip(cos, probs, strict=True)]
+                t_ = table(rows, served)
+                out[f"{name}/{strict}@{floor}"] = {
+                    "threshold": t,
+                    "should_hit": t_["should_hit"],
+                    "must_not": t_["must_not"],
+                    "by_category": {k: v["share"] for k, v in t_.items()},
+                }
+    return out
+
+
+async def through_cache(rows: list[dict], embedder: Embedder, settings: dict) -> dict:
+    """Each pair in its own scope: store b, look a up; served per category, lookup times."""
+    with tempfile.TemporaryDirectory() as tmp:
+        policy = CacheSettings(enabled=True, path=str(Path(tmp) / "c.sqlite3"), **settings)
+        load = CrossVerifier.load if policy.verifier_model == "pair" else PairVerifier.load
+        cache = await SemanticCache.open(policy, embedder, load())
+        route = policy.for_route(None)
+        stored = CachedAnswer("answer", "stop", 10, 5, "small", "m", None)
+        served, wall, cpu = [], [], []
+        for r in rows:
+            scope = f"pair-{r['id']}"
+            await cache.store(_q(scope, r["b"]), _embed(embedder, r["b"]), stored, None)
+            start, start_cpu = time.perf_counter(), time.process_time()
+            found = await cache.lookup(_q(scope, r["a"]), _embed(embedder, r["a"]), route)
+            wall.append((time.perf_counter() - start) * 1000)
+            cpu.append((time.process_time() - start_cpu) * 1000)
+            served.append(found.outcome in ("exact", "semantic"))
+        await cache.close()
+    semantic = [w for w, r in zip(wall, rows, strict=True) if r["category"] != "exact_repeat"]
     return {
-        "backend": embedder.backend,
-        "pairs": len(pairs),
-        "cosine_drift_mean": round(sum(drift) / len(drift), 6),
-        "cosine_drift_max": round(max(drift), 6),
+        "settings": settings,
+        "served": table(rows, served),
+        "lookup_ms_p50": round(common.percentile(semantic, 50), 2),
+        "lookup_ms_p90": round(common.percentile(semantic, 90), 2),
+        "lookup_cpu_ms_p50": round(common.percentile(cpu, 50), 2),
+    }
+
+
+def _q(scope: str, text: str) -> CacheQuery:
+    return CacheQuery(scope, "bench", "auto", text, None, 0.0)
+
+
+def _embed(embedder: Embedder, text: str):
+    async def embed():
+        return await embedder.embed(text)
+
+    return embed
+
+
+def goals(pair: dict) -> dict[str, Any]:
+    served = pair["served"]
+    return {
+        "should_hit_served": common.goal(served["should_hit"]["share"], GOAL_SERVED),
+        "must_not_served": common.goal(served["must_not"]["share"], GOAL_WRONG, False),
+        "must_not_upper_95": common.goal(served["must_not"]["upper_95"], GOAL_BOUND, False),
+        "exact_repeats": common.goal(served["exact_repeat"]["share"], 1.0),
+        "lookup_ms_p50": common.goal(pair["lookup_ms_p50"], GOAL_P50_MS, False),
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--no-embed", action="store_true", help="skip the embedding timing")
-    parser.add_argument("--pairs", type=Path, default=DEFAULT_PAIRS)
-    parser.add_argument("--artifact", type=Path, default=DEFAULT_ARTIFACT)
-    parser.add_argument(
-        "--live-cosines",
-        action="store_true",
-        help="score dev/test with the shipped embedder's cosines, not the stored ones",
-    )
+    parser.add_argument("--pairs", type=Path, default=REAL_PAIRS)
+    parser.add_argument("--limit", type=int, default=None, help="the first N held-out pairs")
     args = parser.parse_args()
-    verifier = PairVerifier.load(args.artifact)
-    pairs = load_pairs(args.pairs)
-    result: dict[str, Any] = {"cpu_model": common.cpu_model(), "thresholds": verifier.thresholds}
-    if args.live_cosines:
-        result["live_cosines"] = live_cosines([p for p in pairs if p["split"] != "train"])
-        print("live cosines", result["live_cosines"])
-    for split in ("dev", "test"):
-        result[split] = evaluate(verifier, [p for p in pairs if p["split"] == split])
-    test = [p for p in pairs if p["split"] == "test"]
-    result["speed"] = time_verifier(verifier, test)
-    if not args.no_embed:
-        result["speed"].update(time_embedding([p["a"] for p in test[:50]]))
-    bal = result["test"]["verifier"]["operating_points"]["balanced"]
-    result["goals"] = {
-        "test_wrong_hit_rate_balanced": common.goal(bal["wrong_hit_rate"], GOAL_WRONG, False),
-        "test_hit_rate_balanced": common.goal(bal["hit_rate"], GOAL_HITS),
+    rows = heldout(args.pairs, args.limit)
+    embedder = Embedder()
+    cos = live_cosines(embedder, rows)
+    old, new = PairVerifier.load(), CrossVerifier.load()
+    scores = {
+        "logistic": [old.probability(r["a"], r["b"], c)[0] for r, c in zip(rows, cos, strict=True)],
+        "pair": new.score_pairs([r["a"] for r in rows], [r["b"] for r in rows]),
     }
-    for split in ("dev", "test"):
-        cos = result[split]["cosine_alone"]["best_at_1pct_wrong"]
+    thresholds = {"logistic": old.thresholds, "pair": new.thresholds}
+    default = CacheSettings()
+    ours = {
+        "verifier_model": default.verifier_model,
+        "min_similarity": default.min_similarity,
+        "verifier": default.verifier,
+    }
+    pair = ours | {"verifier_model": "pair"}
+    result: dict[str, Any] = {
+        "cpu_model": common.cpu_model(),
+        "heldout_pairs": len(rows),
+        "embedder_backend": embedder.backend,
+        "thresholds": thresholds,
+        "offline": offline(rows, cos, scores, thresholds),
+    }
+    result["baseline"] = asyncio.run(through_cache(rows, embedder, BASELINE))
+    result["default"] = asyncio.run(through_cache(rows, embedder, ours))
+    result["pair_model"] = asyncio.run(through_cache(rows, embedder, pair))
+    result["goals"] = goals(result["default"])
+    result["goals_pair_model"] = goals(result["pair_model"])
+    result["goals_baseline"] = goals(result["baseline"])
+    for name in ("baseline", "default", "pair_model"):
+        run = result[name]
+        s = run["served"]
         print(
-            f"[{split}] cosine alone at <=1% wrong: threshold {cos and cos['threshold']}, "
-            f"hits {cos and cos['hit_rate']}"
+            f"{name:10} {run['settings']}: should-hit {s['should_hit']['share']} "
+            f"(paraphrase {s['paraphrase']['share']}, near repeat {s['near_repeat']['share']}), "
+            f"must-not {s['must_not']['served']}/{s['must_not']['pairs']} "
+            f"(upper 95% {s['must_not']['upper_95']}), exact {s['exact_repeat']['share']}, "
+            f"lookup p50 {run['lookup_ms_p50']} ms (cpu {run['lookup_cpu_ms_p50']} ms)"
         )
-        for name, pt in result[split]["verifier"]["operating_points"].items():
-            print(
-                f"[{split}] {name:28} hits {pt['hit_rate']:.3f}  wrong {pt['wrong_hit_rate']:.4f}"
-                f" ({pt['wrong_hits']}/{pt['must_not']})"
-            )
-    print("speed", result["speed"], "cpu", result["cpu_model"])
+    for key, point in result["offline"].items():
+        hit, wrong = point["should_hit"], point["must_not"]
+        print(
+            f"  {key:24} should-hit {hit['share']}  must-not {wrong['served']}/{wrong['pairs']}"
+            f" (upper 95% {wrong['upper_95']})"
+        )
+    print("cpu", result["cpu_model"])
     common.write_result("cache_eval", result)
 
 

@@ -33,6 +33,7 @@ from gateway.backends.fallback import deployment_key
 from gateway.backends.health import HealthChecker, ReplicaMetrics
 from gateway.backends.local import EngineFactory, LocalEngines, default_engine_factory
 from gateway.batch.runner import BatchRunner
+from gateway.cache.cross_verifier import CrossVerifier
 from gateway.cache.semantic import SemanticCache
 from gateway.cache.verifier import PairVerifier
 from gateway.drain import Drain
@@ -83,7 +84,8 @@ async def _start_cache(policy: Policy, shared: SharedEmbedder) -> SemanticCache 
     if not policy.cache.enabled:
         return None
     embedder = await shared.get(policy.embedder)
-    verifier = await asyncio.to_thread(PairVerifier.load)
+    load = CrossVerifier.load if policy.cache.verifier_model == "pair" else PairVerifier.load
+    verifier = await asyncio.to_thread(load)
     return await SemanticCache.open(policy.cache, embedder, verifier)
 
 

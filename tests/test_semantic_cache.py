@@ -169,6 +169,20 @@ async def test_verifier_refusals_are_counted_and_the_floor_alone_would_hit(
     assert accepted.outcome in ("exact", "semantic") and accepted.answer is not None
 
 
+class ManyAtOnce:
+    """A verifier that scores a lookup's candidates in one call (as the pair model does)."""
+
+    def __init__(self, accept: str | None = None, broken: bool = False) -> None:
+        self.accept, self.broken = accept, broken
+        self.calls: list[list[str]] = []
+
+    async def verify_many(self, query: str, candidates: list[str], strictness: str, threshold):
+        self.calls.append(candidates)
+        if self.broken:
+            raise RuntimeError("model file missing")
+        return [Verdict(c == self.accept, 0.9, "ok") for c in candidates]
+
+
 async def test_a_calibrated_threshold_reaches_the_verifier_route_first(opened, embedder) -> None:
     verifier = NumbersMustMatch()
     cache, embeds = await opened(verifier, verifier_threshold=0.42), Embeds(embedder)
@@ -180,10 +194,21 @@ async def test_a_calibrated_threshold_reaches_the_verifier_route_first(opened, e
 
 
 async def test_a_broken_verifier_refuses_instead_of_raising(opened, embedder) -> None:
-    cache, embeds = await opened(Broken()), Embeds(embedder)
-    await put(cache, embeds, "What is the capital of France?")
-    result = await ask(cache, embeds, "Tell me the capital city of France")
-    assert result.outcome == "miss" and result.reason.startswith("verifier_failed")
+    for broken in (Broken(), ManyAtOnce(broken=True)):
+        cache, embeds = await opened(broken), Embeds(embedder)
+        await put(cache, embeds, "What is the capital of France?")
+        result = await ask(cache, embeds, "Tell me the capital city of France")
+        assert result.outcome == "miss" and result.reason.startswith("verifier_failed")
+
+
+async def test_a_lookups_candidates_are_verified_in_one_call(opened, embedder) -> None:
+    stored = ["What is the capital of France?", "Which city is the capital of France?"]
+    verifier = ManyAtOnce(accept=stored[1])
+    cache, embeds = await opened(verifier), Embeds(embedder)
+    ids = [await put(cache, embeds, text) for text in stored]
+    found = await ask(cache, embeds, "Tell me the capital city of France")
+    assert len(verifier.calls) == 1 and sorted(verifier.calls[0]) == sorted(stored)
+    assert (found.outcome, found.entry_id) == ("semantic", ids[1])
 
 
 async def test_entries_expire_after_their_ttl(opened, embedder, tmp_path) -> None:
@@ -316,6 +341,10 @@ async def test_reloaded_settings_apply_unless_the_store_changes(opened, embedder
     assert paraphrase.outcome == "miss"
     moved = cache.settings.model_copy(update={"path": "/elsewhere/cache.sqlite3"})
     assert not cache.reconfigure(moved) and cache.settings.min_similarity == 0.99
+    other_model = cache.settings.model_copy(update={"verifier_model": "pair"})
+    assert not cache.reconfigure(other_model)  # a new cache loads the other verifier
+    with pytest.raises(ValueError, match="verifier_model"):
+        CacheSettings(verifier_model="cosine")
 
 
 async def test_concurrent_stores_lookups_and_deletes_stay_consistent(opened, tmp_path) -> None:

@@ -12,7 +12,7 @@ import pytest
 from gateway.cli import main as tiergate
 from training import artifacts
 
-SHIPPED = [artifacts.VERIFIER_MODEL, artifacts.DIFFICULTY_EXAMPLES]
+SHIPPED = [artifacts.VERIFIER_MODEL, artifacts.DIFFICULTY_EXAMPLES, artifacts.PAIR_MODEL_CONFIG]
 
 
 @pytest.mark.parametrize("artifact", SHIPPED, ids=lambda p: p.name)

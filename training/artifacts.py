@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gateway.cache.pair_model import PAIR_CONFIG, PAIR_MODEL
 from gateway.cache.verifier import DEFAULT_ARTIFACT
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,6 +25,9 @@ DATA = ROOT / "training" / "data"
 # Overridable, as bench/results is, so a trial run keeps its reports apart (ignored by git).
 REPORTS = Path(os.environ.get("TIERGATE_TRAINING_REPORTS") or ROOT / "training" / "reports")
 VERIFIER_MODEL = DEFAULT_ARTIFACT  # gateway/cache/verifier_model.json
+# The cross-encoder (ONNX, int8) and its thresholds; the JSON names the ONNX file's sha256.
+PAIR_MODEL_ONNX = PAIR_MODEL  # gateway/cache/pair_model.onnx
+PAIR_MODEL_CONFIG = PAIR_CONFIG  # gateway/cache/pair_model.json
 DIFFICULTY_EXAMPLES = ROOT / "router_policies" / "difficulty_examples.jsonl"
 CACHE_PAIRS = DATA / "cache_pairs.jsonl"  # rule-made, the verifier's training set
 # Pairs written by people, with a held-out split (python -m training cache real-pairs).

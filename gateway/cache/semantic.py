@@ -34,6 +34,7 @@ import numpy as np
 from gateway.cache.entry import STORABLE_FINISH_REASONS, CachedAnswer, Entry
 from gateway.cache.store import CLOSE_WAIT_S, Store, StoreUnavailable, stop_task
 from gateway.cache.tables import EntryTables
+from gateway.cache.verdicts import verdicts
 from gateway.cache.verifier import Verdict
 from gateway.embedding.embedder import Embedder
 from gateway.policy import CacheSettings, RouteCacheSettings
@@ -169,15 +170,14 @@ class SemanticCache:
             and held.serves(query.max_tokens)
         ][: self.settings.candidates]
         refused, reason = 0, None
-        for hit, held in candidates:
-            if self._verifier is not None and strictness != "off":
-                verdict = await self._verify(
-                    query.text, held.question, hit.similarity, strictness, threshold
-                )
-                if not verdict.accept:
-                    refused += 1
-                    reason = reason or verdict.reason
-                    continue
+        found = await verdicts(
+            self._verifier, self._verify_thread, query.text, candidates, strictness, threshold
+        )
+        for (hit, _), verdict in zip(candidates, found, strict=True):
+            if verdict is not None and not verdict.accept:
+                refused += 1
+                reason = reason or verdict.reason
+                continue
             answer = await self._fetch(hit.entry_id)
             if answer is not None:
                 self._remember_hit(hit.entry_id, query.text)
@@ -280,6 +280,7 @@ class SemanticCache:
         """Take a reloaded policy's cache section. False: the store or index settings
         changed, and only a new cache (close this one, open another) can apply them."""
         fixed = ("store", "path", "redis_url", "redis_prefix", "approximate_above")
+        fixed += ("verifier_model",)  # another verifier: a new cache loads it
         if any(getattr(settings, k) != getattr(self.settings, k) for k in fixed):
             return False
         self.settings = settings
@@ -310,6 +311,9 @@ class SemanticCache:
             logger.warning("semantic cache store did not close within %gs", CLOSE_WAIT_S)
         self.tables.close()
         self._verify_thread.shutdown(wait=False)
+        closing = getattr(self._verifier, "close", None)
+        if closing is not None:
+            await closing()
 
     # --- helpers -----------------------------------------------------------------------
 
@@ -333,19 +337,6 @@ class SemanticCache:
     async def _touch(self, entry_id: str, now: float) -> None:
         with contextlib.suppress(StoreUnavailable):
             await self._store.touch(entry_id, now)
-
-    async def _verify(
-        self, query: str, candidate: str, cosine: float, strictness: str, threshold: float | None
-    ) -> Verdict:
-        loop = asyncio.get_running_loop()
-        verify = self._verifier.verify
-        try:
-            return await loop.run_in_executor(
-                self._verify_thread, verify, query, candidate, cosine, strictness, threshold
-            )
-        except Exception as exc:  # a broken verifier refuses: a miss, never a wrong hit
-            logger.exception("cache verifier failed")
-            return Verdict(False, 0.0, f"verifier_failed: {type(exc).__name__}")
 
     async def sweep(self) -> int:
         """Remove expired entries from memory and the store; returns how many."""

@@ -70,17 +70,26 @@ class PairVerifier:
 
     def probability(self, query: str, candidate: str, cosine: float) -> tuple[float, str]:
         """The model's probability and the veto reason ("" when none); 0 when vetoed."""
+        decided = self.decide(query, candidate)
+        if decided is not None:
+            return decided
+        a, b = analyse(query, self.stats), analyse(candidate, self.stats)
+        al = align(a, b, self.stats)
+        return self.model.probability(features(a, b, al, cosine, self.stats)), ""
+
+    def decide(self, query: str, candidate: str) -> tuple[float, str] | None:
+        """What the rules alone decide: (0, the veto) or (1, "") for the same words; None
+        leaves the pair to a model."""
         if max(len(query), len(candidate)) > MAX_COMPARED_CHARS:
             same = " ".join(query.split()) == " ".join(candidate.split())  # case too: code
             return (1.0, "") if same else (0.0, "too long to compare")
         a, b = analyse(query, self.stats), analyse(candidate, self.stats)
-        al = align(a, b, self.stats)
-        reason = veto(a, b, al, self.stats)
+        reason = veto(a, b, align(a, b, self.stats), self.stats)
         if reason:
             return 0.0, reason
         if a.normalised == b.normalised:
             return 1.0, ""  # the same words: case, punctuation or spacing only
-        return self.model.probability(features(a, b, al, cosine, self.stats)), ""
+        return None
 
     def verify(
         self,

@@ -149,8 +149,14 @@ class CacheSettings(StrictModel):
     ttl_s: float | None = 3600.0  # entry lifetime, a request's TTL at most; None: never expire
     max_entries: int = 100_000  # beyond it the least recently used entries are evicted
     approximate_above: int = 20_000  # a scope's index turns from exact to IVF above this
-    min_similarity: float = 0.8  # default cosine floor for candidates
+    # default cosine floor for candidates: 0.6 lets the verifier see rewordings the embedder
+    # ranks low (people's paraphrases: median cosine 0.88, a quarter below 0.8)
+    min_similarity: float = 0.6
     verifier: Strictness = "strict"  # the one of the three under 1% wrong hits on test
+    # logistic: the vetoes, then a logistic model over cosine and word-alignment features;
+    # pair: most vetoes, then the cross-encoder (gateway/cache/pair_model.py). logistic
+    # serves more at the same wrong hits on the people's pairs (docs/cache.md).
+    verifier_model: Literal["logistic", "pair"] = "logistic"
     # The verifier's probability a candidate needs, instead of the strictness's own: what
     # `tiergate calibrate-cache` picks for a wrong-hit bound. None: the strictness decides.
     verifier_threshold: float | None = None
