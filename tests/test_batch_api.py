@@ -27,6 +27,7 @@ def policy(cache_path: Path) -> str:
 auth:
   keys: [{{key: {KEY}, tenant: one}}, {{key: {OTHER_KEY}, tenant: two}}]
   admin_key: {ADMIN}
+  managed_keys_path: {cache_path.parent / "keys.sqlite3"}
 cache: {{enabled: true, store: embedded, path: {cache_path}}}
 engines:
   {SMOL}: {{kv_cache_mb: 32, max_num_seqs: 4, max_model_len: 512, num_threads: 1}}
@@ -227,3 +228,28 @@ def test_batch_lines_are_priced_at_the_batch_factor(url: str) -> None:
     tokens = body["usage"]["prompt_tokens"] + body["usage"]["completion_tokens"]
     time.sleep(0.2)
     assert _cost(url) - before == pytest.approx(tokens * 1000 / 1e6 * 0.5)
+
+
+def test_a_managed_keys_terms_hold_for_its_batch_lines(url: str) -> None:
+    """A batch's lines run under the key that created it: its allowed models refuse a line,
+    and once the key is revoked its batch's remaining lines spend nothing."""
+    admin = httpx.Client(base_url=url, headers={"authorization": f"Bearer {ADMIN}"})
+    made = admin.post(
+        "/admin/keys", json={"tenant": "one", "name": "batcher", "allowed_models": ["small"]}
+    ).json()
+    own = client(url, made["key"])
+    lines = [chat_line("ok", "Hi.", "small"), chat_line("no", "Hi.")]
+    done = wait_ended(own, create(own, lines).id)
+    assert done.request_counts.completed == 1 and done.request_counts.failed == 1
+    refused = records(own, done.error_file_id)["no"]["response"]
+    assert refused["status_code"] == 404
+    assert refused["body"]["error"]["code"] == "model_not_found"
+    batch = create(own, [chat_line(f"late-{i}", f"Line {i}.", "small") for i in range(12)])
+    assert admin.delete(f"/admin/keys/{made['id']}").status_code == 200
+    tenant = client(url)  # the tenant's policy key still sees the tenant's batches
+    ended = wait_ended(tenant, batch.id)
+    counts = ended.request_counts
+    assert counts.completed + counts.failed == 12 and counts.failed >= 1
+    for row in records(tenant, ended.error_file_id).values():
+        assert row["response"]["status_code"] == 401
+        assert row["response"]["body"]["error"]["code"] == "invalid_api_key"

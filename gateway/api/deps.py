@@ -108,19 +108,28 @@ async def authenticate(request: Request, runtime: Runtime, x_api_key: bool = Fal
         )
     # Keys are looked up by their SHA-256, so policies may store hashes instead of keys.
     digest = key_digest(token)
-    tenant = runtime.tenants.get(digest)
-    if tenant is not None:
-        terms = KeyTerms(digest, runtime.key_labels.get(digest, digest[:8]))
-    else:
-        managed = token.startswith(KEY_PREFIX.encode())  # no other token is looked up
-        record = await _managed_key(request, runtime, digest) if managed else None
-        if record is None:
-            shown = _mask(token.decode("latin-1"))
-            raise OpenAIError(401, f"Incorrect API key provided: {shown}.", code="invalid_api_key")
-        tenant, terms = record.tenant, record.terms()
+    managed = token.startswith(KEY_PREFIX.encode())  # no other token is looked up
+    found = await key_of_digest(request, runtime, digest, managed)
+    if found is None:
+        shown = _mask(token.decode("latin-1"))
+        raise OpenAIError(401, f"Incorrect API key provided: {shown}.", code="invalid_api_key")
+    tenant, terms = found
     request.state.key_digest = digest  # the router's tier_override check
     request.state.key_terms = terms  # per-key limits, budget, allowed models, spend label
     return tenant
+
+
+async def key_of_digest(
+    request: Request, runtime: Runtime, digest: str, managed: bool = True
+) -> tuple[str, KeyTerms] | None:
+    """The tenant and terms of the key with this digest: a policy key, else (`managed`) a
+    live managed key; None for no such key. A batch's lines look their key up again here,
+    so a key revoked while its batch runs stops spending."""
+    tenant = runtime.tenants.get(digest)
+    if tenant is not None:
+        return tenant, KeyTerms(digest, runtime.key_labels.get(digest, digest[:8]))
+    record = await _managed_key(request, runtime, digest) if managed else None
+    return None if record is None else (record.tenant, record.terms())
 
 
 async def _managed_key(request: Request, runtime: Runtime, digest: str) -> ManagedKey | None:

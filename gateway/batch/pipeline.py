@@ -16,10 +16,12 @@ from starlette.requests import Request
 from starlette.types import Message
 
 from engine.entrypoints.openai.errors import OpenAIError
+from gateway.api.deps import key_of_digest
 from gateway.api.openai import ShapeOf, chat_shape, serve, text_shape
 from gateway.backends.base import BATCH
 from gateway.batch.lines import ENDPOINTS, Line
 from gateway.batch.objects import answered
+from gateway.limits.terms import KeyTerms
 
 SHAPES: dict[str, ShapeOf] = {"/v1/chat/completions": chat_shape, "/v1/completions": text_shape}
 
@@ -52,6 +54,8 @@ async def run_line(
     state = app.state.gateway
     request = _request(app, line, request_id, key_digest)
     try:
+        if key_digest is not None:  # the key's own limits, budget and allowed models
+            request.state.key_terms = await _terms(request, state.runtime, key_digest)
         body = ENDPOINTS[line.url].model_validate(line.body | {"stream": False})
         response = await serve(request, state, tenant, body, SHAPES[line.url])
     except ValidationError as exc:  # checked at upload: only a changed schema gets here
@@ -59,3 +63,11 @@ async def run_line(
     except OpenAIError as exc:
         return answered(line.custom_id, exc.status, request_id, exc.body())
     return answered(line.custom_id, response.status_code, request_id, json.loads(response.body))
+
+
+async def _terms(request: Request, runtime: Any, digest: str) -> KeyTerms:
+    found = await key_of_digest(request, runtime, digest)
+    if found is None:
+        message = "The API key that created this batch no longer exists or was revoked."
+        raise OpenAIError(401, message, code="invalid_api_key")
+    return found[1]
