@@ -14,17 +14,15 @@ embedder does, scored one pair per pass (see score_pairs: int8 activations are s
 tensor; a weight-only int8 graph would let one pass take them all).
 """
 
-import asyncio
-import contextlib
 import math
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from gateway.embedding.embedder import default_model_path
+from gateway.embedding.micro_batch import MicroBatcher
 
 PAIR_MODEL = Path(__file__).with_name("pair_model.onnx")
 PAIR_CONFIG = Path(__file__).with_name("pair_model.json")  # thresholds picked on dev
@@ -99,72 +97,22 @@ def _sigmoid(z: float) -> float:
     return 1.0 / (1.0 + math.exp(-max(-60.0, min(60.0, z))))
 
 
-@dataclass
-class _Pending:
-    query: str
-    candidate: str
-    future: asyncio.Future
-
-
 class PairBatcher:
     """Concurrent lookups' pairs in one forward pass: whatever arrives within `max_wait_ms`
     (up to `batch_size` pairs) runs together on the model's own thread."""
 
     def __init__(self, model: PairModel, batch_size: int = 16, max_wait_ms: float = 1.0) -> None:
         self.model = model
-        self.batch_size = batch_size
-        self.max_wait_s = max_wait_ms / 1000
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="pair-model")
-        self._queue: list[_Pending] = []
-        self._worker: asyncio.Task | None = None
-        self._wakeup: asyncio.Event | None = None
+        executor = ThreadPoolExecutor(1, thread_name_prefix="pair-model")
+        self._batcher: MicroBatcher[tuple[str, str], float] = MicroBatcher(
+            self._score, executor, batch_size, max_wait_ms / 1000
+        )
+
+    def _score(self, pairs: list[tuple[str, str]]) -> list[float]:
+        return self.model.score_pairs([q for q, _ in pairs], [c for _, c in pairs])
 
     async def score(self, queries: list[str], candidates: list[str]) -> list[float]:
-        loop = asyncio.get_running_loop()
-        futures = []
-        for q, c in zip(queries, candidates, strict=True):
-            futures.append(loop.create_future())
-            self._queue.append(_Pending(q, c, futures[-1]))
-        if self._worker is None or self._worker.done():
-            self._wakeup = asyncio.Event()
-            self._worker = loop.create_task(self._run())
-        self._wakeup.set()
-        return list(await asyncio.gather(*futures))
-
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            await self._wakeup.wait()
-            self._wakeup.clear()
-            if not self._queue:
-                continue
-            if len(self._queue) < self.batch_size and self.max_wait_s > 0:
-                await asyncio.sleep(self.max_wait_s)  # let concurrent lookups join
-            batch, self._queue = self._queue[: self.batch_size], self._queue[self.batch_size :]
-            if self._queue:
-                self._wakeup.set()
-            live = [p for p in batch if not p.future.done()]
-            if not live:
-                continue
-            try:
-                probs = await loop.run_in_executor(
-                    self._executor,
-                    self.model.score_pairs,
-                    [p.query for p in live],
-                    [p.candidate for p in live],
-                )
-            except Exception as exc:  # one bad batch fails its callers, not the worker
-                for p in live:
-                    if not p.future.done():
-                        p.future.set_exception(exc)
-                continue
-            for p, prob in zip(live, probs, strict=True):
-                if not p.future.done():
-                    p.future.set_result(prob)
+        return await self._batcher.submit(list(zip(queries, candidates, strict=True)))
 
     async def close(self) -> None:
-        if self._worker is not None:
-            self._worker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._worker
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        await self._batcher.close()

@@ -9,7 +9,6 @@ of at most `max_batch_tokens` padded tokens (batches.py), so one call's memory i
 bounded, and the request path's batches go first between them.
 """
 
-import asyncio
 import contextlib
 import importlib.util
 import logging
@@ -22,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from gateway.embedding.batches import TurnLock, plan_batches
+from gateway.embedding.micro_batch import MicroBatcher
 from gateway.embedding.onnx_backend import OnnxBackend, OnnxUnavailable
 
 log = logging.getLogger(__name__)
@@ -71,12 +71,6 @@ def _one_torch_thread() -> None:
 
 
 Turn = Callable[[], contextlib.AbstractContextManager]  # a turn of the embedder's lock
-
-
-@dataclass
-class _Pending:
-    text: str
-    future: asyncio.Future
 
 
 @dataclass(frozen=True)
@@ -150,11 +144,11 @@ class Embedder:
         self.recent_batches: deque[BatchShape] = deque(maxlen=1024)  # newest last
         # One thread: batches run one after another, and never on the event loop.
         one_thread = _one_torch_thread if self.backend == "torch" else None  # ONNX: its own
-        self._executor = ThreadPoolExecutor(1, "embedder", initializer=one_thread)
+        executor = ThreadPoolExecutor(1, "embedder", initializer=one_thread)
         self._lock = TurnLock()  # one forward pass (or tokenising) at a time
-        self._queue: list[_Pending] = []
-        self._worker: asyncio.Task | None = None
-        self._wakeup: asyncio.Event | None = None
+        self._batcher: MicroBatcher[str, np.ndarray] = MicroBatcher(
+            lambda texts: self.embed_many(texts, True), executor, batch_size, self.max_wait_s
+        )
 
     def embed_many(self, texts: list[str], urgent: bool = False) -> np.ndarray:
         """(len(texts), dim) float32, L2-normalised, in input order; blocking."""
@@ -200,46 +194,7 @@ class Embedder:
 
     async def embed(self, text: str) -> np.ndarray:
         """One text's vector, batched with whatever other requests embed meanwhile."""
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        self._queue.append(_Pending(text, future))
-        if self._worker is None or self._worker.done():
-            self._wakeup = asyncio.Event()
-            self._worker = loop.create_task(self._run())
-        self._wakeup.set()
-        return await future
-
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            await self._wakeup.wait()
-            self._wakeup.clear()
-            if not self._queue:
-                continue
-            if len(self._queue) < self.batch_size and self.max_wait_s > 0:
-                await asyncio.sleep(self.max_wait_s)  # let concurrent requests join
-            batch, self._queue = self._queue[: self.batch_size], self._queue[self.batch_size :]
-            if self._queue:
-                self._wakeup.set()
-            live = [p for p in batch if not p.future.done()]  # cancelled callers need nothing
-            if not live:
-                continue
-            try:
-                vectors = await loop.run_in_executor(
-                    self._executor, self.embed_many, [p.text for p in live], True
-                )
-            except Exception as exc:  # one bad batch fails its callers, not the worker
-                for p in live:
-                    if not p.future.done():
-                        p.future.set_exception(exc)
-                continue
-            for p, vector in zip(live, vectors, strict=True):
-                if not p.future.done():
-                    p.future.set_result(vector)
+        return (await self._batcher.submit([text]))[0]
 
     async def close(self) -> None:
-        if self._worker is not None:
-            self._worker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._worker
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        await self._batcher.close()
