@@ -17,6 +17,7 @@ import pytest
 from gateway.app import create_app
 from gateway.cli import main
 from gateway.policy import load_policy
+from tests.router_examples import examples
 from tests.servers import run_uvicorn
 
 KEY, OTHER = "sk-router-allowed", "sk-router-other"
@@ -41,19 +42,6 @@ routes:
       - {{name: hard, tier: large, min_score: 0.5}}  # calibrate keeps this comment
     default: small
 """
-EASY = ["What is {} + {}?", "Say hi to {} and {}.", "Name the color of {} {}."]
-HARD = [
-    "Prove that the sum of the first {} odd numbers is a square, then generalise it to {} "
-    "dimensions, explain every step and give a formal induction argument.",
-    "Design a distributed consensus protocol for {} nodes tolerating {} faults; compare it "
-    "with Raft and Paxos, analyse its message complexity and prove its safety.",
-]
-
-
-def examples() -> list[dict]:
-    rows = [{"prompt": t.format(a, a + 1), "label": 0} for t in EASY for a in range(1, 9)]
-    rows += [{"prompt": t.format(a, a + 2), "label": 1} for t in HARD for a in range(3, 15)]
-    return rows
 
 
 def write_policy(folder: Path) -> Path:

@@ -21,6 +21,7 @@ from gateway.cache.samples import Sample
 from gateway.cli import main
 from gateway.policy import ExamplePrompt, load_policy
 from gateway.routing.nearest import KERNEL_MAX_EXAMPLES
+from tests.router_examples import examples as prior
 from tests.servers import eventually, run_uvicorn
 from training.artifacts import sha256_of, sidecar_of
 from training.router.learn_fit import Labelled, fitted_examples, is_held_out, with_examples
@@ -44,18 +45,6 @@ routes:
     rules: [{{name: hard, tier: large, min_score: 0.5}}]  # learn --write-policy keeps this
     default: small
 """
-EASY = ["What is {} + {}?", "Say hi to {} and {}.", "Name the color of {} {}."]
-HARD = [
-    "Prove that the sum of the first {} odd numbers is a square, then generalise it to {} "
-    "dimensions, explain every step and give a formal induction argument.",
-    "Design a distributed consensus protocol for {} nodes tolerating {} faults; compare it "
-    "with Raft and Paxos, analyse its message complexity and prove its safety.",
-]
-
-
-def prior() -> list[dict]:
-    rows = [{"prompt": t.format(a, a + 1), "label": 0} for t in EASY for a in range(1, 9)]
-    return rows + [{"prompt": t.format(a, a + 2), "label": 1} for t in HARD for a in range(3, 15)]
 
 
 def write_policy(folder: Path) -> Path:
