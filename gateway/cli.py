@@ -235,7 +235,7 @@ def train(args: argparse.Namespace) -> int:
     except ModuleNotFoundError as exc:
         if (exc.name or "").partition(".")[0] != "training":
             raise  # a dependency missing, not the package
-        # e.g. the Docker image: the pipelines and their data live in a source checkout
+        # e.g. an installed wheel: the pipelines and their data live in a source checkout
         print("tiergate train: no training/ here; run it from a source checkout", file=sys.stderr)
         return 1
     return run_step(args.step)
