@@ -20,12 +20,12 @@ from pathlib import Path
 
 import numpy as np
 
-from gateway.cache.aligned_verifier import ALIGNED_MODEL, ALL_FEATURES, AlignedVerifier
+from gateway.cache.aligned_verifier import ALL_FEATURES, AlignedVerifier
 from gateway.cache.token_states import TokenStates
 from gateway.cache.verifier import STRICTNESS, PairVerifier
 from gateway.embedding.embedder import Embedder
 from gateway.policy import CacheSettings
-from training.artifacts import REAL_PAIRS, write_artifact
+from training.artifacts import ALIGNED_MODEL, REAL_PAIRS, write_artifact
 from training.cache.train_pair_model import fit_dev_split, load_rows
 from training.cache.train_verifier import fit_logistic
 
