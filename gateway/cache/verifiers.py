@@ -1,9 +1,9 @@
 """The one place a policy's `cache.verifier_model` names a verifier class (blocking load).
 
-    logistic  the vetoes, then a logistic model over lexical features (verifier.py)
-    aligned   the vetoes, then a logistic model over those and the word-piece alignment
-              of the two questions (aligned_verifier.py, token_states.py)
-    pair      most vetoes, then the cross-encoder (cross_verifier.py, pair_model.py)
+logistic  the vetoes, then a logistic model over lexical features (verifier.py)
+aligned   the vetoes, then a logistic model over those and the word-piece alignment
+          of the two questions (aligned_verifier.py, token_states.py)
+pair      most vetoes, then the cross-encoder (cross_verifier.py, pair_model.py)
 """
 
 from typing import Any

@@ -83,11 +83,7 @@ def dev_report(dev_all: list[dict], scored: dict[str, float], thresholds: dict) 
     report = {}
     for name, t in thresholds.items():
         for floor in FLOORS:
-            hits = [
-                r
-                for r in people
-                if scored[r["id"]] >= t and r["cos"] >= floor
-            ]
+            hits = [r for r in people if scored[r["id"]] >= t and r["cos"] >= floor]
             good = sum(r["should_hit"] for r in hits)
             report[f"{name}@{floor}"] = {
                 "threshold": t,
