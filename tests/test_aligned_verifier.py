@@ -146,3 +146,19 @@ def test_thresholds_and_the_dev_comparison_count_people_only() -> None:
     assert t["strict"] == pytest.approx(0.7 + 1e-6)  # the rule-made 0.99 does not count
     low_cosine = [r | {"cos": 0.5} for r in rows]
     assert pick_thresholds(low_cosine, probs, 0.6, negatives=2)["strict"] == 0.5
+
+
+def test_calibration_scores_with_the_policys_verifier_model(verifier, embedder) -> None:
+    from training.cache.calibrate import score
+
+    rows = [
+        {"a": a, "b": b, "should_hit": hit, "category": "paraphrase" if hit else "scope"}
+        for (a, b), hit in ((REWORDING, True), (NARROWER, False))
+    ]
+    scored = score(rows, embedder.embed_many, "aligned")
+    expected = [
+        verifier.probability(r["a"], r["b"], c)[0] for r, c in zip(rows, scored.cosine, strict=True)
+    ]
+    assert list(scored.probability) == pytest.approx(expected)
+    logistic = score(rows, embedder.embed_many, "logistic")
+    assert list(logistic.probability) != pytest.approx(expected)  # another model's scores
