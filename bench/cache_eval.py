@@ -4,10 +4,10 @@
 
 On the `heldout` split of training/data/cache_pairs_real/pairs.jsonl (never trained or
 tuned on), the people's pairs (hand-written, the earlier groups, ShareGPT), each pair in a
-scope of its own: the stored question `b`, then the new question `a`. Three settings in the
-same run: the baseline (the old default: the vetoes and the logistic model at the 0.8
-floor), the default policy's (the logistic model at its lower floor) and the pair model
-(`verifier_model: pair`, the cross-encoder, at that floor); each verifier also at strict /
+scope of its own: the stored question `b`, then the new question `a`. Settings in the same
+run: the baseline (the old default: the vetoes and the logistic model at the 0.8 floor),
+the default policy's, and each `verifier_model` (logistic, aligned: with the word-piece
+alignment, pair: the cross-encoder) at the default floor; each verifier also at strict /
 balanced / lenient and several floors offline (the embedder's live cosines and the
 verifiers' scores). Through a real SemanticCache (SQLite store, the ONNX embedder):
 served per category, must-not served with its upper 95% Clopper-Pearson bound, exact
@@ -25,19 +25,21 @@ from pathlib import Path
 from typing import Any
 
 from bench import common
-from gateway.cache.cross_verifier import CrossVerifier
 from gateway.cache.semantic import CachedAnswer, CacheQuery, SemanticCache
-from gateway.cache.verifier import STRICTNESS, PairVerifier
+from gateway.cache.verifier import STRICTNESS
+from gateway.cache.verifiers import VERIFIER_MODELS, load_verifier
 from gateway.embedding.embedder import Embedder
 from gateway.policy import CacheSettings
 from training.artifacts import REAL_PAIRS
 from training.bounds import upper_bound
+from training.cache.pair_scores import score_pairs, verifier_for
 
 GOAL_SERVED, GOAL_WRONG, GOAL_BOUND, GOAL_P50_MS = 0.70, 0.01, 0.02, 15.0
 SHOULD_HIT = ("paraphrase", "near_repeat")
 MUST_NOT = ("negation", "number", "entity", "scope", "antonym", "unrelated")
 FLOORS = (0.5, 0.6, 0.65, 0.7, 0.8)
 BASELINE = {"verifier_model": "logistic", "min_similarity": 0.8, "verifier": "strict"}
+RUN_NAMES = {"logistic": "logistic", "aligned": "aligned", "pair": "pair_model"}
 
 
 def heldout(path: Path, limit: int | None) -> list[dict]:
@@ -113,8 +115,8 @@ async def through_cache(rows: list[dict], embedder: Embedder, settings: dict) ->
     """Each pair in its own scope: store b, look a up; served per category, lookup times."""
     with tempfile.TemporaryDirectory() as tmp:
         policy = CacheSettings(enabled=True, path=str(Path(tmp) / "c.sqlite3"), **settings)
-        load = CrossVerifier.load if policy.verifier_model == "pair" else PairVerifier.load
-        cache = await SemanticCache.open(policy, embedder, load())
+        verifier = load_verifier(policy.verifier_model)
+        cache = await SemanticCache.open(policy, embedder, verifier)
         route = policy.for_route(None)
         stored = CachedAnswer("answer", "stop", 10, 5, "small", "m", None)
         served, wall, cpu = [], [], []
@@ -167,19 +169,15 @@ def main() -> None:
     rows = heldout(args.pairs, args.limit)
     embedder = Embedder()
     cos = live_cosines(embedder, rows)
-    old, new = PairVerifier.load(), CrossVerifier.load()
-    scores = {
-        "logistic": [old.probability(r["a"], r["b"], c)[0] for r, c in zip(rows, cos, strict=True)],
-        "pair": new.score_pairs([r["a"] for r in rows], [r["b"] for r in rows]),
-    }
-    thresholds = {"logistic": old.thresholds, "pair": new.thresholds}
+    queries, stored = [r["a"] for r in rows], [r["b"] for r in rows]
+    scores = {name: score_pairs(queries, stored, cos, name) for name in VERIFIER_MODELS}
+    thresholds = {name: verifier_for(name).thresholds for name in VERIFIER_MODELS}
     default = CacheSettings()
     ours = {
         "verifier_model": default.verifier_model,
         "min_similarity": default.min_similarity,
         "verifier": default.verifier,
     }
-    pair = ours | {"verifier_model": "pair"}
     result: dict[str, Any] = {
         "cpu_model": common.cpu_model(),
         "heldout_pairs": len(rows),
@@ -189,11 +187,15 @@ def main() -> None:
     }
     result["baseline"] = asyncio.run(through_cache(rows, embedder, BASELINE))
     result["default"] = asyncio.run(through_cache(rows, embedder, ours))
-    result["pair_model"] = asyncio.run(through_cache(rows, embedder, pair))
     result["goals"] = goals(result["default"])
-    result["goals_pair_model"] = goals(result["pair_model"])
     result["goals_baseline"] = goals(result["baseline"])
-    for name in ("baseline", "default", "pair_model"):
+    for model in VERIFIER_MODELS:  # each verifier at the default floor and strictness
+        name = RUN_NAMES[model]
+        settings = ours | {"verifier_model": model}
+        run = result["default"] if settings == ours else None
+        result[name] = run or asyncio.run(through_cache(rows, embedder, settings))
+        result[f"goals_{name}"] = goals(result[name])
+    for name in ("baseline", "default", *RUN_NAMES.values()):
         run = result[name]
         s = run["served"]
         print(

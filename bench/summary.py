@@ -37,12 +37,14 @@ def _served(table: dict[str, Any], key: str) -> str:
 
 
 def cache_eval_rows(result: dict[str, Any]) -> list[Row]:
-    """The default policy's cache and the pair model's through a real cache, against the old
-    default (the logistic verifier at the 0.8 floor), same run, same held-out pairs."""
+    """The default policy's cache and the other verifier models' (the aligned model, the
+    pair model) through a real cache, against the old default (the logistic verifier at the
+    0.8 floor), same run, same held-out pairs."""
     rows: list[Row] = []
     base = result["baseline"]
-    for name in ("default", "pair_model"):
-        rows += _cache_rows(name, result[name], base)
+    for name in ("default", "aligned", "pair_model"):
+        if name in result:  # runs before the aligned model have none
+            rows += _cache_rows(name, result[name], base)
     return rows
 
 

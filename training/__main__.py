@@ -8,6 +8,7 @@
     python -m training router learn --policy P --samples F --out E   (tiergate router learn)
     python -m training cache pairs
     python -m training cache verifier [--limit N]
+    python -m training cache aligned [--l2 30]
     python -m training cache pair-model
     python -m training cache sharegpt-candidates [--limit N]
     python -m training cache real-pairs
@@ -42,6 +43,10 @@ STEPS: dict[str, dict[str, tuple[str, str]]] = {
     "cache": {
         "pairs": ("training.cache.build_pairs", "build the verifier's labelled pair set"),
         "verifier": ("training.cache.train_verifier", "train the pair verifier"),
+        "aligned": (
+            "training.cache.train_aligned",
+            "fit the aligned verifier (lexical + word-piece alignment features)",
+        ),
         "pair-model": (
             "training.cache.train_pair_model",
             "fine-tune the cross-encoder pair model on the people's pairs",
