@@ -1,10 +1,13 @@
 """Paged attention on CPU: the per-step context and attention over the KV pages.
 
 Each layer's KV pool is one tensor of pages; a page holds K [kv_heads, head_dim,
-page_size] then V [kv_heads, page_size, head_dim]. The K and V pools handed around are
-strided views into it (new_kv_pools). Why this layout: engine/csrc/paged_attention.c (a
-page read whole streams twice as fast as scattered per-head pieces, and dimension-major
-keys let the kernel score 16 keys per vector instruction).
+page_size] then V [kv_heads, page_size, head_dim] (fp32, bf16 or int8), and with int8 then
+their scales, fp32 [2 (K, V), kv_heads, page_size]: one per token and KV head, so a page
+shared by prefix caching carries its scales with it. The K and V pools handed around are
+strided views into it (new_kv_pools; int8_scales finds an int8 pool's scales). Why this
+layout: engine/csrc/paged_attention.c (a page read whole streams twice as fast as
+scattered per-head pieces, and dimension-major keys let the kernel score 16 keys per
+vector instruction).
 
 A step packs all chunks' tokens into one sequence, prefill chunks first, then decodes. A
 chunk starting at position 0 attends to its own K/V with flash SDPA. With the C kernel,
@@ -116,16 +119,49 @@ def _sdpa_chunk(c: SeqChunk, start: int) -> SdpaChunk:
     return SdpaChunk(start, n, c.start_pos, ids, mask)
 
 
+# the C kernels' code for a pool's element type (rope_store_kv's and decode_step's kv_kind)
+KV_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
+_SCALE_BYTES = 4  # an int8 page's scales are fp32
+
+
+def page_bytes(page_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+    """One layer's page: K and V of page_size tokens, and int8's scales."""
+    values = 2 * kv_heads * head_dim * page_size * dtype.itemsize
+    return values + (2 * kv_heads * page_size * _SCALE_BYTES if dtype == torch.int8 else 0)
+
+
 def new_kv_pools(
     num_pages: int, page_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One layer's K and V pools: views [num_pages, kv_heads, head_dim, page_size] and
     [num_pages, kv_heads, page_size, head_dim] into one tensor of whole pages. Zeros
     (lazily mapped by the OS), not empty: padding is skipped, but NaN garbage * 0 is NaN."""
-    pages = torch.zeros(num_pages, 2, kv_heads, head_dim * page_size, dtype=dtype)
-    k_pool = pages[:, 0].view(num_pages, kv_heads, head_dim, page_size)
-    v_pool = pages[:, 1].view(num_pages, kv_heads, page_size, head_dim)
+    n = kv_heads * head_dim * page_size
+    size = page_bytes(page_size, kv_heads, head_dim, dtype) // dtype.itemsize
+    pages = torch.zeros(num_pages, size, dtype=dtype)
+    k_pool = pages[:, :n].view(num_pages, kv_heads, head_dim, page_size)
+    v_pool = pages[:, n : 2 * n].view(num_pages, kv_heads, page_size, head_dim)
     return k_pool, v_pool
+
+
+def int8_scales(k_pool: torch.Tensor) -> torch.Tensor:
+    """An int8 K pool's scales, fp32 [num_pages, 2 (K, V), kv_heads, page_size], after
+    each page's V (new_kv_pools): value = int8 * scale of its token and KV head."""
+    num_pages, kv_heads, head_dim, page_size = k_pool.shape
+    offset = k_pool.storage_offset() + 2 * kv_heads * head_dim * page_size
+    assert k_pool.dtype == torch.int8 and offset % _SCALE_BYTES == 0
+    s = k_pool.stride(0) // _SCALE_BYTES
+    shape, strides = (num_pages, 2, kv_heads, page_size), (s, kv_heads * page_size, page_size, 1)
+    out = torch.empty(0, dtype=torch.float32)
+    return out.set_(k_pool.untyped_storage(), offset // _SCALE_BYTES, shape, strides)
+
+
+def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., D] -> int8 values and fp32 scales [...]: symmetric, absmax / 127 per row,
+    rounded to nearest even (as rope_store_kv in engine/csrc/layer_ops.c does)."""
+    scale = x.abs().amax(dim=-1) / 127
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))  # an all-zero row stays 0
+    return (x / safe[..., None]).round().clamp(-127, 127).to(torch.int8), scale
 
 
 def write_kv(
@@ -136,9 +172,25 @@ def write_kv(
     ctx: AttentionContext,
 ) -> None:
     """Store new K/V [T, KVH, D] at their slots (page, offset within the page), in the
-    pools' dtype (bf16 pools: rounded to nearest even)."""
-    v_pool[ctx.slot_pages, :, ctx.slot_offsets] = v.to(v_pool.dtype)
-    k_pool.transpose(2, 3)[ctx.slot_pages, :, ctx.slot_offsets] = k.to(k_pool.dtype)
+    pools' dtype (bf16 pools: rounded to nearest even; int8: quantize_int8)."""
+    pages, offsets = ctx.slot_pages, ctx.slot_offsets
+    if k_pool.dtype == torch.int8:
+        scales = int8_scales(k_pool)
+        (k, k_scale), (v, v_scale) = quantize_int8(k), quantize_int8(v)
+        scales[pages, 0, :, offsets], scales[pages, 1, :, offsets] = k_scale, v_scale
+    v_pool[pages, :, offsets] = v.to(v_pool.dtype)
+    k_pool.transpose(2, 3)[pages, :, offsets] = k.to(k_pool.dtype)
+
+
+def read_pages(
+    k_pool: torch.Tensor, v_pool: torch.Tensor, page_ids: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pages' K [n, KVH, D, P] and V [n, KVH, P, D] in fp32 (bf16 widened, int8 scaled)."""
+    k, v = k_pool[page_ids].float(), v_pool[page_ids].float()
+    if k_pool.dtype == torch.int8:
+        scales = int8_scales(k_pool)[page_ids]  # [n, 2, KVH, P]
+        k, v = k * scales[:, 0, :, None, :], v * scales[:, 1, :, :, None]
+    return k, v
 
 
 def paged_attention(
@@ -176,8 +228,11 @@ def kernel_attention(
         q = q.contiguous()  # each row's heads must be one block; rows may be apart
     b, h, d = q.shape
     _, kvh, page_size, _ = v_pool.shape
-    bf16 = v_pool.dtype == torch.bfloat16  # kv_dtype bf16: the kernel built for its pages
-    attend = kernels.paged_decode_attention_bf16 if bf16 else kernels.paged_decode_attention
+    attend = (  # each kv_dtype: the kernel built for its pages
+        kernels.paged_decode_attention,
+        kernels.paged_decode_attention_bf16,
+        kernels.paged_decode_attention_int8,
+    )[KV_KINDS[v_pool.dtype]]
     failed = attend(
         out.data_ptr(),
         q.data_ptr(),
@@ -210,11 +265,12 @@ def _sdpa(
     """One chunk: q [L, H, D] -> [L, H, D]."""
     if c.start_pos == 0:  # no cached prefix: attend to this chunk's own K/V
         kh, vh = k.transpose(0, 1), v.transpose(0, 1)
-    else:  # gather the pages, head-major [KVH, pages * page_size, D], fp32 (bf16 pools widen)
+    else:  # gather the pages, head-major [KVH, pages * page_size, D], fp32
         kvh, d = v_pool.shape[1], v_pool.shape[3]
         n = c.start_pos + c.size
-        kh = k_pool[c.page_ids].float().permute(1, 0, 3, 2).reshape(kvh, -1, d)[:, :n]
-        vh = v_pool[c.page_ids].float().transpose(0, 1).reshape(kvh, -1, d)[:, :n]
+        kp, vp = read_pages(k_pool, v_pool, c.page_ids)
+        kh = kp.permute(1, 0, 3, 2).reshape(kvh, -1, d)[:, :n]
+        vh = vp.transpose(0, 1).reshape(kvh, -1, d)[:, :n]
     # 4-D [1, heads, L, D]: with 3-D inputs SDPA falls back to its math kernel, which
     # materialises L x L scores (4x slower at 2k tokens) instead of flash attention
     qh, kh, vh = q.transpose(0, 1)[None], kh[None], vh[None]

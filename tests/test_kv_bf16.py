@@ -123,7 +123,7 @@ def test_kv_dtype_on_cli_and_policy() -> None:
     assert parser.parse_args(["engine", "--model", "m"]).kv_dtype == "fp32"
     assert parser.parse_args(["engine", "--model", "m", "--kv-dtype", "bf16"]).kv_dtype == "bf16"
     with pytest.raises(SystemExit):
-        parser.parse_args(["engine", "--model", "m", "--kv-dtype", "int8"])
+        parser.parse_args(["engine", "--model", "m", "--kv-dtype", "int4"])
     assert EngineSettings(kv_dtype="bf16").to_config("smollm2-135m").kv_dtype == "bf16"
     with pytest.raises(ValueError, match="fp32"):
         EngineSettings(kv_dtype="fp16")

@@ -42,6 +42,15 @@ static inline uint16_t f32_to_bf16(float f) {
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
 }
 
+/* 16 int8 values widened to fp32 (exact) */
+typedef int8_t i8x16 __attribute__((vector_size(LANES)));
+
+static inline vec load_i8(const int8_t *p) {
+    i8x16 h;
+    memcpy(&h, p, sizeof h);
+    return __builtin_convertvector(h, vec);
+}
+
 /* every lane x: one vbroadcastss ("(vec){0} + x" costs a scalar add first); LANES == 16 */
 static inline vec splat(float x) { return (vec){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
 
