@@ -2,6 +2,11 @@
 stored by the C fused store and the torch fallback alike, read by the C kernel and the
 torch (SDPA) path; against fp32 K/V within stated tolerances; prefix-shared pages."""
 
+import ctypes
+import shutil
+import subprocess
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -20,6 +25,7 @@ from engine.attention import (
 )
 from engine.batch import SeqChunk
 from engine.config import EngineConfig
+from engine.cpu_features import cpu_features
 from engine.ops import NativeOps, TorchOps
 from engine.runner import ModelRunner
 from gateway.cli import build_parser
@@ -131,6 +137,49 @@ def test_int8_attention_kernel_against_fp32() -> None:
     torch.testing.assert_close(outs["int8"], outs["deq"], rtol=1e-5, atol=1e-5)
     err = (outs["int8"] - outs["fp32"]).abs().max()
     assert 0 < err < 0.12
+
+
+# the kernel's int8 loads by hand for AVX2 (AVX-512 off), and the portable loop (x86-64:
+# neither); the engine's own build (-march=native) takes AVX-512 on this CPU
+_PATHS = {"avx2": ["-march=native", "-mno-avx512f"], "portable": ["-march=x86-64"]}
+
+
+def _kernel_built_with(flags: list[str], folder: Path) -> ctypes.CDLL:
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    assert compiler is not None
+    target = folder / "int8_attention.so"
+    source = native.CSRC / "paged_attention_int8.c"
+    cmd = [compiler, "-O3", *flags, "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
+    subprocess.run([*cmd, "-o", str(target), str(source), "-lm"], check=True)
+    lib = ctypes.CDLL(str(target))
+    lib.paged_decode_attention_int8.argtypes = native._SIGNATURES["paged_decode_attention_int8"]
+    lib.paged_decode_attention_int8.restype = ctypes.c_int
+    return lib
+
+
+@pytest.mark.parametrize("path", list(_PATHS))
+def test_int8_kernel_paths_agree(path: str, tmp_path: Path) -> None:
+    if path == "avx2" and not cpu_features()["avx2"]:
+        pytest.skip("no AVX2 on this CPU")
+    kernels, other = _kernels(), _kernel_built_with(_PATHS[path], tmp_path)
+    k, v, store = _random_pages(12, seed=5)
+    k8, v8 = new_kv_pools(12, PAGE, KVH, D, torch.int8)
+    write_kv(k8, v8, k, v, store)
+    q = torch.randn(4, HEADS, D, generator=torch.Generator().manual_seed(6))
+    ctx = build_context(_decode_chunks(), PAGE, kernels=kernels)
+    want, got = torch.empty_like(q), torch.empty_like(q)
+    kernel_attention(kernels, q, k8, v8, ctx.decode_rows, want)
+    kernel_attention(_Only(other), q, k8, v8, ctx.decode_rows, got)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert want.abs().sum() > 0
+
+
+class _Only:
+    """A library holding only the int8 kernel, where kernel_attention wants all three."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self.paged_decode_attention_int8 = lib.paged_decode_attention_int8
+        self.paged_decode_attention = self.paged_decode_attention_bf16 = None
 
 
 def test_int8_chunk_attention_on_the_torch_path() -> None:
