@@ -5,7 +5,8 @@ Quality: perplexity on bench/precision.py's pydoc text fed in chunks of CHUNK to
 (every chunk after a window's first reads the earlier K/V from the pages, as chunked
 prefill and decode do; one whole-window prefill would attend to its fp32 K/V and hide the
 pages' type), and greedy agreement over precision.py's prompts (decode reads the pages).
-Speed: decode tokens/s at batch 32 with ~300-token contexts, the engines alternating.
+Speed: decode tokens/s at batch 32 with ~300-token contexts, the engines alternating;
+and the C attention kernel alone on the same shape (one layer), the dtypes alternating.
 Weights fp32 in all, so only the KV type differs.
 int8 scale granularity: the fp32 pages the perplexity run left (real K/V, every layer)
 quantized with one scale per token and KV head (what kv_dtype int8 stores) and with one
@@ -78,6 +79,43 @@ def scale_granularity(runner: Any, pages: int) -> dict[str, dict[str, float]]:
     return out
 
 
+def attention_kernel_us(kernels: Any, dtypes: dict[str, Any], rounds: int) -> dict[str, float]:
+    """The C paged attention kernel alone, one layer: 32 decodes of 300-token contexts over
+    pages scattered at random (SmolLM2's 9 heads, 3 KV heads, 64 dims), median of
+    `rounds` alternating rounds of 20 calls each, microseconds per call."""
+    import statistics
+    import time
+
+    import torch
+
+    from engine.attention import build_context, kernel_attention, new_kv_pools
+    from engine.batch import SeqChunk
+
+    batch, context, page, per_seq = 32, 300, 16, 19
+    gen = torch.Generator().manual_seed(0)
+    order = torch.randperm(batch * per_seq, generator=gen).tolist()
+    chunks = [
+        SeqChunk(i, [1], context - 1, order[i * per_seq : (i + 1) * per_seq], True, ed.greedy(1))
+        for i in range(batch)
+    ]
+    rows = build_context(chunks, page, kernels=kernels).decode_rows
+    q, out = torch.randn(batch, 9, 64, generator=gen), torch.empty(batch, 9, 64)
+    pools = {}
+    for kv, dtype in dtypes.items():
+        k_pool, v_pool = new_kv_pools(batch * per_seq, page, 3, 64, dtype)
+        for pool in (k_pool, v_pool):  # int8: the values; their scales stay 0 (as fast)
+            pool.copy_(torch.randn(pool.shape, generator=gen).mul(40).clamp(-127, 127))
+        pools[kv] = (k_pool, v_pool)
+    times: dict[str, list[float]] = {kv: [] for kv in dtypes}
+    for _ in range(rounds):
+        for kv, (k_pool, v_pool) in pools.items():
+            start = time.perf_counter()
+            for _ in range(20):
+                kernel_attention(kernels, q, k_pool, v_pool, rows, out)
+            times[kv].append((time.perf_counter() - start) / 20 * 1e6)
+    return {kv: round(statistics.median(t), 1) for kv, t in times.items()}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--ppl-chars", type=int, default=8000)
@@ -122,6 +160,9 @@ def main() -> None:
             rates[kv].append(ed.decode_rate(e, batch, 12)["tokens_per_s"])
     for kv in engines:
         out[kv]["decode_tokens_per_s_batch32_ctx300"] = round(max(rates[kv]), 1)
+    r = engines["fp32"].runner
+    torch_dtypes = {kv: e.runner.kv_dtype for kv, e in engines.items()}
+    kernel_us = attention_kernel_us(r.ops.kernels, torch_dtypes, 5 if args.quick else 15)
     ppl = {kv: out[kv]["chunked_perplexity"] for kv in KV_DTYPES}
     sequences = {kv: out[kv][f"sequences_of_{SEQ_TOKENS}_tokens"] for kv in KV_DTYPES}
     rate = {kv: out[kv]["decode_tokens_per_s_batch32_ctx300"] for kv in KV_DTYPES}
@@ -131,6 +172,7 @@ def main() -> None:
         "int8_vs_fp32_perplexity": round(ppl["int8"] / ppl["fp32"], 5),
         "bf16_vs_fp32_perplexity": round(ppl["bf16"] / ppl["fp32"], 5),
         "int8_vs_bf16_decode_tokens_per_s": round(rate["int8"] / rate["bf16"], 3),
+        "int8_vs_bf16_attention_kernel_time": round(kernel_us["int8"] / kernel_us["bf16"], 3),
     }
     payload = {
         "model": common.MODEL,
@@ -139,6 +181,7 @@ def main() -> None:
         "kv_budget_mib": KV_BYTES >> 20,
         "kv": out,
         "rounds": rates,
+        "attention_kernel_us_batch32_ctx300": kernel_us,
         "ratios": ratios,
         "int8_scale_granularity_fp32_pages": granularity,
         "goals": {

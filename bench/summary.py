@@ -190,7 +190,49 @@ def batch_idle_rows(result: dict[str, Any]) -> list[Row]:
     return rows
 
 
+def kv_dtype_rows(result: dict[str, Any]) -> list[Row]:
+    """int8 K/V against bf16 (capacity, speed, greedy) and fp32 (perplexity), same run."""
+    kv, budget = result["kv"], result["kv_budget_mib"]
+    seqs = next(k for k in kv["int8"] if k.startswith("sequences_of_"))
+    rows: list[Row] = []
+    for key, label, base in (
+        ("pages", f"KV pages in {budget} MiB", "bf16"),
+        (seqs, f"{seqs.replace('_', ' ')} in {budget} MiB", "bf16"),
+        (
+            "decode_tokens_per_s_batch32_ctx300",
+            "decode tok/s, batch 32, ~300-token contexts",
+            "bf16",
+        ),
+        ("chunked_perplexity", "chunked perplexity (64-token chunks)", "fp32"),
+    ):
+        for dtype in ("int8", "bf16") if base == "fp32" else ("int8",):
+            value, baseline = kv[dtype][key], kv[base][key]
+            rows.append(
+                (f"{label}, {dtype}", str(value), f"{baseline} {base}", _ratio(value, baseline))
+            )
+    for dtype in ("int8", "bf16"):
+        g = kv[dtype]
+        rows.append(
+            (
+                f"greedy identical to fp32 K/V, {dtype} (mean common prefix, tokens)",
+                f"{g['greedy_identical_prompts']} ({g['greedy_mean_common_prefix_tokens']})",
+                "",
+                "",
+            )
+        )
+    grain = result["int8_scale_granularity_fp32_pages"]
+    for part in ("k", "v"):
+        key = f"{part}_relative_rms_error"
+        token, page = grain["per_token_head"][key], grain["per_page_head"][key]
+        label = f"int8 {part.upper()} error, scale per token and head (stored)"
+        rows.append(
+            (label, _pct(token, 2), f"{_pct(page, 2)} per page and head", _ratio(token, page))
+        )
+    return rows
+
+
 ROWS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
+    "kv_dtype": kv_dtype_rows,
     "batch_idle": batch_idle_rows,
     "cache_eval": cache_eval_rows,
     "embedder_compare": embedder_compare_rows,
@@ -210,6 +252,9 @@ NOTES: dict[str, str] = {
     "upstream is a stand-in whose answer names the request that first got it.",
     "batch_idle": "Latencies on a shared, loaded machine: only the same-run ratio counts; the "
     "JSON keeps the batch-free phases before and after apart, to show the drift between them.",
+    "kv_dtype": "SmolLM2-135M, fp32 weights; perplexity on bench/precision.py's pydoc text "
+    "(generated reference text, not a held-out corpus), greedy over its 8 prompts x 32 tokens; "
+    "decode rates on a shared machine: only the same-run ratio counts.",
     "stream_resume": "Prompts written for the benchmark: a figure of the mechanism (greedy "
     "continuation on a second engine), not of answer quality.",
 }
