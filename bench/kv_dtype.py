@@ -15,6 +15,7 @@ per page and KV head; relative RMS error of K and V for each.
 
 import argparse
 import json
+from statistics import median
 from typing import Any
 
 from bench import common
@@ -160,18 +161,20 @@ def main() -> None:
             rates[kv].append(ed.decode_rate(e, batch, 12)["tokens_per_s"])
     for kv in engines:
         out[kv]["decode_tokens_per_s_batch32_ctx300"] = round(max(rates[kv]), 1)
+        # on a shared machine one lucky round can make the best; the median is steadier
+        out[kv]["decode_tokens_per_s_batch32_ctx300_median"] = round(median(rates[kv]), 1)
     r = engines["fp32"].runner
     torch_dtypes = {kv: e.runner.kv_dtype for kv, e in engines.items()}
     kernel_us = attention_kernel_us(r.ops.kernels, torch_dtypes, 5 if args.quick else 15)
     ppl = {kv: out[kv]["chunked_perplexity"] for kv in KV_DTYPES}
     sequences = {kv: out[kv][f"sequences_of_{SEQ_TOKENS}_tokens"] for kv in KV_DTYPES}
-    rate = {kv: out[kv]["decode_tokens_per_s_batch32_ctx300"] for kv in KV_DTYPES}
+    rate = {kv: out[kv]["decode_tokens_per_s_batch32_ctx300_median"] for kv in KV_DTYPES}
     ratios = {
         "int8_vs_bf16_pages": round(out["int8"]["pages"] / out["bf16"]["pages"], 3),
         "int8_vs_bf16_sequences": round(sequences["int8"] / sequences["bf16"], 3),
         "int8_vs_fp32_perplexity": round(ppl["int8"] / ppl["fp32"], 5),
         "bf16_vs_fp32_perplexity": round(ppl["bf16"] / ppl["fp32"], 5),
-        "int8_vs_bf16_decode_tokens_per_s": round(rate["int8"] / rate["bf16"], 3),
+        "int8_vs_bf16_decode_tokens_per_s_median": round(rate["int8"] / rate["bf16"], 3),
         "int8_vs_bf16_attention_kernel_time": round(kernel_us["int8"] / kernel_us["bf16"], 3),
     }
     payload = {

@@ -199,8 +199,8 @@ def kv_dtype_rows(result: dict[str, Any]) -> list[Row]:
         ("pages", f"KV pages in {budget} MiB", "bf16"),
         (seqs, f"{seqs.replace('_', ' ')} in {budget} MiB", "bf16"),
         (
-            "decode_tokens_per_s_batch32_ctx300",
-            "decode tok/s, batch 32, ~300-token contexts",
+            "decode_tokens_per_s_batch32_ctx300_median",
+            "decode tok/s, batch 32, ~300-token contexts (median round)",
             "bf16",
         ),
         ("chunked_perplexity", "chunked perplexity (64-token chunks)", "fp32"),
@@ -220,6 +220,11 @@ def kv_dtype_rows(result: dict[str, Any]) -> list[Row]:
                 "",
             )
         )
+    us = result["attention_kernel_us_batch32_ctx300"]
+    label = "attention kernel alone, one layer, batch 32, ctx 300 (us)"
+    rows.append(
+        (f"{label}, int8", str(us["int8"]), f"{us['bf16']} bf16", _ratio(us["int8"], us["bf16"]))
+    )
     grain = result["int8_scale_granularity_fp32_pages"]
     for part in ("k", "v"):
         key = f"{part}_relative_rms_error"
