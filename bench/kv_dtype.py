@@ -9,8 +9,9 @@ Speed: decode tokens/s at batch 32 with ~300-token contexts, the engines alterna
 and the C attention kernel alone on the same shape (one layer), the dtypes alternating.
 Weights fp32 in all, so only the KV type differs.
 int8 scale granularity: the fp32 pages the perplexity run left (real K/V, every layer)
-quantized with one scale per token and KV head (what kv_dtype int8 stores) and with one
-per page and KV head; relative RMS error of K and V for each.
+quantized with one scale per token and KV head, the same with an offset (min..max: what
+kv_dtype int8 stores for K; V keeps the symmetric one), and one scale per page and KV
+head; relative RMS error of K and V for each.
 """
 
 import argparse
@@ -57,24 +58,33 @@ def chunked_perplexity(runner: Any, ids: list[int]) -> float:
 
 def scale_granularity(runner: Any, pages: int) -> dict[str, dict[str, float]]:
     """Relative RMS error of the first `pages` pages' K and V (fp32 pools) quantized to
-    int8 per token and KV head, and per page and KV head."""
+    int8 per token and KV head (symmetric, absmax / 127; and min..max with an offset, what
+    kv_dtype int8 stores for K), and per page and KV head (symmetric)."""
     import torch
 
-    from engine.attention import quantize_int8
+    from engine.attention import quantize_int8, quantize_int8_offset
 
-    def rel_err(x: torch.Tensor, per_page: bool) -> float:
+    def rel_err(x: torch.Tensor, per_page: bool, offset: bool) -> float:
         # x [pages, KVH, tokens, D]: rows of D (per token), or of tokens * D (per page)
         rows = x.flatten(2) if per_page else x
-        q, scale = quantize_int8(rows)
-        back = (q.float() * scale[..., None]).view_as(x)
-        return float((back - x).norm() / x.norm())
+        if offset:
+            q, scale, shift = quantize_int8_offset(rows)
+            back = q.float() * scale[..., None] + shift[..., None]
+        else:
+            q, scale = quantize_int8(rows)
+            back = q.float() * scale[..., None]
+        return float((back.view_as(x) - x).norm() / x.norm())
 
     out: dict[str, dict[str, float]] = {}
-    for per_page, name in ((False, "per_token_head"), (True, "per_page_head")):
+    for name, per_page, offset in (
+        ("per_token_head", False, False),
+        ("per_token_head_with_offset", False, True),
+        ("per_page_head", True, False),
+    ):
         errs = {"k": 0.0, "v": 0.0}
         for k_pool, v_pool in runner.kv_caches:
-            errs["k"] += rel_err(k_pool[:pages].transpose(2, 3), per_page)
-            errs["v"] += rel_err(v_pool[:pages], per_page)
+            errs["k"] += rel_err(k_pool[:pages].transpose(2, 3), per_page, offset)
+            errs["v"] += rel_err(v_pool[:pages], per_page, offset)
         n = len(runner.kv_caches)
         out[name] = {f"{kv}_relative_rms_error": round(e / n, 5) for kv, e in errs.items()}
     return out

@@ -226,13 +226,16 @@ def kv_dtype_rows(result: dict[str, Any]) -> list[Row]:
         (f"{label}, int8", str(us["int8"]), f"{us['bf16']} bf16", _ratio(us["int8"], us["bf16"]))
     )
     grain = result["int8_scale_granularity_fp32_pages"]
-    for part in ("k", "v"):
+    stored = {"k": "per_token_head_with_offset", "v": "per_token_head"}  # what int8 keeps
+    for part, kind in stored.items():
         key = f"{part}_relative_rms_error"
-        token, page = grain["per_token_head"][key], grain["per_page_head"][key]
-        label = f"int8 {part.upper()} error, scale per token and head (stored)"
+        mine, page = grain[kind][key], grain["per_page_head"][key]
+        label = f"int8 {part.upper()} error, {kind.replace('_', ' ')} (stored)"
         rows.append(
-            (label, _pct(token, 2), f"{_pct(page, 2)} per page and head", _ratio(token, page))
+            (label, _pct(mine, 2), f"{_pct(page, 2)} per page and head", _ratio(mine, page))
         )
+    symmetric = grain["per_token_head"]["k_relative_rms_error"]
+    rows.append(("int8 K error, per token head, no offset", _pct(symmetric, 2), "", ""))
     return rows
 
 

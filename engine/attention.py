@@ -2,12 +2,12 @@
 
 Each layer's KV pool is one tensor of pages; a page holds K [kv_heads, head_dim,
 page_size] then V [kv_heads, page_size, head_dim] (fp32, bf16 or int8), and with int8 then
-their scales, fp32 [2 (K, V), kv_heads, page_size]: one per token and KV head, so a page
-shared by prefix caching carries its scales with it. The K and V pools handed around are
-strided views into it (new_kv_pools; int8_scales finds an int8 pool's scales). Why this
-layout: engine/csrc/paged_attention.c (a page read whole streams twice as fast as
-scattered per-head pieces, and dimension-major keys let the kernel score 16 keys per
-vector instruction).
+fp32 [3, kv_heads, page_size]: K's scales and offsets and V's scales, per token and KV head
+(quantize_int8_offset, quantize_int8), so a page shared by prefix caching carries them.
+The K and V pools handed around are strided views into it (new_kv_pools; int8_scales
+finds an int8 pool's scales). Why this layout: engine/csrc/paged_attention.c (a page
+read whole streams twice as fast as scattered per-head pieces, and dimension-major keys
+let the kernel score 16 keys per vector instruction).
 
 A step packs all chunks' tokens into one sequence, prefill chunks first, then decodes. A
 chunk starting at position 0 attends to its own K/V with flash SDPA. With the C kernel,
@@ -122,12 +122,14 @@ def _sdpa_chunk(c: SeqChunk, start: int) -> SdpaChunk:
 # the C kernels' code for a pool's element type (rope_store_kv's and decode_step's kv_kind)
 KV_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
 _SCALE_BYTES = 4  # an int8 page's scales are fp32
+_SCALE_ROWS = 3  # K's scale, K's offset, V's scale: each [kv_heads, page_size]
 
 
 def page_bytes(page_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
     """One layer's page: K and V of page_size tokens, and int8's scales."""
     values = 2 * kv_heads * head_dim * page_size * dtype.itemsize
-    return values + (2 * kv_heads * page_size * _SCALE_BYTES if dtype == torch.int8 else 0)
+    scales = _SCALE_ROWS * kv_heads * page_size * _SCALE_BYTES
+    return values + (scales if dtype == torch.int8 else 0)
 
 
 def new_kv_pools(
@@ -145,13 +147,15 @@ def new_kv_pools(
 
 
 def int8_scales(k_pool: torch.Tensor) -> torch.Tensor:
-    """An int8 K pool's scales, fp32 [num_pages, 2 (K, V), kv_heads, page_size], after
-    each page's V (new_kv_pools): value = int8 * scale of its token and KV head."""
+    """An int8 K pool's scales, fp32 [num_pages, 3, kv_heads, page_size] after each page's
+    V (new_kv_pools): [:, 0] K's scales, [:, 1] K's offsets, [:, 2] V's scales, per token and
+    KV head: k = int8 * scale + offset, v = int8 * scale."""
     num_pages, kv_heads, head_dim, page_size = k_pool.shape
     offset = k_pool.storage_offset() + 2 * kv_heads * head_dim * page_size
     assert k_pool.dtype == torch.int8 and offset % _SCALE_BYTES == 0
     s = k_pool.stride(0) // _SCALE_BYTES
-    shape, strides = (num_pages, 2, kv_heads, page_size), (s, kv_heads * page_size, page_size, 1)
+    shape = (num_pages, _SCALE_ROWS, kv_heads, page_size)
+    strides = (s, kv_heads * page_size, page_size, 1)
     out = torch.empty(0, dtype=torch.float32)
     return out.set_(k_pool.untyped_storage(), offset // _SCALE_BYTES, shape, strides)
 
@@ -164,6 +168,17 @@ def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (x / safe[..., None]).round().clamp(-127, 127).to(torch.int8), scale
 
 
+def quantize_int8_offset(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [..., D] -> int8 values, fp32 scales and offsets [...]: x = int8 * scale + offset
+    over each row's min..max (all 256 steps: keys sit off zero, and symmetric int8 left
+    SmolLM2's greedy answers further from fp32's); as layer_ops.c's, bit for bit."""
+    lo, hi = x.amin(dim=-1), x.amax(dim=-1)
+    scale = (hi - lo) / 255
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))  # all equal: int8 -128, offset
+    q = ((x - lo[..., None]) / safe[..., None]).round() - 128
+    return q.clamp(-128, 127).to(torch.int8), scale, lo + 128 * scale
+
+
 def write_kv(
     k_pool: torch.Tensor,
     v_pool: torch.Tensor,
@@ -172,12 +187,14 @@ def write_kv(
     ctx: AttentionContext,
 ) -> None:
     """Store new K/V [T, KVH, D] at their slots (page, offset within the page), in the
-    pools' dtype (bf16 pools: rounded to nearest even; int8: quantize_int8)."""
+    pools' dtype (bf16 pools: rounded to nearest even; int8: K quantize_int8_offset, V
+    quantize_int8)."""
     pages, offsets = ctx.slot_pages, ctx.slot_offsets
     if k_pool.dtype == torch.int8:
         scales = int8_scales(k_pool)
-        (k, k_scale), (v, v_scale) = quantize_int8(k), quantize_int8(v)
-        scales[pages, 0, :, offsets], scales[pages, 1, :, offsets] = k_scale, v_scale
+        (k, k_scale, k_offset), (v, v_scale) = quantize_int8_offset(k), quantize_int8(v)
+        scales[pages, 0, :, offsets], scales[pages, 1, :, offsets] = k_scale, k_offset
+        scales[pages, 2, :, offsets] = v_scale
     v_pool[pages, :, offsets] = v.to(v_pool.dtype)
     k_pool.transpose(2, 3)[pages, :, offsets] = k.to(k_pool.dtype)
 
@@ -188,8 +205,9 @@ def read_pages(
     """Pages' K [n, KVH, D, P] and V [n, KVH, P, D] in fp32 (bf16 widened, int8 scaled)."""
     k, v = k_pool[page_ids].float(), v_pool[page_ids].float()
     if k_pool.dtype == torch.int8:
-        scales = int8_scales(k_pool)[page_ids]  # [n, 2, KVH, P]
-        k, v = k * scales[:, 0, :, None, :], v * scales[:, 1, :, :, None]
+        scales = int8_scales(k_pool)[page_ids]  # [n, 3, KVH, P]
+        k = k * scales[:, 0, :, None, :] + scales[:, 1, :, None, :]
+        v = v * scales[:, 2, :, :, None]
     return k, v
 
 

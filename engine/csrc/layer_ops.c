@@ -85,17 +85,38 @@ static float quantize_int8(int8_t *dst, int64_t stride, const float *x, int64_t 
     return scale;
 }
 
-/* one token's K and V heads into its page (kv_kind: 0 fp32, 1 bf16, 2 int8 + scales) */
+/* n values as int8 (dst[i * stride]) over their min..max: x = scale * int8 + offset, both
+   returned; as engine/attention.py's quantize_int8_offset, bit for bit. All equal: scale
+   0, int8 -128, offset the value. */
+static void quantize_int8_offset(int8_t *dst, int64_t stride, const float *x, int64_t n,
+                                 float *scale, float *offset) {
+    float lo = x[0], hi = x[0];
+    for (int64_t i = 1; i < n; i++) {
+        lo = x[i] < lo ? x[i] : lo;
+        hi = x[i] > hi ? x[i] : hi;
+    }
+    *scale = (hi - lo) / 255.0f;
+    const float safe = *scale > 0.0f ? *scale : 1.0f;
+    for (int64_t i = 0; i < n; i++) {
+        const float v = nearbyintf((x[i] - lo) / safe) - 128.0f;
+        dst[i * stride] = (int8_t)(v > 127.0f ? 127.0f : v < -128.0f ? -128.0f : v);
+    }
+    *offset = lo + 128.0f * *scale; /* exact: a power of two times the scale */
+}
+
+/* one token's K and V heads into its page (kv_kind: 0 fp32, 1 bf16, 2 int8 + scales:
+   K's scale and offset, V's scale, laid out as paged_attention.c reads them) */
 static void store_kv(const float *k, const float *v, int64_t kv_heads, int64_t head_dim,
                      void *k_pool, void *v_pool, int64_t page_size, int64_t at, int64_t page,
                      int64_t kv_kind) {
     if (kv_kind == 2) {
         int8_t *kp = (int8_t *)k_pool + page, *vp = (int8_t *)v_pool + page;
-        float *scales = (float *)(kp + 2 * kv_heads * head_dim * page_size);
+        float *scales = (float *)(kp + 2 * kv_heads * head_dim * page_size) + at;
         for (int64_t h = 0; h < kv_heads; h++) {
-            scales[h * page_size + at] = quantize_int8(
-                kp + h * head_dim * page_size + at, page_size, k + h * head_dim, head_dim);
-            scales[(kv_heads + h) * page_size + at] = quantize_int8(
+            quantize_int8_offset(kp + h * head_dim * page_size + at, page_size, k + h * head_dim,
+                                 head_dim, scales + h * page_size,
+                                 scales + (kv_heads + h) * page_size);
+            scales[(2 * kv_heads + h) * page_size] = quantize_int8(
                 vp + (h * page_size + at) * head_dim, 1, v + h * head_dim, head_dim);
         }
         return;
@@ -137,7 +158,7 @@ static void rope_store_kv_row(float *row, const float *c, const float *s, int64_
    Page layout as in paged_attention.c: K [kv_heads, head_dim, page_size] at k_pool +
    page * page_stride, V [kv_heads, page_size, head_dim] at v_pool + page * page_stride;
    kv_kind 0: fp32 pools; 1: bf16 (values rounded to nearest even, strides in bf16); 2: int8
-   (strides in bytes; each page's scales after its V, see paged_attention.c). */
+   (strides in bytes; each page's scales and K offsets after its V, see paged_attention.c). */
 void rope_store_kv(float *qkv, const float *cos, const float *sin, int64_t rows, int64_t heads,
                    int64_t kv_heads, int64_t head_dim, void *k_pool, void *v_pool,
                    int64_t page_stride, int64_t page_size, const int64_t *slot_pages,
