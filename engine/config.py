@@ -29,6 +29,7 @@ class EngineConfig:
     # engine/quantization/memory_roofline.py).
     weights: str = "fp32"
     # K/V pool element type: "fp32", "bf16" (half the bytes a token's K/V take, so twice
-    # the tokens in kv_cache_bytes; rounded to nearest even when stored), or "int8" (one
-    # fp32 scale per token and KV head kept in the page: 1.88x bf16's tokens for SmolLM2).
+    # the tokens in kv_cache_bytes; rounded to nearest even when stored), or "int8" (fp32
+    # scales per token and KV head kept in the page, K with an offset: 1.83x bf16's tokens
+    # for SmolLM2; docs/engine.md).
     kv_dtype: str = "fp32"

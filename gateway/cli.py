@@ -226,7 +226,7 @@ def _add_engine_tuning(p: argparse.ArgumentParser) -> None:
         choices=KV_DTYPES,
         default=defaults.kv_dtype,
         help="K/V cache element type: fp32, bf16 (twice the tokens per KV budget), or int8 "
-        "(with a scale per token and KV head: ~1.9x bf16's tokens)",
+        "(scales per token and KV head: ~1.8x bf16's tokens)",
     )
 
 
