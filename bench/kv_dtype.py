@@ -62,16 +62,16 @@ def scale_granularity(runner: Any, pages: int) -> dict[str, dict[str, float]]:
     kv_dtype int8 stores for K), and per page and KV head (symmetric)."""
     import torch
 
-    from engine.attention import quantize_int8, quantize_int8_offset
+    from engine.kv.pages import quantize_kv_int8, quantize_kv_int8_offset
 
     def rel_err(x: torch.Tensor, per_page: bool, offset: bool) -> float:
         # x [pages, KVH, tokens, D]: rows of D (per token), or of tokens * D (per page)
         rows = x.flatten(2) if per_page else x
         if offset:
-            q, scale, shift = quantize_int8_offset(rows)
+            q, scale, shift = quantize_kv_int8_offset(rows)
             back = q.float() * scale[..., None] + shift[..., None]
         else:
-            q, scale = quantize_int8(rows)
+            q, scale = quantize_kv_int8(rows)
             back = q.float() * scale[..., None]
         return float((back.view_as(x) - x).norm() / x.norm())
 
@@ -99,8 +99,9 @@ def attention_kernel_us(kernels: Any, dtypes: dict[str, Any], rounds: int) -> di
 
     import torch
 
-    from engine.attention import build_context, kernel_attention, new_kv_pools
+    from engine.attention import build_context, kernel_attention
     from engine.batch import SeqChunk
+    from engine.kv.pages import new_kv_pools
 
     batch, context, page, per_seq = 32, 300, 16, 19
     gen = torch.Generator().manual_seed(0)

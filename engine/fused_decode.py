@@ -13,7 +13,8 @@ from collections.abc import Sequence
 
 import torch
 
-from engine.attention import KV_KINDS, AttentionContext
+from engine.attention import AttentionContext
+from engine.kv.pages import KV_KINDS
 from engine.models.llama import LlamaForCausalLM
 from engine.quantization.packing import is_panels
 

@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from engine import native
-from engine.attention import KV_KINDS, AttentionContext, write_kv
+from engine.attention import AttentionContext
+from engine.kv.pages import KV_KINDS, write_kv
 from engine.layers.rotary import Rope, apply_rope
 from engine.quantization.matmuls import Matmuls
 

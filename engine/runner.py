@@ -4,11 +4,12 @@ import logging
 
 import torch
 
-from engine.attention import build_context, new_kv_pools, page_bytes
+from engine.attention import build_context
 from engine.batch import SeqChunk
 from engine.config import KV_DTYPES, EngineConfig
 from engine.cpu_features import cpu_features
 from engine.fused_decode import FusedDecode
+from engine.kv.pages import new_kv_pools, page_bytes
 from engine.logits_process import adjust_logits
 from engine.model_registry import resolve_model
 from engine.models.config import ModelConfig

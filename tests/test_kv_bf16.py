@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from engine import native
-from engine.attention import AttentionContext, build_context, kernel_attention, new_kv_pools
+from engine.attention import AttentionContext, build_context, kernel_attention
 from engine.batch import SeqChunk
 from engine.config import EngineConfig
+from engine.kv.pages import new_kv_pools
 from engine.ops import NativeOps, TorchOps, select_ops
 from engine.runner import ModelRunner
 from gateway.cli import build_parser

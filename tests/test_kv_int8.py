@@ -13,20 +13,18 @@ import torch
 from bench import engine_driver as ed
 from bench.precision import PROMPTS, common_prefix, greedy_tokens
 from engine import native
-from engine.attention import (
-    AttentionContext,
-    build_context,
-    int8_scales,
-    kernel_attention,
-    new_kv_pools,
-    quantize_int8,
-    quantize_int8_offset,
-    read_pages,
-    write_kv,
-)
+from engine.attention import AttentionContext, build_context, kernel_attention, paged_attention
 from engine.batch import SeqChunk
 from engine.config import EngineConfig
 from engine.cpu_features import cpu_features
+from engine.kv.pages import (
+    int8_scales,
+    new_kv_pools,
+    quantize_kv_int8,
+    quantize_kv_int8_offset,
+    read_pages,
+    write_kv,
+)
 from engine.ops import NativeOps, TorchOps
 from engine.runner import ModelRunner
 from gateway.cli import build_parser
@@ -100,25 +98,25 @@ def _random_pages(pages: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, At
     return k, v, build_context([chunk], PAGE)
 
 
-def test_quantize_int8_round_trip() -> None:
+def test_quantize_kv_int8_round_trip() -> None:
     x = torch.randn(7, KVH, D, generator=torch.Generator().manual_seed(3))
     x[2, 1] = 0  # an all-zero row: scale 0, values 0, no NaN
-    q, scale = quantize_int8(x)
+    q, scale = quantize_kv_int8(x)
     assert q.dtype == torch.int8 and q.abs().max() == 127 and q.min() >= -127
     back = q.float() * scale[..., None]
     assert torch.all((back - x).abs() <= scale[..., None] / 2 + 1e-6)
     assert scale[2, 1] == 0 and torch.all(back[2, 1] == 0)
 
 
-def test_quantize_int8_offset_round_trip() -> None:
+def test_quantize_kv_int8_offset_round_trip() -> None:
     x = torch.randn(7, KVH, D, generator=torch.Generator().manual_seed(3)) + 3  # off zero
     x[2, 1] = 0.5  # all equal: scale 0, the offset is the value
-    q, scale, offset = quantize_int8_offset(x)
+    q, scale, offset = quantize_kv_int8_offset(x)
     assert q.dtype == torch.int8 and q.max() == 127 and q.min() == -128
     back = q.float() * scale[..., None] + offset[..., None]
     assert torch.all((back - x).abs() <= scale[..., None] / 2 + 1e-5)
     assert scale[2, 1] == 0 and torch.all(back[2, 1] == 0.5)
-    _, sym = quantize_int8(x)
+    _, sym = quantize_kv_int8(x)
     assert torch.all(scale[scale > 0] < sym[scale > 0])  # finer steps than absmax / 127
 
 
@@ -206,8 +204,6 @@ def test_int8_chunk_attention_on_the_torch_path() -> None:
     chunk = [SeqChunk(0, list(range(20)), 50, [3, 1, 4, 0, 5], True, GREEDY)]
     q = torch.randn(20, HEADS, D, generator=torch.Generator().manual_seed(4))
     k_new, v_new = torch.randn(20, KVH, D), torch.randn(20, KVH, D)  # already in the pages
-    from engine.attention import paged_attention
-
     got = paged_attention(q, k_new, v_new, k8, v8, build_context(chunk, PAGE, kernels))
     want = paged_attention(q, k_new, v_new, k8, v8, build_context(chunk, PAGE, None))
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
@@ -232,7 +228,7 @@ def _store(ops: NativeOps | TorchOps) -> tuple[list[torch.Tensor], list[torch.Te
 
 
 def test_int8_store_c_quantizes_as_torch() -> None:
-    """The C store's int8 values and scales are quantize_int8's, bit for bit, on the K/V it
+    """The C store's int8 values and scales are quantize_kv_int8's, bit for bit, on the K/V it
     rotated; against the torch store (rope rounding may differ by an ulp) at most one step."""
     (c_k, c_v, c_s), (want_k, want_v, want_s) = _store(NativeOps(_kernels()))
     assert torch.equal(c_k, want_k) and torch.equal(c_v, want_v) and torch.equal(c_s, want_s)

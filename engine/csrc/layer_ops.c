@@ -73,7 +73,7 @@ void silu_mul(float *out, const float *gate_up, int64_t rows, int64_t inter) {
 }
 
 /* n values as int8 (dst[i * stride]) with one scale, returned: absmax / 127, rounded to
-   nearest even; as engine/attention.py's quantize_int8, bit for bit */
+   nearest even; as engine/kv/pages.py's quantize_kv_int8, bit for bit */
 static float quantize_int8(int8_t *dst, int64_t stride, const float *x, int64_t n) {
     float top = 0.0f;
     for (int64_t i = 0; i < n; i++) top = fabsf(x[i]) > top ? fabsf(x[i]) : top;
@@ -86,7 +86,7 @@ static float quantize_int8(int8_t *dst, int64_t stride, const float *x, int64_t 
 }
 
 /* n values as int8 (dst[i * stride]) over their min..max: x = scale * int8 + offset, both
-   returned; as engine/attention.py's quantize_int8_offset, bit for bit. All equal: scale
+   returned; as engine/kv/pages.py's quantize_kv_int8_offset, bit for bit. All equal: scale
    0, int8 -128, offset the value. */
 static void quantize_int8_offset(int8_t *dst, int64_t stride, const float *x, int64_t n,
                                  float *scale, float *offset) {
