@@ -192,7 +192,57 @@ def batch_idle_rows(result: dict[str, Any]) -> list[Row]:
     return rows
 
 
+def kv_dtype_rows(result: dict[str, Any]) -> list[Row]:
+    """int8 K/V against bf16 (capacity, speed, greedy) and fp32 (perplexity), same run."""
+    kv, budget = result["kv"], result["kv_budget_mib"]
+    seqs = next(k for k in kv["int8"] if k.startswith("sequences_of_"))
+    rows: list[Row] = []
+    for key, label, base in (
+        ("pages", f"KV pages in {budget} MiB", "bf16"),
+        (seqs, f"{seqs.replace('_', ' ')} in {budget} MiB", "bf16"),
+        (
+            "decode_tokens_per_s_batch32_ctx300_median",
+            "decode tok/s, batch 32, ~300-token contexts (median round)",
+            "bf16",
+        ),
+        ("chunked_perplexity", "chunked perplexity (64-token chunks)", "fp32"),
+    ):
+        for dtype in ("int8", "bf16") if base == "fp32" else ("int8",):
+            value, baseline = kv[dtype][key], kv[base][key]
+            rows.append(
+                (f"{label}, {dtype}", str(value), f"{baseline} {base}", _ratio(value, baseline))
+            )
+    for dtype in ("int8", "bf16"):
+        g = kv[dtype]
+        rows.append(
+            (
+                f"greedy identical to fp32 K/V, {dtype} (mean common prefix, tokens)",
+                f"{g['greedy_identical_prompts']} ({g['greedy_mean_common_prefix_tokens']})",
+                "",
+                "",
+            )
+        )
+    us = result["attention_kernel_us_batch32_ctx300"]
+    label = "attention kernel alone, one layer, batch 32, ctx 300 (us)"
+    rows.append(
+        (f"{label}, int8", str(us["int8"]), f"{us['bf16']} bf16", _ratio(us["int8"], us["bf16"]))
+    )
+    grain = result["int8_scale_granularity_fp32_pages"]
+    stored = {"k": "per_token_head_with_offset", "v": "per_token_head"}  # what int8 keeps
+    for part, kind in stored.items():
+        key = f"{part}_relative_rms_error"
+        mine, page = grain[kind][key], grain["per_page_head"][key]
+        label = f"int8 {part.upper()} error, {kind.replace('_', ' ')} (stored)"
+        rows.append(
+            (label, _pct(mine, 2), f"{_pct(page, 2)} per page and head", _ratio(mine, page))
+        )
+    symmetric = grain["per_token_head"]["k_relative_rms_error"]
+    rows.append(("int8 K error, per token head, no offset", _pct(symmetric, 2), "", ""))
+    return rows
+
+
 ROWS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
+    "kv_dtype": kv_dtype_rows,
     "batch_idle": batch_idle_rows,
     "cache_eval": cache_eval_rows,
     "embedder_compare": embedder_compare_rows,
@@ -212,6 +262,9 @@ NOTES: dict[str, str] = {
     "upstream is a stand-in whose answer names the request that first got it.",
     "batch_idle": "Latencies on a shared, loaded machine: only the same-run ratio counts; the "
     "JSON keeps the batch-free phases before and after apart, to show the drift between them.",
+    "kv_dtype": "SmolLM2-135M, fp32 weights; perplexity on bench/precision.py's pydoc text "
+    "(generated reference text, not a held-out corpus), greedy over its 8 prompts x 32 tokens; "
+    "decode rates on a shared machine: only the same-run ratio counts.",
     "stream_resume": "Prompts written for the benchmark: a figure of the mechanism (greedy "
     "continuation on a second engine), not of answer quality.",
 }

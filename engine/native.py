@@ -26,6 +26,7 @@ CSRC = Path(__file__).parent / "csrc"
 _C_FILES = (
     "paged_attention.c",
     "paged_attention_bf16.c",
+    "paged_attention_int8.c",
     "layer_ops.c",
     "gemm.c",
     "gemm_int8.c",
@@ -45,6 +46,9 @@ _SIGNATURES = {
     "paged_decode_attention_bf16": [_ptr, _ptr, _i64, _ptr, _ptr, _i64, _ptr, _i64, _ptr]
     + [_i64] * 5
     + [_f32],
+    "paged_decode_attention_int8": [_ptr, _ptr, _i64, _ptr, _ptr, _i64, _ptr, _i64, _ptr]
+    + [_i64] * 5
+    + [_f32],
     "add_rms_norm": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _f32],
     "silu_mul": [_ptr, _ptr, _i64, _i64],
     "decode_step": [_ptr, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr],
@@ -58,6 +62,7 @@ _SIGNATURES = {
 # these return 0, or 1: out of memory
 _RETURNS_STATUS = {
     "paged_decode_attention_bf16",
+    "paged_decode_attention_int8",
     "paged_decode_attention",
     "decode_step",
     "gemm_int8_panels",

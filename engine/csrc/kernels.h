@@ -15,6 +15,12 @@ int paged_decode_attention_bf16(float *out, const float *q, int64_t q_stride,
                                 int64_t table_width, const int32_t *context_lens,
                                 int64_t batch, int64_t heads, int64_t kv_heads,
                                 int64_t head_dim, int64_t page_size, float scale);
+int paged_decode_attention_int8(float *out, const float *q, int64_t q_stride,
+                                const int8_t *k_pool, const int8_t *v_pool, int64_t page_stride,
+                                const int32_t *page_table, int64_t table_width,
+                                const int32_t *context_lens, int64_t batch, int64_t heads,
+                                int64_t kv_heads, int64_t head_dim, int64_t page_size,
+                                float scale);
 void gemm_panels(float *out, const float *x, const float *panels, const float *bias, int64_t M,
                  int64_t N, int64_t K);
 void gemm_pair_rows(float *out, int64_t ldo, const float *x, int64_t M, int64_t K,
@@ -36,6 +42,6 @@ void silu_mul(float *out, const float *gate_up, int64_t rows, int64_t inter);
 void rope_store_kv(float *qkv, const float *cos, const float *sin, int64_t rows, int64_t heads,
                    int64_t kv_heads, int64_t head_dim, void *k_pool, void *v_pool,
                    int64_t page_stride, int64_t page_size, const int64_t *slot_pages,
-                   const int64_t *slot_offsets, int64_t kv_bf16);
+                   const int64_t *slot_offsets, int64_t kv_kind);
 
 #endif
