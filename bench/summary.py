@@ -101,6 +101,9 @@ def _later_set_rows(tag: str, ours: dict[str, Any], base: dict[str, Any]) -> lis
             (f"{tag}: {name}, should-hit served", *_pair(new, old, "should_hit"), hit_ratio)
         )
         if key == "served_heldout2":
+            for cat in ("paraphrase", "near_repeat"):
+                label = f"{tag}: {name}, {cat.replace('_', ' ')}s served"
+                rows.append((label, *_pair(new, old, cat), ""))
             for cat in ("negation", "number", "entity", "scope", "antonym"):
                 label = f"{tag}: {name}, must-not {cat}"
                 rows.append((label, *_pair(new, old, cat), ""))
