@@ -12,6 +12,7 @@
     python -m training cache pair-model
     python -m training cache sharegpt-candidates [--limit N]
     python -m training cache real-pairs
+    python -m training cache heldout2-pairs
     python -m training cache calibrate [--pairs FILE --target-wrong 0.01 --write ...]
 
 `python -m training GROUP STEP --help` shows a step's options.
@@ -58,6 +59,10 @@ STEPS: dict[str, dict[str, tuple[str, str]]] = {
         "real-pairs": (
             "training.cache.real_pairs",
             "the pairs written by people, with a fixed held-out split",
+        ),
+        "heldout2-pairs": (
+            "training.cache.heldout2_pairs",
+            "the second hand-written held-out set, checked fresh against every seen pair",
         ),
         "calibrate": (
             "training.cache.calibrate_cli",

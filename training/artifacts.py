@@ -35,6 +35,8 @@ CACHE_PAIRS = DATA / "cache_pairs.jsonl"  # rule-made, the verifier's training s
 # Pairs written by people, with a held-out split (python -m training cache real-pairs).
 REAL_PAIRS_DIR = DATA / "cache_pairs_real"
 REAL_PAIRS = REAL_PAIRS_DIR / "pairs.jsonl"
+# A second held-out set, written after the models (python -m training cache heldout2-pairs).
+REAL_PAIRS_HELDOUT2 = REAL_PAIRS_DIR / "pairs_heldout2.jsonl"
 
 
 def cpu_model() -> str:
