@@ -20,6 +20,7 @@ N, K = 64, 96
 @pytest.fixture(autouse=True)
 def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("TIERGATE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TIERGATE_ONEDNN", "int8")  # int_mm is opt-in: offer every candidate
     return tmp_path
 
 
@@ -72,10 +73,16 @@ def test_int_mm_takes_a_strided_x() -> None:
     torch.testing.assert_close(gemm(wide), gemm(x.contiguous()))
 
 
-def test_disabled_offers_no_candidates(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TIERGATE_ONEDNN", "0")
+def test_the_setting_chooses_the_candidates(monkeypatch: pytest.MonkeyPatch) -> None:
     w, _, _ = _data()
+    monkeypatch.setenv("TIERGATE_ONEDNN", "0")
     assert onednn.names("w8a8") == () and onednn.candidates("bf16", w, 8) == {}
+    monkeypatch.setenv("TIERGATE_ONEDNN", "1")  # the default: bf16's, not int_mm's coarser maths
+    assert onednn.names("w8a8") == () and onednn.candidates("w8a8", w, 8) == {}
+    assert onednn.names("bf16") == (
+        ("onednn_bf16", "mkldnn_bf16") if onednn.bf16_supported() else ()
+    )
+    assert set(onednn.names("fp32")) == set(onednn.names("int8")) == set()
 
 
 def _injected(table: dict[str, dict[int, float]], monkeypatch: pytest.MonkeyPatch) -> list:
@@ -108,7 +115,9 @@ def test_each_row_class_takes_its_measured_winner(
     ops = _native(weights)
     w, b, x = _data(3)
     packed = ops.pack_weight(w, 8)
-    assert {(n, r) for n in names for r in ROW_CLASSES} <= set(seen)
+    # every class measured its candidates, torch (on the rebuilt weight) the prefill one
+    want = {(n, r) for n in names for r in ROW_CLASSES if n != "torch" or r == large}
+    assert set(seen) == want
     keys = {kernel_choice.choice_key(f"gemm_{weights}", (N, K, r)): r for r in ROW_CLASSES}
     assert ops.choices == {key: one if r == large else "panels" for key, r in keys.items()}
     assert f"gemm_{weights}={one}:1" in ops.choice_info()["measured"]
@@ -140,7 +149,8 @@ def test_a_real_measurement_picks_the_fastest_and_stays_correct(weights: str) ->
     for rows in ROW_CLASSES:
         key = kernel_choice.choice_key(f"gemm_{weights}", (N, K, rows))
         us = stored[key]["us"]
-        assert set(us) == {"panels", "torch", *onednn.names(weights)}
+        torch_too = {"torch"} if rows == PREFILL_ROWS else set()
+        assert set(us) == {"panels", *onednn.names(weights)} | torch_too
         assert ops.choices[key] == stored[key]["winner"] == min(us, key=us.__getitem__)
     ref = ops.methods[weights].reference
     plain = packed if weights == "w8a8" else ops.methods[weights].plain(packed)

@@ -147,22 +147,25 @@ class Matmuls:
 
     def _choose_rows(self, packed: Weight, weight: torch.Tensor, batch_hint: int) -> None:
         """The path for each row class of this weight's shape (ROW_CLASSES), measured
-        there: panels, torch on the rebuilt weight, or a oneDNN candidate (built from
-        weight's fp32 values, and only when one is stored or must be measured)."""
+        there: panels, oneDNN's candidates (built from weight's fp32 values, only when one
+        is stored or must be measured) and, for prefills, torch on the rebuilt weight."""
         method, (n, k) = self.method_of(packed), plain_shape(packed)
-        kind, names = f"gemm_{method.name}", ("panels", "torch", *onednn.names(method.name))
-        stored = [kernel_choice.known(kind, (n, k, rows), names) for rows in ROW_CLASSES]
-        if all(w in ("panels", "torch") for w in stored):  # nothing of oneDNN's to build
-            extra = {}
-        else:
-            extra = onednn.candidates(method.name, weight, batch_hint)
+        kind, extra = f"gemm_{method.name}", onednn.names(method.name)
+        offered = {rows: ("panels", *extra, *_torch_at(rows)) for rows in ROW_CLASSES}
+        stored = [kernel_choice.known(kind, (n, k, r), names) for r, names in offered.items()]
+        built = {}
+        if any(w not in ("panels", "torch") for w in stored):
+            built = onednn.candidates(method.name, weight, batch_hint)
         paths = {
             "panels": onednn.Gemm("panels", packed, functools.partial(_gemm, method)),
             "torch": onednn.Gemm("torch", packed, functools.partial(_plain_linear, method)),
-            **extra,
+            **built,
         }
         winners = tuple(
-            self._measure(kind, (n, k, rows), _runs(paths, rows, k)) for rows in ROW_CLASSES
+            self._measure(kind, (n, k, rows), _runs(paths, names, rows, k))
+            if len(names) > 1
+            else "panels"
+            for rows, names in offered.items()
         )
         if any(w != "panels" for w in winners):
             kept = {w: paths[w] for w in set(winners)}  # losers' copies are dropped
@@ -228,10 +231,16 @@ class RowPlan:
         return self._paths[row_class](x, bias)
 
 
-def _runs(paths: dict[str, onednn.Gemm], rows: int, k: int) -> dict[str, Any]:
-    """Each path as a measurable call on `rows` random rows (the Gemm its .func)."""
+def _torch_at(rows: int) -> tuple[str, ...]:
+    """torch on the rebuilt weight competes for prefills only: below them rebuilding the
+    weight per call costs more than the GEMM (and its fp32 sums are not the kernel's)."""
+    return ("torch",) if rows >= PREFILL_ROWS else ()
+
+
+def _runs(paths: dict[str, onednn.Gemm], names: tuple[str, ...], rows: int, k: int) -> dict:
+    """Those paths as measurable calls on `rows` random rows (the Gemm is their .func)."""
     x = torch.randn(rows, k)
-    return {name: functools.partial(path, x) for name, path in paths.items()}
+    return {name: functools.partial(paths[name], x) for name in names}
 
 
 def _gemm(method: LinearMethod, x: torch.Tensor, w: Weight, bias: Bias = None) -> torch.Tensor:

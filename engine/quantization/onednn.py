@@ -9,12 +9,14 @@ is measured per shape and row count, never assumed. Candidates, per weight forma
   the weight per call) and `mkldnn_bf16` (the weight reordered once into oneDNN's blocked
   layout, torch.ops.mkldnn._linear_pointwise). x is rounded to bf16 as our avx512_bf16
   path does; unlike it, oneDNN rounds the output to bf16 too (then widened, bias in fp32).
-- w8a8: `int_mm` (torch._int_mm, int8 x int8 -> int32): one scale per output row of the
-  weight and per row of x, since one GEMM over all of K cannot apply w8a8's per-32 scales;
-  that is coarser than w8a8's groups (see docs/engine.md for what it costs).
+- w8a8, opt-in (TIERGATE_ONEDNN=int8): `int_mm` (torch._int_mm, int8 x int8 -> int32)
+  with one scale per output row of the weight and per row of x, since one GEMM over all of
+  K cannot apply w8a8's per-32 scales. That is coarser: an activation outlier channel
+  (x[:, 7] * 50) costs it 3.6% relative error where w8a8's groups keep 1.4%, so a speed
+  measurement alone must not swap it in under `weights: w8a8`.
 
 A candidate's weight is built from the weight's fp32 values at load; only winners keep it.
-TIERGATE_ONEDNN=0 leaves them all out.
+TIERGATE_ONEDNN: "1" (default) the bf16 ones, "int8" int_mm too, "0" none.
 """
 
 import os
@@ -43,8 +45,10 @@ class Gemm:
         return self.run(x, self.weight, bias)
 
 
-def enabled() -> bool:
-    return os.environ.get("TIERGATE_ONEDNN", "1") != "0"
+def setting() -> str:
+    """TIERGATE_ONEDNN: "0", "1" or "int8" (anything else: "1")."""
+    value = os.environ.get("TIERGATE_ONEDNN", "1")
+    return value if value in ("0", "int8") else "1"
 
 
 def bf16_supported() -> bool:
@@ -53,11 +57,10 @@ def bf16_supported() -> bool:
 
 def names(fmt: str) -> tuple[str, ...]:
     """The candidates `candidates` offers for format fmt on this CPU and torch."""
-    if not enabled():
-        return ()
-    if fmt == "bf16" and bf16_supported():
+    chosen = setting()
+    if fmt == "bf16" and chosen != "0" and bf16_supported():
         return ("onednn_bf16", "mkldnn_bf16")
-    return ("int_mm",) if fmt == "w8a8" and hasattr(torch, "_int_mm") else ()
+    return ("int_mm",) if fmt == "w8a8" and chosen == "int8" and hasattr(torch, "_int_mm") else ()
 
 
 def candidates(fmt: str, weight: torch.Tensor, batch_hint: int) -> dict[str, Gemm]:
