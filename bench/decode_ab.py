@@ -36,7 +36,7 @@ def build(csrc: Path, out: Path) -> ctypes.CDLL:
     import engine.native as native
 
     sources = [str(csrc / s.name) for s in native.SOURCES]
-    subprocess.run(["gcc", *native.FLAGS, "-o", str(out), *sources, "-lm"], check=True)
+    subprocess.run(["gcc", *native.build_flags("gcc"), "-o", str(out), *sources, "-lm"], check=True)
     lib = ctypes.CDLL(str(out))
     for name, argtypes in native._SIGNATURES.items():
         fn = getattr(lib, name)

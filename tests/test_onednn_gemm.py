@@ -157,3 +157,20 @@ def test_a_real_measurement_picks_the_fastest_and_stays_correct(weights: str) ->
     for rows in (1, 33, PREFILL_ROWS + 5):  # whichever path won each class, near the reference
         got, want = ops.linear(x[:rows], packed, b), ref(x[:rows], plain, b)
         assert (got - want).abs().max() < 0.05 * want.abs().max()
+
+
+def test_stored_panels_build_no_candidate(monkeypatch: pytest.MonkeyPatch) -> None:
+    for rows in ROW_CLASSES:  # every class decided, for the panels or torch
+        key = kernel_choice.choice_key("gemm_w8a8", (N, K, rows))
+        kernel_choice._stored()[key] = {"winner": "torch" if rows == PREFILL_ROWS else "panels"}
+
+    def never(*_: object) -> None:
+        raise AssertionError("no oneDNN copy is needed where none won")
+
+    monkeypatch.setattr(onednn, "candidates", never)
+    ops = _native("w8a8")
+    w, b, x = _data(5)
+    packed = ops.pack_weight(w, 8)
+    want = F.linear(x, packed.dequantize(), b)  # torch on the rebuilt weight, for prefills
+    assert torch.equal(ops.linear(x, packed, b), want)
+    assert sorted(ops.choices.values()) == ["panels", "panels", "torch"]

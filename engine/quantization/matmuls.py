@@ -161,15 +161,18 @@ class Matmuls:
             "torch": onednn.Gemm("torch", packed, functools.partial(_plain_linear, method)),
             **built,
         }
-        winners = tuple(
-            self._measure(kind, (n, k, rows), _runs(paths, names, rows, k))
-            if len(names) > 1
-            else "panels"
-            for rows, names in offered.items()
-        )
+        winners = []
+        for (rows, names), known in zip(offered.items(), stored, strict=True):
+            if len(names) == 1:  # nothing competes: the panels, unmeasured
+                winners.append("panels")
+            elif known is not None:  # the paths that lost were not even built
+                self.choices[kernel_choice.choice_key(kind, (n, k, rows))] = known
+                winners.append(known)
+            else:
+                winners.append(self._measure(kind, (n, k, rows), _runs(paths, names, rows, k)))
         if any(w != "panels" for w in winners):
             kept = {w: paths[w] for w in set(winners)}  # losers' copies are dropped
-            self._plans[id(packed)] = (packed, RowPlan(winners, kept))
+            self._plans[id(packed)] = (packed, RowPlan(tuple(winners), kept))
 
     def _measure(
         self,

@@ -1,0 +1,84 @@
+"""Our AMX tile kernel for w8a8 (engine/csrc/gemm_amx.c, engine/quantization/amx.py): it
+builds (tile code where the compiler takes the AMX flags, a stub elsewhere), matches the
+reference and the VNNI path's bits on a CPU with AMX, and is never chosen without it.
+The tile tests skip on CPUs without AMX (or without the kernel's tile permission)."""
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine import native
+from engine.cpu_features import cpu_features
+from engine.ops import NativeOps
+from engine.quantization import amx
+from engine.quantization.quant import quantize_w8a8, w8a8_reference
+
+CC = shutil.which("cc") or shutil.which("gcc")
+needs_amx = pytest.mark.skipif(
+    not cpu_features()["amx"], reason="no AMX here (or Linux refused the tile state)"
+)
+
+
+def _kernels():
+    kernels = native.kernels()
+    assert kernels is not None, "the C kernels must build here (is gcc installed?)"
+    return kernels
+
+
+@pytest.mark.skipif(CC is None, reason="no C compiler")
+@pytest.mark.parametrize("tiles", [True, False])
+def test_the_kernel_source_builds_with_and_without_tiles(tiles: bool, tmp_path: Path) -> None:
+    if tiles and not native.accepts_amx(CC):
+        pytest.skip(f"{CC} does not take {' '.join(native.AMX_FLAGS[:2])}")
+    flags = list(native.AMX_FLAGS) if tiles else []
+    cmd = [CC, "-O2", "-march=x86-64", "-fopenmp", "-std=gnu11", "-Werror", "-Wall", *flags]
+    out = tmp_path / "amx.o"
+    done = subprocess.run([*cmd, "-c", str(native.CSRC / "gemm_amx.c"), "-o", str(out)])
+    assert done.returncode == 0
+    dump = subprocess.run(["objdump", "-d", str(out)], capture_output=True, text=True)
+    if dump.returncode == 0:  # binutils here: the tile multiply is in the code, or not
+        assert ("tdpbssd" in dump.stdout) == tiles
+
+
+def test_the_library_says_whether_it_has_tiles() -> None:
+    assert amx.compiled(_kernels()) == native.accepts_amx(CC)
+
+
+@pytest.mark.skipif(cpu_features()["amx"], reason="this CPU has AMX")
+def test_without_amx_w8a8_never_takes_the_tiles() -> None:
+    kernels = _kernels()
+    assert not amx.tiles_usable(kernels)
+    assert NativeOps(kernels, "w8a8").w8a8_path != "amx"
+    assert NativeOps(kernels, "blocks").methods["blocks"].path != "amx"
+
+
+@needs_amx
+@pytest.mark.parametrize("rows", [1, 5, 16, 17, 40])
+@pytest.mark.parametrize("bias", [False, True])
+def test_tiles_match_the_reference_and_vnni(rows: int, bias: bool) -> None:
+    kernels = _kernels()
+    assert amx.compiled(kernels), "AMX CPU: the compiler must take the AMX flags here"
+    gen = torch.Generator().manual_seed(rows)
+    n, k = 96, 224
+    weight, x = torch.randn(n, k, generator=gen), torch.randn(rows, k, generator=gen)
+    x[:, 7] *= 50  # an outlier channel: only its own group's scale grows
+    b = torch.randn(n, generator=gen) if bias else None
+    ops = NativeOps(kernels, "w8a8", w8a8_path="amx")
+    packed = ops.pack_weight(weight, rows)
+    got = ops.linear(x, packed, b)
+    torch.testing.assert_close(got, w8a8_reference(x, packed, b), rtol=1e-5, atol=2e-4)
+    vnni = NativeOps(kernels, "w8a8", w8a8_path="vnni")
+    assert torch.equal(got, vnni.linear(x, packed, b))  # the same sums in the same order
+
+
+@needs_amx
+def test_with_amx_w8a8_takes_the_tiles() -> None:
+    kernels = _kernels()
+    assert amx.tiles_usable(kernels)  # built and checked against VNNI at first use
+    assert NativeOps(kernels, "w8a8").w8a8_path == "amx"
+    w = quantize_w8a8(torch.randn(64, 64), panels=True)
+    x = torch.randn(3, 64)
+    torch.testing.assert_close(amx.gemm(kernels, x, w, "amx"), w8a8_reference(x, w, None))
