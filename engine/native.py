@@ -87,13 +87,18 @@ def kernels() -> ctypes.CDLL | None:
         log.warning("no C compiler found: the engine runs its slower torch attention path")
         return None
     try:
-        lib = ctypes.CDLL(str(_build(compiler)))
+        return load(_build(compiler))
     except subprocess.CalledProcessError as exc:
         log.warning("building the engine's C kernels failed: using the torch path\n%s", exc.stderr)
         return None
     except OSError as exc:
         log.warning("the engine's C kernels are unavailable (%s): using the torch path", exc)
         return None
+
+
+def load(path: Path) -> ctypes.CDLL:
+    """A build of the kernels (this one, or a bench's or test's own), with its signatures."""
+    lib = ctypes.CDLL(str(path))
     for name, argtypes in _SIGNATURES.items():
         fn = getattr(lib, name)
         fn.argtypes = argtypes

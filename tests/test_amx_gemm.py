@@ -82,3 +82,32 @@ def test_with_amx_w8a8_takes_the_tiles() -> None:
     w = quantize_w8a8(torch.randn(64, 64), panels=True)
     x = torch.randn(3, 64)
     torch.testing.assert_close(amx.gemm(kernels, x, w, "amx"), w8a8_reference(x, w, None))
+
+
+@pytest.fixture(scope="module")
+def emulated(tmp_path_factory: pytest.TempPathFactory):
+    """The kernels with gemm_amx.c on tests/amx_emulate.h's plain-C tile instructions."""
+    if CC is None:
+        pytest.skip("no C compiler")
+    out = tmp_path_factory.mktemp("amx") / "emulated.so"
+    emulate = ["-DTIERGATE_AMX", "-DTIERGATE_AMX_EMULATE", f"-I{Path(__file__).parent}"]
+    cmd = [CC, *native.FLAGS, *emulate, "-o", str(out), *map(str, native.SOURCES), "-lm"]
+    subprocess.run(cmd, check=True)
+    return native.load(out)
+
+
+@pytest.mark.parametrize("rows", [1, 16, 17, 40])
+def test_emulated_tiles_give_the_vnni_paths_bits(rows: int, emulated) -> None:
+    """Without AMX: the emulated tiles check gemm_amx.c's layouts, tile shapes and row
+    padding against the other paths (the real instructions run in
+    test_tiles_match_the_reference_and_vnni, on AMX CPUs)."""
+    kernels = emulated
+    assert amx.compiled(kernels)
+    gen = torch.Generator().manual_seed(rows)
+    weight, x = torch.randn(64, 96, generator=gen), torch.randn(rows, 96, generator=gen)
+    x[:, 7] *= 50
+    w = quantize_w8a8(weight, panels=True)
+    got = amx.gemm(kernels, x, w, "amx")
+    torch.testing.assert_close(got, w8a8_reference(x, w, None), rtol=1e-5, atol=2e-4)
+    if cpu_features()["avx512_vnni"]:
+        assert torch.equal(got, amx.gemm(kernels, x, w, "vnni"))

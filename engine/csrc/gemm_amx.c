@@ -23,6 +23,12 @@
 
 #if defined(__x86_64__) && defined(TIERGATE_AMX)
 #include <immintrin.h>
+#ifdef TIERGATE_AMX_EMULATE /* tests/amx_emulate.h: the tile instructions in plain C, to */
+#include "amx_emulate.h"    /* check this file's layouts on CPUs without AMX */
+#define TILES "avx512f"
+#else
+#define TILES "amx-tile,amx-int8,avx512f"
+#endif
 
 typedef struct {
     uint8_t palette, start_row, reserved[14];
@@ -35,7 +41,7 @@ typedef struct {
 #define T_W 1
 #define T_SUM 2
 
-__attribute__((target("amx-tile,amx-int8"))) static void tiles_on(void) {
+__attribute__((target(TILES))) static void tiles_on(void) {
     TileConfig cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
@@ -45,10 +51,10 @@ __attribute__((target("amx-tile,amx-int8"))) static void tiles_on(void) {
     _tile_loadconfig(&cfg);
 }
 
-__attribute__((target("amx-tile"))) static void tiles_off(void) { _tile_release(); }
+__attribute__((target(TILES))) static void tiles_off(void) { _tile_release(); }
 
 /* one panel (16 columns) times 16 rows of x (rows of them real) */
-__attribute__((target("amx-tile,amx-int8,avx512f"))) static void
+__attribute__((target(TILES))) static void
 panel_rows(float *out, int64_t ldo, int rows, const int8_t *xq, const float *xs, int64_t K,
            const int8_t *w, const float *sc, const float *bias) {
     const int64_t groups = K / G;
