@@ -12,8 +12,9 @@ is measured per shape and row count, never assumed. Candidates, per weight forma
 - w8a8, opt-in (TIERGATE_ONEDNN=int8): `int_mm` (torch._int_mm, int8 x int8 -> int32)
   with one scale per output row of the weight and per row of x, since one GEMM over all of
   K cannot apply w8a8's per-32 scales. That is coarser: an activation outlier channel
-  (x[:, 7] * 50) costs it 3.6% relative error where w8a8's groups keep 1.4%, so a speed
-  measurement alone must not swap it in under `weights: w8a8`.
+  (x[:, 7] * 50) costs it 3.6% relative error where w8a8's groups keep 1.4%, and SmolLM2
+  +4.0% perplexity where w8a8 has +0.31% (docs/engine.md), so a speed measurement alone
+  must not swap it in under `weights: w8a8`.
 
 A candidate's weight is built from the weight's fp32 values at load; only winners keep it.
 TIERGATE_ONEDNN: "1" (default) the bf16 ones, "int8" int_mm too, "0" none.
