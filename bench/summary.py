@@ -190,7 +190,37 @@ def batch_idle_rows(result: dict[str, Any]) -> list[Row]:
     return rows
 
 
+def amx_gemm_rows(result: dict[str, Any]) -> list[Row]:
+    """oneDNN's best candidate against our panels per format and row count (the range over
+    the shapes: us per call is the figure, the panels' the baseline), and the engine with
+    the candidates offered against left out."""
+    rows: list[Row] = []
+    shapes = list(result["gemm"].values())
+    for fmt in shapes[0]:
+        for m in shapes[0][fmt]:
+            per = [s[fmt][m] for s in shapes]
+            best = [min(v for n, v in p["us"].items() if not n.startswith("panels")) for p in per]
+            ours = [min(v for n, v in p["us"].items() if n.startswith("panels")) for p in per]
+            spread = [o / b for o, b in zip(ours, best, strict=True)]
+            label = f"{fmt}: oneDNN best, us per call summed over {len(per)} shapes, {m} rows"
+            rows.append(
+                (
+                    label,
+                    f"{sum(best):.0f}",
+                    f"panels {sum(ours):.0f}",
+                    _ratio(sum(ours), sum(best))
+                    + f" (per shape {min(spread):.2f}-{max(spread):.2f}x)",
+                )
+            )
+    for e in result["engine_throughput"]:
+        on, off = (common.median(e["tokens_per_s"][k]) for k in ("onednn_on", "onednn_off"))
+        label = f"engine {e['weights']} tok/s, TIERGATE_ONEDNN={e['setting_on']} (vs 0)"
+        rows.append((label, f"{on:.1f}", f"{off:.1f}", _ratio(on, off)))
+    return rows
+
+
 ROWS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
+    "amx_gemm": amx_gemm_rows,
     "batch_idle": batch_idle_rows,
     "cache_eval": cache_eval_rows,
     "embedder_compare": embedder_compare_rows,
@@ -212,6 +242,9 @@ NOTES: dict[str, str] = {
     "JSON keeps the batch-free phases before and after apart, to show the drift between them.",
     "stream_resume": "Prompts written for the benchmark: a figure of the mechanism (greedy "
     "continuation on a second engine), not of answer quality.",
+    "amx_gemm": "Speed ratio = our panels' time / oneDNN's (>1: oneDNN faster); random "
+    "values on the bundled models' projection shapes, one thread. Without AMX oneDNN has "
+    "no tiles: the AMX figures are to be taken on an AMX CPU.",
 }
 
 
@@ -239,7 +272,8 @@ def section(date: str, path: Path) -> list[str]:
     lines = [
         f"## `{name}` ({date})",
         "",
-        f"`python -m bench.{name}`; {machine_line(result)}; [{path.name}](../{rel}).",
+        f"`{result.get('command', f'python -m bench.{name}')}`; {machine_line(result)}; "
+        f"[{path.name}](../{rel}).",
         "",
         *([NOTES[name], ""] if name in NOTES else []),
         "| figure | value | same-run baseline | ratio |",
