@@ -3,7 +3,8 @@ in one run, on the bundled models' projection shapes (q|k|v, o, gate|up, down; r
 values: the shapes decide the time, tests/test_onednn_gemm.py checks the values) at 1, 8,
 32, 128 and 512 rows, one thread: bf16 panels vs oneDNN bf16 (F.linear, prepacked
 mkldnn linear), w8a8 panels vs torch._int_mm. Then a short engine throughput check, same
-run: the engine with the oneDNN candidates offered (TIERGATE_ONEDNN=1) vs left out (0).
+run: the engine with the oneDNN candidates offered (TIERGATE_ONEDNN=1) vs left out (0);
+and SmolLM2's perplexity with each candidate forced to win (what an AMX CPU may pick).
 
 oneDNN runs these on AMX tiles where the CPU has them; the AMX figures are to be taken on
 an AMX CPU (the machine's flags are in the JSON). speedup = our panels' time / oneDNN's.
@@ -113,6 +114,48 @@ def throughput(weights: str, requests: int, prompt: int, out: int, rounds: int) 
     }
 
 
+def forced_quality(chars: int) -> dict[str, Any]:
+    """SmolLM2 perplexity (bench/precision.py's text and windows: 512-row prefills) with
+    each candidate made to win every row class it competes in, as an AMX CPU's measurement
+    may decide, against the panels (candidates left out) and fp32, same run. The forced
+    decisions go to a scratch choice file, never this CPU's."""
+    import tempfile
+    from pathlib import Path
+
+    from bench import precision
+    from engine.quantization import kernel_choice
+
+    cases = {"fp32": ("fp32", "0", None), "bf16": ("bf16", "0", None)}
+    cases |= {"bf16_mkldnn_bf16": ("bf16", "1", "mkldnn_bf16")}
+    cases |= {"bf16_onednn_bf16": ("bf16", "1", "onednn_bf16")}
+    cases |= {"w8a8": ("w8a8", "0", None), "w8a8_int_mm": ("w8a8", "int8", "int_mm")}
+    saved = kernel_choice.choice_file, kernel_choice.seconds_per_call
+    out: dict[str, Any] = {}
+    ids: list[int] = []
+    try:
+        for name, (weights, setting, winner) in cases.items():
+            scratch = Path(tempfile.mkdtemp()) / "choices.json"
+            kernel_choice.choice_file = lambda scratch=scratch: scratch
+            kernel_choice.seconds_per_call = functools.partial(_forced, winner, saved[1])
+            engine, measured = _engine(weights, setting)
+            ids = ids or engine.tokenizer.encode(precision.ppl_text(chars))
+            ppl, _ = precision.perplexity(engine.runner, ids)
+            out[name] = {"perplexity": round(ppl, 4), "measured": measured}
+            print(f"forced {name}: perplexity {ppl:.4f} ({measured})", flush=True)
+    finally:
+        kernel_choice.choice_file, kernel_choice.seconds_per_call = saved
+    for q in out.values():
+        q["vs_fp32"] = round(q["perplexity"] / out["fp32"]["perplexity"] - 1, 5)
+    return {"text_chars": chars, "tokens": len(ids), "perplexity": out}
+
+
+def _forced(winner: str | None, real: Any, fn: Any) -> float:
+    """A row-class candidate's cost: 0 for the forced winner, 1 for the rest (other
+    measurements, the format choice and bandwidth, stay real)."""
+    name = getattr(fn.func, "name", None) if isinstance(fn, functools.partial) else None
+    return real(fn) if name is None else (0.0 if name == winner else 1.0)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--quick", action="store_true", help="SmolLM2's shapes only, shorter run")
@@ -127,6 +170,7 @@ def main() -> None:
     table = gemm_table(models, ROWS)
     rounds, requests = (2, 8) if args.quick else (3, 16)
     engine = [throughput(w, requests, 192, 32, rounds) for w in ("w8a8", "bf16")]
+    quality = forced_quality(4000 if args.quick else 8000)
     common.write_result(
         "amx_gemm",
         {
@@ -136,6 +180,7 @@ def main() -> None:
             "quick": args.quick,
             "gemm": table,
             "engine_throughput": engine,
+            "forced_quality": quality,
             "note": "AMX figures are to be taken on an AMX CPU; without AMX oneDNN has no tiles",
         },
     )
