@@ -196,8 +196,9 @@ class Matmuls:
 
     def bound(self, weight: Weight) -> Callable[..., torch.Tensor]:
         """(x, bias=None) -> x [M, K] @ weight.T (+ bias), on the path chosen for this
-        weight once: its format's C kernel (torch's GEMM for prefills where that won), or
-        its torch reference. weight as pack_weight returned it (or plain)."""
+        weight once: its format's C kernel (or, per row class, what won there: torch's
+        GEMM, a oneDNN candidate), or its torch reference. weight as pack_weight returned
+        it (or plain)."""
         method = self.method_of(weight)
         if self.kernels is None or not is_panels(weight):
             return functools.partial(_reference, method, weight)
