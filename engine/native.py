@@ -39,7 +39,7 @@ SOURCES = tuple(CSRC / f for f in _C_FILES)
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
 # gemm_amx.c's tile code, where the compiler takes these (it emits AMX only from the
 # intrinsics, so they are safe on CPUs without it); elsewhere it builds as a stub
-AMX_FLAGS = ("-mamx-tile", "-mamx-int8", "-DTIERGATE_AMX")
+AMX_FLAGS = ("-mamx-tile", "-mamx-int8", "-mamx-bf16", "-DTIERGATE_AMX")
 
 _i64, _f32, _ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 _SIGNATURES = {
@@ -111,8 +111,8 @@ def accepts_amx(compiler: str) -> bool:
     """Whether the compiler builds AMX intrinsics (gcc 11+, clang 12+ on x86-64)."""
     if platform.machine() not in ("x86_64", "AMD64"):
         return False
-    probe = "#include <immintrin.h>\nvoid f(void) { _tile_zero(0); _tile_release(); }\n"
-    cmd = [compiler, *AMX_FLAGS[:2], "-x", "c", "-c", "-o", os.devnull, "-"]
+    probe = "#include <immintrin.h>\nvoid f(void) { _tile_dpbf16ps(0, 1, 2); _tile_release(); }\n"
+    cmd = [compiler, *AMX_FLAGS[:3], "-x", "c", "-c", "-o", os.devnull, "-"]
     try:
         return subprocess.run(cmd, input=probe, capture_output=True, text=True).returncode == 0
     except OSError:

@@ -23,6 +23,7 @@ static _Thread_local uint8_t emu_tile[8][16][64];
 #undef _tile_loadd
 #undef _tile_stored
 #undef _tile_dpbssd
+#undef _tile_dpbf16ps
 
 static inline void emu_loadconfig(const void *cfg) { memcpy(&emu_cfg, cfg, sizeof emu_cfg); }
 static inline void emu_release(void) { memset(emu_tile, 0, sizeof emu_tile); }
@@ -48,6 +49,27 @@ static inline void emu_dpbssd(int c, int a, int b) {
         }
 }
 
+static inline float emu_bf16(const uint8_t *p) {
+    uint32_t bits = (uint32_t)(p[0] | p[1] << 8) << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+/* c[m][n] (fp32) += a's bf16 pairs 2k, 2k + 1 in row m times b's row k pair n */
+static inline void emu_dpbf16ps(int c, int a, int b) {
+    for (int m = 0; m < emu_cfg.rows[c]; m++)
+        for (int n = 0; n < emu_cfg.colsb[c] / 4; n++) {
+            float sum;
+            memcpy(&sum, &emu_tile[c][m][4 * n], 4);
+            for (int k = 0; k < emu_cfg.colsb[a] / 4; k++)
+                for (int t = 0; t < 2; t++)
+                    sum += emu_bf16(&emu_tile[a][m][4 * k + 2 * t]) *
+                           emu_bf16(&emu_tile[b][k][4 * n + 2 * t]);
+            memcpy(&emu_tile[c][m][4 * n], &sum, 4);
+        }
+}
+
+#define _tile_dpbf16ps(c, a, b) emu_dpbf16ps(c, a, b)
 #define _tile_loadconfig(cfg) emu_loadconfig(cfg)
 #define _tile_release() emu_release()
 #define _tile_zero(t) emu_zero(t)

@@ -1,7 +1,8 @@
-"""Our AMX tile kernel for w8a8 (engine/csrc/gemm_amx.c, engine/quantization/amx.py): it
-builds (tile code where the compiler takes the AMX flags, a stub elsewhere), matches the
-reference and the VNNI path's bits on a CPU with AMX, and is never chosen without it.
-The tile tests skip on CPUs without AMX (or without the kernel's tile permission)."""
+"""Our AMX tile kernels for w8a8 and bf16 (engine/csrc/gemm_amx.c, engine/quantization/amx.py):
+they build (tile code where the compiler takes the AMX flags, a stub elsewhere), match the
+reference and the AVX-512 paths on a CPU with AMX (and on plain-C emulated tiles
+anywhere), and are never chosen without AMX. The real-tile tests skip on CPUs without AMX
+(or without the kernel's tile permission)."""
 
 import shutil
 import subprocess
@@ -14,11 +15,15 @@ from engine import native
 from engine.cpu_features import cpu_features
 from engine.ops import NativeOps
 from engine.quantization import amx
+from engine.quantization.packing import bf16_panels
 from engine.quantization.quant import quantize_w8a8, w8a8_reference
 
 CC = shutil.which("cc") or shutil.which("gcc")
 needs_amx = pytest.mark.skipif(
     not cpu_features()["amx"], reason="no AMX here (or Linux refused the tile state)"
+)
+needs_amx_bf16 = pytest.mark.skipif(
+    not cpu_features()["amx_bf16"], reason="no AMX-BF16 here (or Linux refused the tile state)"
 )
 
 
@@ -40,7 +45,7 @@ def test_the_kernel_source_builds_with_and_without_tiles(tiles: bool, tmp_path: 
     assert done.returncode == 0
     dump = subprocess.run(["objdump", "-d", str(out)], capture_output=True, text=True)
     if dump.returncode == 0:  # binutils here: the tile multiply is in the code, or not
-        assert ("tdpbssd" in dump.stdout) == tiles
+        assert ("tdpbssd" in dump.stdout) == ("tdpbf16ps" in dump.stdout) == tiles
 
 
 def test_the_library_says_whether_it_has_tiles() -> None:
@@ -53,6 +58,8 @@ def test_without_amx_w8a8_never_takes_the_tiles() -> None:
     assert not amx.tiles_usable(kernels)
     assert NativeOps(kernels, "w8a8").w8a8_path != "amx"
     assert NativeOps(kernels, "blocks").methods["blocks"].path != "amx"
+    assert not amx.bf16_tiles_usable(kernels)
+    assert NativeOps(kernels, "bf16").bf16_path != "amx"
 
 
 @needs_amx
@@ -111,3 +118,44 @@ def test_emulated_tiles_give_the_vnni_paths_bits(rows: int, emulated) -> None:
     torch.testing.assert_close(got, w8a8_reference(x, w, None), rtol=1e-5, atol=2e-4)
     if cpu_features()["avx512_vnni"]:
         assert torch.equal(got, amx.gemm(kernels, x, w, "vnni"))
+
+
+def _bf16_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
+    return torch.nn.functional.linear(x.bfloat16().float(), weight.bfloat16().float(), bias)
+
+
+@pytest.mark.parametrize("rows", [1, 16, 17, 40])
+def test_emulated_bf16_tiles_match_the_avx512_bf16_path(rows: int, emulated) -> None:
+    gen = torch.Generator().manual_seed(rows)
+    weight, x = torch.randn(64, 96, generator=gen), torch.randn(rows, 96, generator=gen)
+    b = torch.randn(64, generator=gen)
+    w = bf16_panels(weight)
+    got = amx.bf16_gemm(emulated, x, w, "amx") + b
+    torch.testing.assert_close(got, _bf16_reference(x, weight, b), rtol=1e-5, atol=1e-4)
+    if cpu_features()["avx512_bf16"]:
+        vector = amx.bf16_gemm(emulated, x, w, "avx512_bf16") + b
+        torch.testing.assert_close(got, vector, rtol=1e-5, atol=1e-4)
+
+
+def test_bf16_tiles_leave_a_k_of_no_32_multiple_to_avx512_bf16(emulated) -> None:
+    if not cpu_features()["avx512_bf16"]:
+        pytest.skip("no AVX512-BF16 here: the path it falls back to")
+    weight, x = torch.randn(64, 34), torch.randn(5, 34)
+    w = bf16_panels(weight)
+    assert torch.equal(
+        amx.bf16_gemm(emulated, x, w, "amx"), amx.bf16_gemm(emulated, x, w, "avx512_bf16")
+    )
+
+
+@needs_amx_bf16
+@pytest.mark.parametrize("rows", [1, 5, 16, 17, 40])
+def test_bf16_tiles_match_the_reference(rows: int) -> None:
+    kernels = _kernels()
+    assert amx.compiled(kernels) and amx.bf16_tiles_usable(kernels)
+    assert NativeOps(kernels, "bf16").bf16_path == "amx"
+    gen = torch.Generator().manual_seed(rows)
+    weight, x = torch.randn(96, 224, generator=gen), torch.randn(rows, 224, generator=gen)
+    b = torch.randn(96, generator=gen)
+    ops = NativeOps(kernels, "bf16", bf16_path="amx")
+    got = ops.linear(x, ops.pack_weight(weight, rows), b)
+    torch.testing.assert_close(got, _bf16_reference(x, weight, b), rtol=1e-5, atol=1e-4)
