@@ -216,6 +216,19 @@ def amx_gemm_rows(result: dict[str, Any]) -> list[Row]:
         on, off = (common.median(e["tokens_per_s"][k]) for k in ("onednn_on", "onednn_off"))
         label = f"engine {e['weights']} tok/s, TIERGATE_ONEDNN={e['setting_on']} (vs 0)"
         rows.append((label, f"{on:.1f}", f"{off:.1f}", _ratio(on, off)))
+    ppl = result.get("forced_quality", {}).get("perplexity", {})
+    for name, q in ppl.items():
+        if name != "fp32":
+            forced = "" if "=panels" in q["measured"] else " (forced to win every row class)"
+            label = f"SmolLM2 perplexity, {name}{forced}"
+            rows.append(
+                (
+                    label,
+                    f"{q['perplexity']}",
+                    f"fp32 {ppl['fp32']['perplexity']}",
+                    f"{q['vs_fp32']:+.2%}",
+                )
+            )
     return rows
 
 
