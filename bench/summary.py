@@ -282,8 +282,51 @@ def kv_dtype_rows(result: dict[str, Any]) -> list[Row]:
     return rows
 
 
+def amx_gemm_rows(result: dict[str, Any]) -> list[Row]:
+    """oneDNN's best candidate against our panels per format and row count (the range over
+    the shapes: us per call is the figure, the panels' the baseline), and the engine with
+    the candidates offered against left out."""
+    rows: list[Row] = []
+    shapes = list(result["gemm"].values())
+    for fmt in shapes[0]:
+        for m in shapes[0][fmt]:
+            per = [s[fmt][m] for s in shapes]
+            best = [min(v for n, v in p["us"].items() if not n.startswith("panels")) for p in per]
+            ours = [min(v for n, v in p["us"].items() if n.startswith("panels")) for p in per]
+            spread = [o / b for o, b in zip(ours, best, strict=True)]
+            label = f"{fmt}: oneDNN best, us per call summed over {len(per)} shapes, {m} rows"
+            rows.append(
+                (
+                    label,
+                    f"{sum(best):.0f}",
+                    f"panels {sum(ours):.0f}",
+                    _ratio(sum(ours), sum(best))
+                    + f" (per shape {min(spread):.2f}-{max(spread):.2f}x)",
+                )
+            )
+    for e in result["engine_throughput"]:
+        on, off = (common.median(e["tokens_per_s"][k]) for k in ("onednn_on", "onednn_off"))
+        label = f"engine {e['weights']} tok/s, TIERGATE_ONEDNN={e['setting_on']} (vs 0)"
+        rows.append((label, f"{on:.1f}", f"{off:.1f}", _ratio(on, off)))
+    ppl = result.get("forced_quality", {}).get("perplexity", {})
+    for name, q in ppl.items():
+        if name != "fp32":
+            forced = "" if "=panels" in q["measured"] else " (forced to win every row class)"
+            label = f"SmolLM2 perplexity, {name}{forced}"
+            rows.append(
+                (
+                    label,
+                    f"{q['perplexity']}",
+                    f"fp32 {ppl['fp32']['perplexity']}",
+                    f"{q['vs_fp32']:+.2%}",
+                )
+            )
+    return rows
+
+
 ROWS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "kv_dtype": kv_dtype_rows,
+    "amx_gemm": amx_gemm_rows,
     "batch_idle": batch_idle_rows,
     "cache_eval": cache_eval_rows,
     "embedder_compare": embedder_compare_rows,
@@ -308,6 +351,9 @@ NOTES: dict[str, str] = {
     "decode rates on a shared machine: only the same-run ratio counts.",
     "stream_resume": "Prompts written for the benchmark: a figure of the mechanism (greedy "
     "continuation on a second engine), not of answer quality.",
+    "amx_gemm": "Speed ratio = our panels' time / oneDNN's (>1: oneDNN faster); random "
+    "values on the bundled models' projection shapes, one thread. Without AMX oneDNN has "
+    "no tiles: the AMX figures are to be taken on an AMX CPU.",
 }
 
 
@@ -335,7 +381,8 @@ def section(date: str, path: Path) -> list[str]:
     lines = [
         f"## `{name}` ({date})",
         "",
-        f"`python -m bench.{name}`; {machine_line(result)}; [{path.name}](../{rel}).",
+        f"`{result.get('command', f'python -m bench.{name}')}`; {machine_line(result)}; "
+        f"[{path.name}](../{rel}).",
         "",
         *([NOTES[name], ""] if name in NOTES else []),
         "| figure | value | same-run baseline | ratio |",
