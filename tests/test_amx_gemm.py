@@ -159,3 +159,14 @@ def test_bf16_tiles_match_the_reference(rows: int) -> None:
     ops = NativeOps(kernels, "bf16", bf16_path="amx")
     got = ops.linear(x, ops.pack_weight(weight, rows), b)
     torch.testing.assert_close(got, _bf16_reference(x, weight, b), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["int8", "bf16"])
+def test_the_tile_check_runs_in_a_child_that_may_fault(kind: str, caplog) -> None:
+    """The first tile instructions run in a child process: here without AMX they fault or
+    fail there, and this process lives on without the tiles; with AMX the child agrees."""
+    amx._survives_in_child.cache_clear()
+    feature = "amx" if kind == "int8" else "amx_bf16"
+    assert amx._survives_in_child(kind) is cpu_features()[feature]
+    if not cpu_features()[feature]:
+        assert "failed in a child process" in caplog.text

@@ -3,13 +3,19 @@ gemm_w8a8_panels, path 2 of gemm_bf16_panels): only where engine/cpu_features.py
 AMX (int8 / bf16 tiles) and Linux granted the tile state (arch_prctl), the compiler built
 the tile code (engine/native.py), and, once per process, the kernel agrees with the AVX-512
 path on a small product (w8a8: the same bits; bf16: up to the order of fp32 additions): a
-tile kernel must not be trusted blind on a CPU it never ran on. Their figures are to be
+tile kernel must not be trusted blind on a CPU it never ran on. That check runs first in a
+child process (`_survives_in_child`): a tile configuration this CPU model rejects faults
+(SIGILL / SIGSEGV), and a fault must cost the tile path, not the engine. Their figures are to be
 taken on an AMX CPU.
 """
 
 import ctypes
 import functools
 import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import torch
 
@@ -33,7 +39,7 @@ def tiles_usable(kernels: ctypes.CDLL) -> bool:
     features = cpu_features()
     if not (features["amx"] and features["avx512_vnni"] and compiled(kernels)):
         return False
-    agrees = _agrees_with_vnni(kernels)
+    agrees = _survives_in_child("int8") and _agrees_with_vnni(kernels)
     if not agrees:
         log.warning("the AMX w8a8 kernel disagrees with the VNNI path here: not used")
     return agrees
@@ -45,14 +51,20 @@ def bf16_tiles_usable(kernels: ctypes.CDLL) -> bool:
     features = cpu_features()
     if not (features["amx_bf16"] and features["avx512_bf16"] and compiled(kernels)):
         return False
+    if not _survives_in_child("bf16"):
+        return False
+    agrees = bf16_agrees(kernels)
+    if not agrees:
+        log.warning("the AMX bf16 kernel disagrees with the avx512_bf16 path here: not used")
+    return agrees
+
+
+def bf16_agrees(kernels: ctypes.CDLL) -> bool:
     gen = torch.Generator().manual_seed(0)
     w = bf16_panels(torch.randn(64, 128, generator=gen))
     x = torch.randn(19, 128, generator=gen)
     tiles, vector = bf16_gemm(kernels, x, w, "amx"), bf16_gemm(kernels, x, w, "avx512_bf16")
-    agrees = torch.allclose(tiles, vector, rtol=1e-4, atol=1e-4)
-    if not agrees:
-        log.warning("the AMX bf16 kernel disagrees with the avx512_bf16 path here: not used")
-    return agrees
+    return torch.allclose(tiles, vector, rtol=1e-4, atol=1e-4)
 
 
 def bf16_gemm(kernels: ctypes.CDLL, x: torch.Tensor, w: torch.Tensor, path: str):
@@ -80,3 +92,37 @@ def _agrees_with_vnni(kernels: ctypes.CDLL) -> bool:
     w = quantize_w8a8(torch.randn(64, 128, generator=gen), panels=True)
     x = torch.randn(19, 128, generator=gen)  # a whole tile of rows and a part of one
     return torch.equal(gemm(kernels, x, w, "amx"), gemm(kernels, x, w, "vnni"))
+
+
+_ROOT = Path(__file__).resolve().parents[2]  # the folder holding the engine package
+_CHILD_CHECK = """
+import sys
+from engine import native
+from engine.cpu_features import cpu_features
+from engine.quantization import amx
+cpu_features()  # asks Linux for the tile state in this process too
+kernels = native.kernels()
+ok = amx.bf16_agrees(kernels) if sys.argv[1] == "bf16" else amx._agrees_with_vnni(kernels)
+sys.exit(0 if ok else 3)
+"""
+
+
+@functools.cache
+def _survives_in_child(kind: str) -> bool:
+    """The agreement check for `kind` (int8 or bf16) in a child process: True if it ran
+    and agreed; False if it faulted, disagreed or did not finish."""
+    path = os.pathsep.join(p for p in (str(_ROOT), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _CHILD_CHECK, kind], env=env, capture_output=True, timeout=300
+        )
+    except subprocess.TimeoutExpired:
+        log.warning("the AMX %s check did not finish in a child process: tiles not used", kind)
+        return False
+    if done.returncode != 0:
+        log.warning(
+            "the AMX %s check failed in a child process (exit %s): tiles not used\n%s",
+            kind, done.returncode, done.stderr.decode(errors="replace")[-2000:],
+        )  # fmt: skip
+    return done.returncode == 0
