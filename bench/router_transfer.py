@@ -1,0 +1,92 @@
+"""Transfer across sources: the prior retrained without one source, scored on that source.
+
+The held-out figures of bench/router_eval.py test prompts from the sources the prior was
+trained on; part of what they measure is a source's style (LaTeX, a benchmark's phrasing).
+Here each source of the hard/everyday comparison is left out of training in turn (every
+one of its rows, train and held-out split alike), the policy's scorer is trained on the
+train rows of the others exactly as at load, and that source's rows are ranked against
+the held-out rows of the other class from the other sources. A source the prior never saw
+is what a deployer's traffic looks like to it.
+"""
+
+import numpy as np
+
+from gateway.policy import Policy
+from gateway.routing.difficulty import (
+    DifficultyScorer,
+    example_signals,
+    fit_kernel,
+    train_classifier,
+)
+from training.router.metrics import auc
+
+HARD_SOURCES = ("aime", "gpqa", "bigbench_physics", "humaneval")
+EASY_SOURCES = ("nq", "bigbench_easy", "sharegpt")
+
+
+def train_like_the_policy(
+    policy: Policy, prompts: list[str], vectors: np.ndarray, targets: np.ndarray
+) -> DifficultyScorer:
+    """build_scorer's training (difficulty.py) on these examples and their vectors."""
+    d = policy.difficulty
+    signals = np.stack([example_signals(p).vector() for p in prompts])
+    classifier = train_classifier(vectors, signals, targets, d.regularization)
+    terms = {}
+    if d.blend.kernel > 0:
+        terms["kernel"] = fit_kernel(
+            prompts,
+            vectors,
+            targets,
+            d.kernel_width,
+            d.kernel_ridge,
+            d.kernel_lexical,
+            d.kernel_centres,
+        )
+    return DifficultyScorer(classifier, d.blend, vectors.shape[1], terms)
+
+
+def leave_one_source_out(
+    policy: Policy,
+    rows: list[dict],
+    vectors: np.ndarray,
+    label_of,
+    baselines,
+) -> dict:
+    """`rows` (train and held-out split) with their `vectors`; `label_of(row)`: 1 hard, 0
+    everyday, None neither (bench/router_eval.py's rule); `baselines(prompts)`: name ->
+    scores. Per source: AUC of the retrained prior and of each baseline, and the mean."""
+    labels = [label_of(r) for r in rows]
+    out: dict[str, dict] = {}
+    for source in (*HARD_SOURCES, *EASY_SOURCES):
+        train = [i for i, r in enumerate(rows) if r["split"] == "train" and r["source"] != source]
+        scorer = train_like_the_policy(
+            policy,
+            [rows[i]["prompt"] for i in train],
+            vectors[train],
+            np.array([rows[i]["score"] for i in train]),
+        )
+        mine = [i for i, r in enumerate(rows) if r["source"] == source and labels[i] is not None]
+        wanted = 1 - labels[mine[0]]
+        others = [
+            i
+            for i, r in enumerate(rows)
+            if r["split"] == "heldout" and r["source"] != source and labels[i] == wanted
+        ]
+        idx = mine + others
+        y = np.array([labels[i] for i in idx])
+        prompts = [rows[i]["prompt"] for i in idx]
+        prior = np.array(
+            [
+                scorer.score_embedded(vectors[i], example_signals(p), p).score
+                for i, p in zip(idx, prompts, strict=True)
+            ]
+        )
+        scores = {"prior": prior} | baselines(prompts)
+        out[source] = {
+            "left_out_rows": len(mine),
+            "against": len(others),
+            "auc": {n: auc(y, s) for n, s in scores.items()},
+        }
+    names = next(iter(out.values()))["auc"]
+    mean = {n: round(float(np.mean([v["auc"][n] for v in out.values()])), 4) for n in names}
+    return {"by_source": out, "mean_auc": mean}
