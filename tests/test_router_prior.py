@@ -47,6 +47,9 @@ def test_the_data_set_has_five_thousand_real_prompts_from_every_source(rows) -> 
     assert all(0.0 <= r["score"] <= 1.0 and r["prompt"].strip() for r in rows)
     # Later turns of real conversations, not only openers.
     assert sum(r.get("depth", 0) > 0 for r in rows) >= 300
+    # Short follow-ups lean on the conversation the example does not carry: left out.
+    short = real_sources.FOLLOW_UP_WORDS
+    assert not [r for r in rows if r.get("depth", 0) > 0 and len(r["prompt"].split()) < short]
     assert len({r["id"] for r in rows}) == len(rows)
 
 
@@ -72,7 +75,12 @@ def test_the_sharegpt_rule_grades_by_the_reference_answer() -> None:
     assert real_sources.answer_work("Hello! How can I help you today?") <= 0.3
     essay = " ".join(["word"] * 300)
     assert 0.5 <= real_sources.answer_work(essay) <= 0.6
-    assert real_sources.answer_work(essay + "\n```python\nprint(1)\n```") >= 0.9
+    program = "\n".join(f"x{i} = {i}" for i in range(25))
+    assert real_sources.answer_work(essay + f"\n```python\n{program}\n```") >= 0.9
+    # A one-line snippet is not a program's work; pasted code to fix is work to read.
+    assert real_sources.answer_work(essay + "\n```python\nprint(1)\n```") <= 0.7
+    pasted = "Why does this fail?\n" + "\n".join(f"int x{i} = {i};" for i in range(25))
+    assert real_sources.answer_work(essay, pasted) >= 0.9
     assert real_sources.GO_ON.match("continue") and real_sources.GO_ON.match("Please go on.")
     assert not real_sources.GO_ON.match("continue the proof by induction on n")
 
