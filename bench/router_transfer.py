@@ -22,6 +22,8 @@ from training.router.metrics import auc
 
 HARD_SOURCES = ("aime", "gpqa", "bigbench_physics", "humaneval")
 EASY_SOURCES = ("nq", "bigbench_easy", "sharegpt")
+CUT = (60, 400)  # characters, as bench/router_eval.py cuts its hard/everyday comparison
+MIN_CLASS = 10
 
 
 def train_like_the_policy(
@@ -82,11 +84,35 @@ def leave_one_source_out(
             ]
         )
         scores = {"prior": prior} | baselines(prompts)
+        lengths = np.array([len(p) for p in prompts])
+        cut = (lengths >= CUT[0]) & (lengths <= CUT[1])
         out[source] = {
             "left_out_rows": len(mine),
             "against": len(others),
             "auc": {n: auc(y, s) for n, s in scores.items()},
+            "cut_60_400": cut_figure(y[cut], {n: s[cut] for n, s in scores.items()}),
         }
-    names = next(iter(out.values()))["auc"]
-    mean = {n: round(float(np.mean([v["auc"][n] for v in out.values()])), 4) for n in names}
-    return {"by_source": out, "mean_auc": mean}
+    return {"by_source": out} | means(out)
+
+
+def cut_figure(y: np.ndarray, scores: dict[str, np.ndarray]) -> dict | None:
+    """The AUC within 60-400 characters, where length tells the classes apart less; None
+    when a class has fewer than MIN_CLASS rows there."""
+    if min(y.sum(), (1 - y).sum()) < MIN_CLASS:
+        return None
+    counts = {"positives": int(y.sum()), "negatives": int((1 - y).sum())}
+    return counts | {"auc": {n: auc(y, s) for n, s in scores.items()}}
+
+
+def means(out: dict[str, dict]) -> dict:
+    """The mean AUC over the sources, whole and within the cut (over the sources it has)."""
+    names = list(next(iter(out.values()))["auc"])
+    cuts = [v["cut_60_400"]["auc"] for v in out.values() if v["cut_60_400"]]
+
+    def mean(figures: list[dict]) -> dict:
+        return {n: round(float(np.mean([f[n] for f in figures])), 4) for n in names}
+
+    return {
+        "mean_auc": mean([v["auc"] for v in out.values()]),
+        "mean_auc_cut_60_400": mean(cuts) if cuts else None,
+    }

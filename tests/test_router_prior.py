@@ -101,10 +101,10 @@ def test_a_malformed_sanity_line_names_its_file_and_line(tmp_path: Path) -> None
 
 
 SANITY_GOAL = 0.95  # issue #24's goal
-SANITY_FLOOR = 0.88  # measured 0.90 (bench/reports/2026-12-02/router_eval.json): no regression
+SANITY_FLOOR = 0.93  # measured 0.941 (bench/reports/2026-12-02/router_eval.json): no regression
 
 
-@pytest.mark.xfail(reason="issue #24's 0.95 not met yet: 0.90 measured", strict=False)
+@pytest.mark.xfail(reason="issue #24's 0.95 not met yet: 0.941 measured", strict=False)
 def test_the_default_policy_scores_the_hard_prompt_higher_in_95_percent_of_pairs(
     one_torch_thread: None, default_scorer
 ) -> None:
