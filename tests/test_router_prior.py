@@ -82,6 +82,9 @@ def test_the_sharegpt_rule_grades_by_the_reference_answer() -> None:
     pasted = "Why does this fail?\n" + "\n".join(f"int x{i} = {i};" for i in range(25))
     assert real_sources.answer_work(essay, pasted) >= 0.9
     assert real_sources.GO_ON.match("continue") and real_sources.GO_ON.match("Please go on.")
+    # A later part of a conversation ShareGPT cut into parts starts mid-conversation.
+    assert real_sources.continued("hRPPgZT_11") == 1 and real_sources.continued("hRPPgZT_0") == 0
+    assert real_sources.continued("no-part") == 0
     assert not real_sources.GO_ON.match("continue the proof by induction on n")
 
 

@@ -36,7 +36,9 @@ Rules (also in docs/routing.md, "The prior's data"):
   score below GSM8K, and the sanity pairs fell from 0.90 to 0.85.) Left out: turns that
   only ask to go on ("continue", "more"), and later turns of fewer than 10 words ("now in
   Java", "thanks, make it shorter"): their difficulty is the conversation's, which the
-  example (the last user message alone) does not carry.
+  example (the last user message alone) does not carry. ShareGPT V3 cut long conversations
+  into parts (`<id>_1`, `<id>_2`, ...): a part after the first starts mid-conversation, so
+  every turn of it counts as a later turn.
 - Judge: none of these rows. A judge comparing the small and large tiers' answers is the
   deployer's refit (`tiergate router learn`, built on this prior), not the prior's labels.
 """
@@ -173,6 +175,14 @@ def _english(text: str) -> bool:
     return bool(letters) and sum(c.isascii() for c in letters) / len(letters) > 0.95
 
 
+def continued(conversation_id: str) -> int:
+    """1 when the conversation is a later part of a longer one: ShareGPT V3 cut long
+    conversations into parts, `<id>_0`, `<id>_1`, ..., so a part after the first starts
+    mid-conversation (about half of them); else 0."""
+    part = conversation_id.rpartition("_")[2]
+    return int(part.isdigit() and part != "0")
+
+
 def sharegpt(conversations: int, later_turn_share: float = 0.3) -> Iterator[dict]:
     """User turns of the first `conversations` conversations: each conversation's first
     turn, and one later turn (with its depth) for about `later_turn_share` of them."""
@@ -196,6 +206,7 @@ def sharegpt(conversations: int, later_turn_share: float = 0.3) -> Iterator[dict
             if GO_ON.match(prompt) or not _english(prompt) or not answer.strip():
                 continue
             depth = sum(1 for t in turns[:i] if t.get("from") == "human")
+            depth += continued(conv["id"])  # at least: the earlier parts' turns are unseen
             if depth > 0 and len(prompt.split()) < FOLLOW_UP_WORDS:
                 continue  # "now in Java", "thanks, shorter": the task is in the conversation
             score = answer_work(answer, prompt)
