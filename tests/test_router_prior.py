@@ -103,11 +103,9 @@ def test_a_malformed_sanity_line_names_its_file_and_line(tmp_path: Path) -> None
     assert SANITY_PAIRS.is_file()
 
 
-SANITY_GOAL = 0.95  # issue #24's goal
-SANITY_FLOOR = 0.93  # measured 0.941 (bench/reports/2026-12-02/router_eval.json): no regression
+SANITY_GOAL = 0.95  # issue #24's goal: 0.9505 measured (96 of 101 pairs; router_eval.json)
 
 
-@pytest.mark.xfail(reason="issue #24's 0.95 not met yet: 0.941 measured", strict=False)
 def test_the_default_policy_scores_the_hard_prompt_higher_in_95_percent_of_pairs(
     one_torch_thread: None, default_scorer
 ) -> None:
@@ -116,20 +114,12 @@ def test_the_default_policy_scores_the_hard_prompt_higher_in_95_percent_of_pairs
     assert result["hard_higher"] >= SANITY_GOAL, result["wrong"]
 
 
-def test_the_default_policy_keeps_the_sanity_figure_it_was_measured_at(
-    one_torch_thread: None, default_scorer
-) -> None:
-    _, score = default_scorer
-    result = sanity(score, read_pairs())
-    assert result["hard_higher"] >= SANITY_FLOOR, result["wrong"]
-
-
 def test_the_default_policy_ranks_the_issue_prompts_by_difficulty(
     one_torch_thread: None, default_scorer
 ) -> None:
     """The prompts of issue #24's table: the one-fact ones below the rule's threshold (the
     small tier) and, on average, below the multi-step design, proof and algorithm ones.
-    (Not yet each below each: "What is 2+2?" scores 0.60, above the lock-free queue's 0.52,
+    (Not yet each below each: "What is 2+2?" scores 0.58, above the lock-free queue's 0.54,
     and three of the four hard ones stay under the threshold; docs/routing.md.)"""
     policy, score = default_scorer
     (rule,) = [r for r in policy.routes["auto"].rules if r.min_score is not None]
