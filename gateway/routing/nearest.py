@@ -118,21 +118,10 @@ class Kernel:
         kernel matrix plus the ridge, solved by Cholesky in place (a kernel matrix plus a
         ridge is positive definite), so training holds one examples x examples array at a
         time. Benchmarks that reuse similarities across widths pass a copy."""
-        from scipy.linalg import solve  # imported on use: training only
-
-        gram = similarity
-        gram -= 1.0
-        gram /= width
-        np.exp(gram, out=gram)
+        gram = _to_kernel(similarity, width)
         gram.flat[:: len(targets) + 1] += ridge
         center = float(targets.mean())
-        try:
-            alpha = solve(gram, targets - center, assume_a="pos", overwrite_a=True)
-        except np.linalg.LinAlgError:
-            raise ValueError(
-                f"difficulty.kernel_ridge: {ridge} is too small for these examples (their "
-                "kernel system is singular in floating point); raise it"
-            ) from None
+        alpha = _solve_positive(gram, targets - center, ridge)
         return cls(vectors, alpha, center, width, lexical, lexical_share)
 
     @classmethod
@@ -153,29 +142,18 @@ class Kernel:
         every example's similarity to each centre (overwritten). minimises
         |y - K_nc a|^2 + ridge a' K_cc a: a = (K_cn K_nc + ridge K_cc)^-1 K_cn y, which is
         plain kernel ridge when every example is a centre."""
-        from scipy.linalg import solve  # imported on use: training only
-
         if len(centres) > KERNEL_MAX_EXAMPLES:
             raise ValueError(
                 f"difficulty.kernel_centres: {len(centres)}, over the kernel's "
                 f"{KERNEL_MAX_EXAMPLES} (it solves a centres x centres system)"
             )
-        gram = cross
-        gram -= 1.0
-        gram /= width
-        np.exp(gram, out=gram)
+        gram = _to_kernel(cross, width)
         center = float(targets.mean())
         system = gram.T @ gram
         system += ridge * gram[centres]
         # a jitter: near-duplicate centres make K_cc singular in floating point
         system.flat[:: len(centres) + 1] += 1e-9 * np.trace(system) / len(centres) + 1e-12
-        try:
-            alpha = solve(system, gram.T @ (targets - center), assume_a="pos", overwrite_a=True)
-        except np.linalg.LinAlgError:
-            raise ValueError(
-                f"difficulty.kernel_ridge: {ridge} is too small for these examples (their "
-                "kernel system is singular in floating point); raise it"
-            ) from None
+        alpha = _solve_positive(system, gram.T @ (targets - center), ridge)
         return cls(vectors[centres], alpha, center, width, lexical, lexical_share)
 
     def predict(self, embedding: np.ndarray, text: str = "") -> float:
@@ -235,3 +213,24 @@ def example_similarities(
         similarity *= 1 - lexical_share
         lexical.add_gram(similarity, lexical_share)
     return similarity
+
+
+def _to_kernel(similarity: np.ndarray, width: float) -> np.ndarray:
+    """exp((similarity - 1) / width), in place: training holds one such array at a time."""
+    similarity -= 1.0
+    similarity /= width
+    return np.exp(similarity, out=similarity)
+
+
+def _solve_positive(system: np.ndarray, rhs: np.ndarray, ridge: float) -> np.ndarray:
+    """system^-1 rhs by Cholesky, overwriting system (a kernel system plus a ridge is
+    positive definite, unless floating point makes it singular)."""
+    from scipy.linalg import solve  # imported on use: training only
+
+    try:
+        return solve(system, rhs, assume_a="pos", overwrite_a=True)
+    except np.linalg.LinAlgError:
+        raise ValueError(
+            f"difficulty.kernel_ridge: {ridge} is too small for these examples (their "
+            "kernel system is singular in floating point); raise it"
+        ) from None
