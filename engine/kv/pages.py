@@ -11,17 +11,22 @@ Here: the pools, a page's bytes, and storing / reading K/V with torch (the C ker
 reference and the path without them; engine/csrc/layer_ops.c stores the same bytes).
 """
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
-
-if TYPE_CHECKING:
-    from engine.attention import AttentionContext
 
 # the C kernels' code for a pool's element type (rope_store_kv's and decode_step's kv_kind)
 KV_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
 _SCALE_BYTES = 4  # an int8 page's scales are fp32
 _SCALE_ROWS = 3  # K's scale, K's offset, V's scale: each [kv_heads, page_size]
+
+
+class Slots(Protocol):
+    """Where each new token's K/V goes (engine.attention.AttentionContext is one; a
+    protocol so this leaf module does not import the attention that reads it)."""
+
+    slot_pages: torch.Tensor  # [T] long
+    slot_offsets: torch.Tensor  # [T] long
 
 
 def page_bytes(page_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
@@ -83,7 +88,7 @@ def write_kv(
     v_pool: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    ctx: "AttentionContext",
+    ctx: Slots,
 ) -> None:
     """Store new K/V [T, KVH, D] at their slots (page, offset within the page), in the
     pools' dtype (bf16 pools: rounded to nearest even; int8: K quantize_kv_int8_offset, V
