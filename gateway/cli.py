@@ -118,6 +118,8 @@ def engine(args: argparse.Namespace) -> int:
             max_waiting_per_tenant=args.max_waiting_per_tenant,
             max_model_len=args.max_model_len,
             enable_prefix_caching=not args.no_prefix_caching,
+            kv_watermark=args.kv_watermark,
+            kv_reserve_tokens=args.kv_reserve_tokens,
             num_threads=args.threads,
             weights=args.weights,
             kv_dtype=args.kv_dtype,
@@ -212,6 +214,19 @@ def _add_engine_tuning(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--max-model-len", type=int, default=None, help="default: the model's")
     p.add_argument("--no-prefix-caching", action="store_true", help="never share KV pages")
+    p.add_argument(
+        "--kv-watermark",
+        type=float,
+        default=defaults.kv_watermark,
+        help="share of KV pages an admission leaves free (beyond --kv-reserve-tokens)",
+    )
+    p.add_argument(
+        "--kv-reserve-tokens",
+        type=int,
+        default=defaults.kv_reserve_tokens,
+        help="admit a request only if every running one can still grow this many tokens "
+        "(with --kv-watermark 0 too: admit whenever the prompt fits)",
+    )
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument(
         "--weights",
