@@ -24,7 +24,9 @@ class EngineConfig:
     # preempted. Both 0: admit whenever the prompt fits (preemption by recompute instead).
     kv_watermark: float = 0.02
     kv_reserve_tokens: int = 64
-    num_threads: int | None = None  # torch intra-op threads; None leaves torch's default
+    # torch intra-op threads; None: one thread or all cores, whichever runs a few decode
+    # steps faster at start (engine/thread_choice.py)
+    num_threads: int | None = None
     # Projection and LM-head weights: "fp32", "bf16" (rounded at load: half the bytes;
     # bf16 dot products with AVX512-BF16), "int8" (requantized at load, one scale
     # per output row; a quarter of the bytes a decode step streams), "w8a8" (int8 weights

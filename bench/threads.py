@@ -1,0 +1,133 @@
+"""Decode tokens/s at one thread vs all cores, alone and beside a CPU hog, spinning vs
+passive OpenMP waits: what `--threads auto` and the entry points' OMP defaults are for.
+
+Each configuration runs in its own process, because libgomp reads OMP_WAIT_POLICY and
+GOMP_SPINCOUNT once, when torch loads it:
+- wait "spin": neither variable set (libgomp's default: ~300,000 spins at a barrier, the
+  engine's behaviour before engine/omp_env.py), "passive": engine/omp_env.py's defaults;
+- hog off / on: a busy-loop process pinned to one core, as a neighbour sharing the machine;
+- threads 1, all cores, and auto (engine/thread_choice.py: what it picked, and its rate).
+Every figure's baselines are in the same run; ratios are taken within one hog setting.
+Others share this machine too: machine.load_average in the JSON says how busy it was.
+
+    python -m bench.threads [--quick] [--batch 8] [--steps 24]
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from bench import common
+from engine.omp_env import USER_KNOBS, set_omp_defaults
+from engine.thread_choice import usable_cores
+
+WAITS = ("spin", "passive")
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="fewer timed steps")
+    p.add_argument("--batch", type=int, default=8, help="sequences decoding together")
+    p.add_argument("--steps", type=int, help="timed decode steps (default 24, quick 12)")
+    p.add_argument("--model", default=common.MODEL)
+    p.add_argument("--child", help=argparse.SUPPRESS)  # threads for one child run: N or auto
+    return p.parse_args()
+
+
+def child(args: argparse.Namespace) -> None:
+    """One engine at the given threads: its decode rate, printed as one JSON line."""
+    from bench import engine_driver as ed
+
+    threads = None if args.child == "auto" else int(args.child)
+    engine = ed.make_engine(
+        model=args.model, kv_cache_bytes=64 << 20, num_threads=threads, max_num_seqs=args.batch
+    )
+    ed.warm_up(engine, [1, 2, 3, 4, 5, 6, 7, 8])
+    prompts = [[100 + (7 * i + j) % 1000 for j in range(64)] for i in range(args.batch)]
+    rate = ed.decode_rate(engine, prompts, args.steps)
+    choice = engine.runner.threads
+    print(json.dumps({**rate, "threads": choice.threads, "how": choice.how, **choice.info()}))
+
+
+def run_child(args: argparse.Namespace, threads: str, wait: str) -> dict[str, Any]:
+    env = {k: v for k, v in os.environ.items() if k not in USER_KNOBS}
+    if wait == "passive":
+        set_omp_defaults(env)
+    command = [sys.executable, "-m", "bench.threads", "--child", threads]
+    command += ["--batch", str(args.batch), "--steps", str(args.steps), "--model", args.model]
+    out = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@contextmanager
+def hog(on: bool) -> Iterator[None]:
+    """A busy loop pinned to the last core while the block runs (nothing when off)."""
+    if not on:
+        yield
+        return
+    core = max(os.sched_getaffinity(0))
+    spin = f"import os; os.sched_setaffinity(0, {{{core}}})\nwhile True: pass"
+    proc = subprocess.Popen([sys.executable, "-c", spin])
+    try:
+        yield
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def ratios(runs: list[dict[str, Any]], cores: int) -> dict[str, Any]:
+    """Within each hog setting: all cores / one thread per wait, passive / spin per threads."""
+    rate = {(r["hog"], r["wait"], r["asked"]): r["tokens_per_s"] for r in runs}
+    out: dict[str, Any] = {}
+    for h in ("off", "on"):
+        for w in WAITS:
+            out[f"hog_{h}_{w}_all_cores_vs_one"] = common.ratio(
+                rate[(h, w, str(cores))], rate[(h, w, "1")]
+            )
+        for t in ("1", str(cores)):
+            out[f"hog_{h}_threads_{t}_passive_vs_spin"] = common.ratio(
+                rate[(h, "passive", t)], rate[(h, "spin", t)]
+            )
+        best = max(rate[(h, "passive", "1")], rate[(h, "passive", str(cores))])
+        out[f"hog_{h}_auto_vs_best_fixed"] = common.ratio(rate[(h, "passive", "auto")], best)
+    return out
+
+
+def main() -> None:
+    args = parse_args()
+    args.steps = args.steps or (12 if args.quick else 24)
+    if args.child:
+        child(args)
+        return
+    cores = usable_cores()
+    runs = []
+    for on in (False, True):
+        with hog(on):
+            for wait in WAITS:
+                for threads in ("1", str(cores), *(("auto",) if wait == "passive" else ())):
+                    r = run_child(args, threads, wait)
+                    r |= {"hog": "on" if on else "off", "wait": wait, "asked": threads}
+                    print(
+                        f"hog {r['hog']:3} wait {wait:7} threads {threads:4} -> "
+                        f"{r['threads']}: {r['tokens_per_s']:.1f} tok/s",
+                        flush=True,
+                    )
+                    runs.append(r)
+    result = {
+        "workload": {"model": args.model, "batch": args.batch, "timed_steps": args.steps},
+        "cores": cores,
+        "passive_env": set_omp_defaults({}),
+        "runs": runs,
+        "ratios": ratios(runs, cores),
+    }
+    print(json.dumps(result["ratios"], indent=1))
+    common.write_result("threads", result)
+
+
+if __name__ == "__main__":
+    main()
