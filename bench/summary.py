@@ -190,8 +190,47 @@ def batch_idle_rows(result: dict[str, Any]) -> list[Row]:
     return rows
 
 
+def kv_utilization_rows(result: dict[str, Any]) -> list[Row]:
+    """The admission reserve against the same workload with it off, same run."""
+    on, off = result, result["baseline_reserve_off"]
+    r = on["reserve"]
+    tag = f"reserve on (watermark {r['kv_watermark']}, {r['kv_reserve_tokens']} tokens)"
+    rows: list[Row] = []
+    for label, part, key in (
+        ("preemptions per request", "concurrency", "preemptions_per_request"),
+        ("output tokens/s", "run", "output_tokens_per_s"),
+        ("mean running while requests wait", "concurrency", "ours_mean_while_queue_nonempty"),
+        ("peak running", "concurrency", "ours_peak"),
+        ("KV slots holding a live token, mean", "utilisation", "mean"),
+    ):
+        value, base = on[part][key], off[part][key]
+        rows.append((f"{label}, {tag}", str(value), f"{base} reserve off", _ratio(value, base)))
+    return rows
+
+
+def threads_rows(result: dict[str, Any]) -> list[Row]:
+    """Decode tokens/s per thread count and OpenMP wait, alone and beside a busy loop."""
+    rate = result["median_tokens_per_s"]
+    cores = str(result["cores"])
+    rows: list[Row] = []
+    for hog in ("off", "on"):
+        for wait in ("passive", "passive_0"):
+            for t in ("1", cores):
+                value, base = rate[f"{hog} {wait} {t}"], rate[f"{hog} spin {t}"]
+                label = f"decode tok/s, hog {hog}, {t} thread(s), {wait}"
+                rows.append((label, str(value), f"{base} spin", _ratio(value, base)))
+        auto = rate[f"{hog} passive auto"]
+        best = max(rate[f"{hog} passive 1"], rate[f"{hog} passive {cores}"])
+        rows.append(
+            (f"decode tok/s, hog {hog}, auto", str(auto), f"{best} best fixed", _ratio(auto, best))
+        )
+    return rows
+
+
 ROWS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "batch_idle": batch_idle_rows,
+    "kv_utilization": kv_utilization_rows,
+    "threads": threads_rows,
     "cache_eval": cache_eval_rows,
     "embedder_compare": embedder_compare_rows,
     "cache_followups": cache_followups_rows,
