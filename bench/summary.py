@@ -212,9 +212,10 @@ def threads_rows(result: dict[str, Any]) -> list[Row]:
     """Decode tokens/s per thread count and OpenMP wait, alone and beside a busy loop."""
     rate = result["median_tokens_per_s"]
     cores = str(result["cores"])
+    waits = sorted({k.split()[1] for k in rate} - {"spin"})
     rows: list[Row] = []
     for hog in ("off", "on"):
-        for wait in ("passive", "passive_0"):
+        for wait in waits:
             for t in ("1", cores):
                 value, base = rate[f"{hog} {wait} {t}"], rate[f"{hog} spin {t}"]
                 label = f"decode tok/s, hog {hog}, {t} thread(s), {wait}"

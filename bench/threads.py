@@ -4,8 +4,8 @@ passive OpenMP waits: what `--threads auto` and the entry points' OMP defaults a
 Each configuration runs in its own process, because libgomp reads OMP_WAIT_POLICY and
 GOMP_SPINCOUNT once, when torch loads it:
 - wait "spin": neither variable set (libgomp's default: ~300,000 spins at a barrier, the
-  engine's behaviour before engine/omp_env.py), "passive": engine/omp_env.py's defaults,
-  "passive_0": OMP_WAIT_POLICY=PASSIVE alone (no spinning at all);
+  engine's behaviour before engine/omp_env.py), "passive": engine/omp_env.py's defaults
+  (PASSIVE, spin count 0), "passive_spin": PASSIVE with a short spin (GOMP_SPINCOUNT=10000);
 - hog off / on: a busy-loop process pinned to one core, as a neighbour sharing the machine;
 - threads 1, all cores, and auto (engine/thread_choice.py: what it picked, and its rate).
 Every figure's baselines are in the same run; the whole matrix runs --repeats times, one
@@ -30,7 +30,7 @@ from bench import common
 from engine.omp_env import USER_KNOBS, set_omp_defaults
 from engine.thread_choice import usable_cores
 
-WAITS = ("spin", "passive", "passive_0")
+WAITS = ("spin", "passive", "passive_spin")
 
 
 def parse_args() -> argparse.Namespace:
@@ -63,8 +63,8 @@ def run_child(args: argparse.Namespace, threads: str, wait: str) -> dict[str, An
     env = {k: v for k, v in os.environ.items() if k not in USER_KNOBS}
     if wait == "passive":
         set_omp_defaults(env)
-    elif wait == "passive_0":
-        env["OMP_WAIT_POLICY"] = "PASSIVE"
+    elif wait == "passive_spin":
+        env |= {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "10000"}
     command = [sys.executable, "-m", "bench.threads", "--child", threads]
     command += ["--batch", str(args.batch), "--steps", str(args.steps), "--model", args.model]
     out = subprocess.run(command, env=env, capture_output=True, text=True, check=True)

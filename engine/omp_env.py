@@ -3,9 +3,9 @@
 libgomp's default lets a thread that reaches a barrier spin for ~300,000 iterations before it
 sleeps. On cores shared with other work (the gateway's embedder, another engine, a
 neighbour's job) the spinning thread burns the core its descheduled sibling needs, and every
-step's barriers stall: on a busy 2-core machine two threads ran slower than one
-(docs/engine.md, "Threads"). PASSIVE makes waiting threads sleep at once; a short spin
-(GOMP_SPINCOUNT) keeps a quiet machine's barriers from paying a futex wake-up every time.
+step's barriers stall. PASSIVE makes waiting threads sleep at once (spin count 0). A short
+spin (GOMP_SPINCOUNT=10000) was measured beside it and lost on a busy 2-core machine: 2.2x
+slower decode at two threads (bench/threads.py, docs/engine.md "Threads"), so none.
 Nothing here imports torch: the entry points call it first thing.
 """
 
@@ -13,7 +13,7 @@ import os
 from collections.abc import MutableMapping
 
 WAIT_POLICY = "PASSIVE"
-SPIN_COUNT = "10000"  # ~0.1 ms of spinning before a waiting thread sleeps
+SPIN_COUNT = "0"  # PASSIVE's own default, written out so child processes and readers see it
 USER_KNOBS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 
 
