@@ -36,13 +36,8 @@ def build(csrc: Path, out: Path) -> ctypes.CDLL:
     import engine.native as native
 
     sources = [str(csrc / s.name) for s in native.SOURCES]
-    subprocess.run(["gcc", *native.FLAGS, "-o", str(out), *sources, "-lm"], check=True)
-    lib = ctypes.CDLL(str(out))
-    for name, argtypes in native._SIGNATURES.items():
-        fn = getattr(lib, name)
-        fn.argtypes = argtypes
-        fn.restype = ctypes.c_int if name in native._RETURNS_STATUS else None
-    return lib
+    subprocess.run(["gcc", *native.build_flags("gcc"), "-o", str(out), *sources, "-lm"], check=True)
+    return native.load(out)
 
 
 def alternate(engine: Any, libs: dict[str, ctypes.CDLL], items: list) -> dict[str, list[float]]:

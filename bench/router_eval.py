@@ -21,6 +21,9 @@ the same run, on the held-out split (never trained or tuned on):
   split: templated task families and GSM8K, ten answers per tier): CPT(50%) and APGR
   (RouteLLM's measures) of the prior, which never saw those tasks, and of the baselines.
   These are generated tasks: a unit-level figure, not the real-prompt result.
+- Transfer across sources (bench/router_transfer.py): each hard or everyday source left
+  out of training in turn, its rows ranked against the other class's held-out rows; the
+  AUC per source and the mean, against length and LiteLLM on the same rows.
 - Training time at load (vectors on disk) and scoring latency beyond the embedding.
 
 Writes bench/results/router_eval.json (TIERGATE_BENCH_RESULTS overrides), goals included.
@@ -36,6 +39,7 @@ from scipy.stats import spearmanr
 from bench import common
 from bench.common import cpu_model
 from bench.router_eval_outcomes import litellm_scores, scoring_latency
+from bench.router_transfer import leave_one_source_out
 from gateway.embedding.embedder import Embedder
 from gateway.policy import load_policy
 from gateway.policy.examples import policy_examples
@@ -51,17 +55,21 @@ EASY_SHAREGPT = 0.45  # the reference answer: about 100 words at most, no code
 CUT = (60, 400)
 
 
+def hard_or_everyday(r: dict) -> int | None:
+    """1: a hard benchmark question; 0: an everyday prompt; None: neither."""
+    if r["source"] not in ("sharegpt", "gsm8k") and r["score"] >= HARD_GRADE:
+        return 1
+    if r["source"] in ("bigbench_easy", "nq") or (
+        r["source"] == "sharegpt" and r["score"] <= EASY_SHAREGPT
+    ):
+        return 0
+    return None
+
+
 def binary_rows(rows: list[dict]) -> tuple[list[dict], np.ndarray]:
     """Held-out hard benchmark questions (1) and everyday prompts (0); the rest left out."""
-    kept, labels = [], []
-    for r in rows:
-        if r["source"] not in ("sharegpt", "gsm8k") and r["score"] >= HARD_GRADE:
-            kept.append(r), labels.append(1)
-        elif r["source"] in ("bigbench_easy", "nq") or (
-            r["source"] == "sharegpt" and r["score"] <= EASY_SHAREGPT
-        ):
-            kept.append(r), labels.append(0)
-    return kept, np.array(labels)
+    kept = [r for r in rows if hard_or_everyday(r) is not None]
+    return kept, np.array([hard_or_everyday(r) for r in kept])
 
 
 def apgr(scores: np.ndarray, small_ok: np.ndarray, large_ok: np.ndarray) -> float:
@@ -148,7 +156,8 @@ def main() -> None:
         pairs = zip(vectors, prompts, strict=True)
         return np.array([scorer.score_embedded(v, example_signals(p), p).score for v, p in pairs])
 
-    heldout = [r for r in read_real_prompts() if r["split"] == "heldout"]
+    every_row = read_real_prompts()
+    heldout = [r for r in every_row if r["split"] == "heldout"]
     prior = score_texts([r["prompt"] for r in heldout])
     rows, labels = binary_rows(heldout)
     index = {r["id"]: i for i, r in enumerate(heldout)}
@@ -171,11 +180,23 @@ def main() -> None:
         "mean_score_by_source": {k: round(float(np.mean(v)), 4) for k, v in by_source.items()},
         "sanity": sanity(lambda p: list(score_texts(p)), read_pairs()),
         "outcomes_bundled_tiers": outcome_figures(score_texts, read_rates()),
+        "leave_one_source_out": transfer(policy, every_row, embedder),
         "scoring_latency": scoring_latency(scorer, sample, embedder.embed_many(sample)),
     }
     report["goals"] = goals(report)
     print(json.dumps(report, indent=1))
     common.write_result("router_eval", report)
+
+
+def transfer(policy, rows: list[dict], embedder: Embedder) -> dict:
+    """bench/router_transfer.py on every row, train and held-out split, with their vectors
+    (kept on disk per split: the examples' and the held-out rows' are already there)."""
+    model = policy.embedder.model
+    vectors = np.empty((len(rows), embedder.embed_many(["x"]).shape[1]), dtype=np.float32)
+    for split in ("train", "heldout"):
+        idx = [i for i, r in enumerate(rows) if r["split"] == split]
+        vectors[idx] = embeddings_of([rows[i]["prompt"] for i in idx], model, embedder.embed_many)
+    return leave_one_source_out(policy, rows, vectors, hard_or_everyday, baselines)
 
 
 def read_rates() -> list[dict]:

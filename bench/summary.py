@@ -16,19 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from bench import common
+from bench.summary_engine import amx_gemm_rows, kv_dtype_rows, kv_utilization_rows, threads_rows
+from bench.summary_format import Row, _pct, _ratio
 
 REPORTS_DIR = common.ROOT / "bench" / "reports"
 PAGE = common.ROOT / "docs" / "benchmarks.md"
-# figure, value, same-run baseline, ratio (value / baseline, or "" where none applies)
-Row = tuple[str, str, str, str]
-
-
-def _pct(x: float, digits: int = 1) -> str:
-    return f"{100 * x:.{digits}f}%"
-
-
-def _ratio(value: float, baseline: float) -> str:
-    return f"{value / baseline:.2f}x" if baseline else ""
 
 
 def _served(table: dict[str, Any], key: str) -> str:
@@ -37,12 +29,14 @@ def _served(table: dict[str, Any], key: str) -> str:
 
 
 def cache_eval_rows(result: dict[str, Any]) -> list[Row]:
-    """The default policy's cache and the pair model's through a real cache, against the old
-    default (the logistic verifier at the 0.8 floor), same run, same held-out pairs."""
+    """The default policy's cache and the other verifier models' (the aligned model, the
+    pair model) through a real cache, against the old default (the logistic verifier at the
+    0.8 floor), same run, same held-out pairs."""
     rows: list[Row] = []
     base = result["baseline"]
-    for name in ("default", "pair_model"):
-        rows += _cache_rows(name, result[name], base)
+    for name in ("default", "aligned", "pair_model"):
+        if name in result:  # runs before the aligned model have none
+            rows += _cache_rows(name, result[name], base)
     return rows
 
 
@@ -78,7 +72,48 @@ def _cache_rows(name: str, ours: dict[str, Any], base: dict[str, Any]) -> list[R
             _ratio(ours["lookup_ms_p50"], base["lookup_ms_p50"]),
         )
     )
+    return rows + _later_set_rows(tag, ours, base)
+
+
+# The later held-out sets (older runs have none), and what a row calls them.
+LATER_SETS = (
+    ("served_heldout2", "heldout2 (written after the models)"),
+    ("served_combined", "held-out + heldout2"),
+)
+
+
+def _later_set_rows(tag: str, ours: dict[str, Any], base: dict[str, Any]) -> list[Row]:
+    rows: list[Row] = []
+    for key, name in LATER_SETS:
+        if key not in ours:
+            continue
+        new, old = ours[key], base[key]
+        hit_ratio = _ratio(new["should_hit"]["share"], old["should_hit"]["share"])
+        rows.append(
+            (f"{tag}: {name}, should-hit served", *_pair(new, old, "should_hit"), hit_ratio)
+        )
+        if key == "served_heldout2":
+            for cat in ("paraphrase", "near_repeat"):
+                label = f"{tag}: {name}, {cat.replace('_', ' ')}s served"
+                rows.append((label, *_pair(new, old, cat), ""))
+            for cat in ("negation", "number", "entity", "scope", "antonym"):
+                label = f"{tag}: {name}, must-not {cat}"
+                rows.append((label, *_pair(new, old, cat), ""))
+        bound = f"{_pct(new['must_not']['upper_95'], 2)} upper 95%"
+        old_bound = f"{_pct(old['must_not']['upper_95'], 2)} upper 95%"
+        rows.append(
+            (
+                f"{tag}: {name}, must-not served (Clopper-Pearson bound)",
+                f"{_served(new, 'must_not')}, {bound}",
+                f"{_served(old, 'must_not')}, {old_bound}",
+                "",
+            )
+        )
     return rows
+
+
+def _pair(new: dict[str, Any], old: dict[str, Any], key: str) -> tuple[str, str]:
+    return _served(new, key), _served(old, key)
 
 
 def embedder_compare_rows(result: dict[str, Any]) -> list[Row]:
@@ -190,45 +225,9 @@ def batch_idle_rows(result: dict[str, Any]) -> list[Row]:
     return rows
 
 
-def kv_utilization_rows(result: dict[str, Any]) -> list[Row]:
-    """The admission reserve against the same workload with it off, same run."""
-    on, off = result, result["baseline_reserve_off"]
-    r = on["reserve"]
-    tag = f"reserve on (watermark {r['kv_watermark']}, {r['kv_reserve_tokens']} tokens)"
-    rows: list[Row] = []
-    for label, part, key in (
-        ("preemptions per request", "concurrency", "preemptions_per_request"),
-        ("output tokens/s", "run", "output_tokens_per_s"),
-        ("mean running while requests wait", "concurrency", "ours_mean_while_queue_nonempty"),
-        ("peak running", "concurrency", "ours_peak"),
-        ("KV slots holding a live token, mean", "utilisation", "mean"),
-    ):
-        value, base = on[part][key], off[part][key]
-        rows.append((f"{label}, {tag}", str(value), f"{base} reserve off", _ratio(value, base)))
-    return rows
-
-
-def threads_rows(result: dict[str, Any]) -> list[Row]:
-    """Decode tokens/s per thread count and OpenMP wait, alone and beside a busy loop."""
-    rate = result["median_tokens_per_s"]
-    cores = str(result["cores"])
-    waits = sorted({k.split()[1] for k in rate} - {"spin"})
-    rows: list[Row] = []
-    for hog in ("off", "on"):
-        for wait in waits:
-            for t in ("1", cores):
-                value, base = rate[f"{hog} {wait} {t}"], rate[f"{hog} spin {t}"]
-                label = f"decode tok/s, hog {hog}, {t} thread(s), {wait}"
-                rows.append((label, str(value), f"{base} spin", _ratio(value, base)))
-        auto = rate[f"{hog} passive auto"]
-        best = max(rate[f"{hog} passive 1"], rate[f"{hog} passive {cores}"])
-        rows.append(
-            (f"decode tok/s, hog {hog}, auto", str(auto), f"{best} best fixed", _ratio(auto, best))
-        )
-    return rows
-
-
 ROWS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
+    "kv_dtype": kv_dtype_rows,
+    "amx_gemm": amx_gemm_rows,
     "batch_idle": batch_idle_rows,
     "kv_utilization": kv_utilization_rows,
     "threads": threads_rows,
@@ -241,17 +240,23 @@ ROWS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
 
 # What a reader must know before trusting a benchmark's figures.
 NOTES: dict[str, str] = {
-    "cache_eval": "Held-out split of the pairs written by people (never trained or tuned on), "
-    "each pair in its own scope; baseline: the old default, the logistic verifier at the 0.8 "
-    "floor.",
+    "cache_eval": "Held-out split of the pairs written by people (never trained or tuned on) "
+    "and heldout2 (hand-written after every model and threshold was fixed), each pair in its "
+    "own scope; baseline: the old default, the logistic verifier at the 0.8 floor.",
     "embedder_compare": "Pairs written by people (train split only; the held-out split is "
     "never scored here).",
     "cache_followups": "Real ShareGPT conversations and their recorded answers; the "
     "upstream is a stand-in whose answer names the request that first got it.",
     "batch_idle": "Latencies on a shared, loaded machine: only the same-run ratio counts; the "
     "JSON keeps the batch-free phases before and after apart, to show the drift between them.",
+    "kv_dtype": "SmolLM2-135M, fp32 weights; perplexity on bench/precision.py's pydoc text "
+    "(generated reference text, not a held-out corpus), greedy over its 8 prompts x 32 tokens; "
+    "decode rates on a shared machine: only the same-run ratio counts.",
     "stream_resume": "Prompts written for the benchmark: a figure of the mechanism (greedy "
     "continuation on a second engine), not of answer quality.",
+    "amx_gemm": "Speed ratio = our panels' time / oneDNN's (>1: oneDNN faster); random "
+    "values on the bundled models' projection shapes, one thread. Without AMX oneDNN has "
+    "no tiles: the AMX figures are to be taken on an AMX CPU.",
 }
 
 
@@ -279,7 +284,8 @@ def section(date: str, path: Path) -> list[str]:
     lines = [
         f"## `{name}` ({date})",
         "",
-        f"`python -m bench.{name}`; {machine_line(result)}; [{path.name}](../{rel}).",
+        f"`{result.get('command', f'python -m bench.{name}')}`; {machine_line(result)}; "
+        f"[{path.name}](../{rel}).",
         "",
         *([NOTES[name], ""] if name in NOTES else []),
         "| figure | value | same-run baseline | ratio |",

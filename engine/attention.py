@@ -1,10 +1,6 @@
 """Paged attention on CPU: the per-step context and attention over the KV pages.
 
-Each layer's KV pool is one tensor of pages; a page holds K [kv_heads, head_dim,
-page_size] then V [kv_heads, page_size, head_dim]. The K and V pools handed around are
-strided views into it (new_kv_pools). Why this layout: engine/csrc/paged_attention.c (a
-page read whole streams twice as fast as scattered per-head pieces, and dimension-major
-keys let the kernel score 16 keys per vector instruction).
+The KV pages (their layout, element types, store and read) are engine/kv/pages.py's.
 
 A step packs all chunks' tokens into one sequence, prefill chunks first, then decodes. A
 chunk starting at position 0 attends to its own K/V with flash SDPA. With the C kernel,
@@ -20,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.batch import SeqChunk
+from engine.kv.pages import KV_KINDS, read_pages
 
 
 @dataclass
@@ -116,31 +113,6 @@ def _sdpa_chunk(c: SeqChunk, start: int) -> SdpaChunk:
     return SdpaChunk(start, n, c.start_pos, ids, mask)
 
 
-def new_kv_pools(
-    num_pages: int, page_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One layer's K and V pools: views [num_pages, kv_heads, head_dim, page_size] and
-    [num_pages, kv_heads, page_size, head_dim] into one tensor of whole pages. Zeros
-    (lazily mapped by the OS), not empty: padding is skipped, but NaN garbage * 0 is NaN."""
-    pages = torch.zeros(num_pages, 2, kv_heads, head_dim * page_size, dtype=dtype)
-    k_pool = pages[:, 0].view(num_pages, kv_heads, head_dim, page_size)
-    v_pool = pages[:, 1].view(num_pages, kv_heads, page_size, head_dim)
-    return k_pool, v_pool
-
-
-def write_kv(
-    k_pool: torch.Tensor,
-    v_pool: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    ctx: AttentionContext,
-) -> None:
-    """Store new K/V [T, KVH, D] at their slots (page, offset within the page), in the
-    pools' dtype (bf16 pools: rounded to nearest even)."""
-    v_pool[ctx.slot_pages, :, ctx.slot_offsets] = v.to(v_pool.dtype)
-    k_pool.transpose(2, 3)[ctx.slot_pages, :, ctx.slot_offsets] = k.to(k_pool.dtype)
-
-
 def paged_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -176,8 +148,11 @@ def kernel_attention(
         q = q.contiguous()  # each row's heads must be one block; rows may be apart
     b, h, d = q.shape
     _, kvh, page_size, _ = v_pool.shape
-    bf16 = v_pool.dtype == torch.bfloat16  # kv_dtype bf16: the kernel built for its pages
-    attend = kernels.paged_decode_attention_bf16 if bf16 else kernels.paged_decode_attention
+    attend = (  # each kv_dtype: the kernel built for its pages
+        kernels.paged_decode_attention,
+        kernels.paged_decode_attention_bf16,
+        kernels.paged_decode_attention_int8,
+    )[KV_KINDS[v_pool.dtype]]
     failed = attend(
         out.data_ptr(),
         q.data_ptr(),
@@ -210,11 +185,12 @@ def _sdpa(
     """One chunk: q [L, H, D] -> [L, H, D]."""
     if c.start_pos == 0:  # no cached prefix: attend to this chunk's own K/V
         kh, vh = k.transpose(0, 1), v.transpose(0, 1)
-    else:  # gather the pages, head-major [KVH, pages * page_size, D], fp32 (bf16 pools widen)
+    else:  # gather the pages, head-major [KVH, pages * page_size, D], fp32
         kvh, d = v_pool.shape[1], v_pool.shape[3]
         n = c.start_pos + c.size
-        kh = k_pool[c.page_ids].float().permute(1, 0, 3, 2).reshape(kvh, -1, d)[:, :n]
-        vh = v_pool[c.page_ids].float().transpose(0, 1).reshape(kvh, -1, d)[:, :n]
+        kp, vp = read_pages(k_pool, v_pool, c.page_ids)
+        kh = kp.permute(1, 0, 3, 2).reshape(kvh, -1, d)[:, :n]
+        vh = vp.transpose(0, 1).reshape(kvh, -1, d)[:, :n]
     # 4-D [1, heads, L, D]: with 3-D inputs SDPA falls back to its math kernel, which
     # materialises L x L scores (4x slower at 2k tokens) instead of flash attention
     qh, kh, vh = q.transpose(0, 1)[None], kh[None], vh[None]

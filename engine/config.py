@@ -3,7 +3,7 @@
 from dataclasses import dataclass
 
 WEIGHT_FORMATS = ("fp32", "bf16", "int8", "w8a8", "blocks", "auto")  # EngineConfig.weights
-KV_DTYPES = ("fp32", "bf16")  # EngineConfig.kv_dtype
+KV_DTYPES = ("fp32", "bf16", "int8")  # EngineConfig.kv_dtype
 
 
 @dataclass
@@ -36,6 +36,8 @@ class EngineConfig:
     # fastest of those but bf16 as a decode step streams them, measured:
     # engine/quantization/memory_roofline.py).
     weights: str = "fp32"
-    # K/V pool element type: "fp32", or "bf16" (half the bytes a token's K/V take, so twice
-    # the tokens in kv_cache_bytes; rounded to nearest even when stored).
+    # K/V pool element type: "fp32", "bf16" (half the bytes a token's K/V take, so twice
+    # the tokens in kv_cache_bytes; rounded to nearest even when stored), or "int8" (fp32
+    # scales per token and KV head kept in the page, K with an offset: 1.83x bf16's tokens
+    # for SmolLM2; docs/engine.md).
     kv_dtype: str = "fp32"

@@ -42,6 +42,7 @@ def cpu_flags(cpuinfo: str) -> set[str]:
 def features_from_flags(flags: set[str], amx_granted: bool) -> dict[str, bool]:
     found = {name: all(f in flags for f in need) for name, need in _FLAGS.items()}
     found["amx"] = amx_granted and {"amx_tile", "amx_int8"} <= flags
+    found["amx_bf16"] = amx_granted and {"amx_tile", "amx_bf16"} <= flags
     return found
 
 
@@ -57,7 +58,8 @@ def _request_amx() -> bool:
 @functools.cache
 def cpu_features() -> dict[str, bool]:
     """{"avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx_vnni",
-    "amx"}: True where this CPU (and, for AMX, the OS) lets the process use it."""
+    "amx" (int8 tiles), "amx_bf16"}: True where this CPU (and, for AMX, the OS) lets the
+    process use it."""
     try:
         flags = cpu_flags(Path("/proc/cpuinfo").read_text())
     except OSError:

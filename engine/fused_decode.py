@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from engine.attention import AttentionContext
+from engine.kv.pages import KV_KINDS
 from engine.models.llama import LlamaForCausalLM
 from engine.quantization.packing import is_panels
 
@@ -37,7 +38,7 @@ class DecodeModel(ctypes.Structure):
         ("int8_path", _I64),
         ("w8a8_path", _I64),
         ("bf16_path", _I64),
-        ("kv_bf16", _I64),
+        ("kv_kind", _I64),
     ]
 
 
@@ -89,7 +90,7 @@ class FusedDecode:
             int8_path=model.ops.methods["int8"].code,  # built with the kernels only
             w8a8_path=model.ops.methods["w8a8"].code,
             bf16_path=model.ops.methods["bf16"].code,
-            kv_bf16=int(kv_caches[0][0].dtype == torch.bfloat16),
+            kv_kind=KV_KINDS[kv_caches[0][0].dtype],
         )
 
     @staticmethod

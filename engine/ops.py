@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from engine import native
-from engine.attention import AttentionContext, write_kv
+from engine.attention import AttentionContext
+from engine.kv.pages import KV_KINDS, write_kv
 from engine.layers.rotary import Rope, apply_rope
 from engine.quantization.matmuls import Matmuls
 
@@ -121,7 +122,7 @@ class NativeOps(TorchOps):
             v_pool.shape[2],
             ctx.slot_pages.data_ptr(),
             ctx.slot_offsets.data_ptr(),
-            int(k_pool.dtype == torch.bfloat16),
+            KV_KINDS[k_pool.dtype],
         )
         qkv = qkv.view(t, heads + 2 * kv_heads, d)
         return qkv[:, :heads], qkv[:, heads : heads + kv_heads], qkv[:, heads + kv_heads :]

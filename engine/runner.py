@@ -5,11 +5,12 @@ from collections.abc import Callable
 
 import torch
 
-from engine.attention import build_context, new_kv_pools
+from engine.attention import build_context
 from engine.batch import SeqChunk
 from engine.config import KV_DTYPES, EngineConfig
 from engine.cpu_features import cpu_features
 from engine.fused_decode import FusedDecode
+from engine.kv.pages import new_kv_pools, page_bytes
 from engine.logits_process import adjust_logits
 from engine.model_registry import resolve_model
 from engine.models.config import ModelConfig
@@ -22,6 +23,7 @@ from engine.tokenizer import load_tokenizer
 from engine.weights import load_model
 
 _DTYPE = torch.float32
+_KV_TORCH_DTYPES = {"fp32": _DTYPE, "bf16": torch.bfloat16, "int8": torch.int8}  # KV_DTYPES
 log = logging.getLogger(__name__)
 
 
@@ -45,7 +47,7 @@ class ModelRunner:
         )
         if config.kv_dtype not in KV_DTYPES:
             raise ValueError(f"kv_dtype must be one of {KV_DTYPES}, not {config.kv_dtype!r}")
-        self.kv_dtype = torch.bfloat16 if config.kv_dtype == "bf16" else _DTYPE
+        self.kv_dtype = _KV_TORCH_DTYPES[config.kv_dtype]
         self.num_pages = config.kv_cache_bytes // self.bytes_per_page(
             self.model_config, self.page_size, config.kv_dtype
         )
@@ -114,9 +116,9 @@ class ModelRunner:
 
     @staticmethod
     def bytes_per_page(model_config: ModelConfig, page_size: int, kv_dtype: str = "fp32") -> int:
-        """K and V of all layers for page_size tokens."""
-        per_token = 2 * model_config.num_layers * model_config.num_kv_heads * model_config.head_dim
-        return per_token * page_size * (2 if kv_dtype == "bf16" else 4)
+        """K and V of all layers for page_size tokens (int8: with their scales)."""
+        c, dtype = model_config, _KV_TORCH_DTYPES[kv_dtype]
+        return c.num_layers * page_bytes(page_size, c.num_kv_heads, c.head_dim, dtype)
 
     @torch.inference_mode()
     def execute(self, chunks: list[SeqChunk]) -> list[int | None]:

@@ -33,9 +33,8 @@ from gateway.backends.fallback import deployment_key
 from gateway.backends.health import HealthChecker, ReplicaMetrics
 from gateway.backends.local import EngineFactory, LocalEngines, default_engine_factory
 from gateway.batch.runner import BatchRunner
-from gateway.cache.cross_verifier import CrossVerifier
 from gateway.cache.semantic import SemanticCache
-from gateway.cache.verifier import PairVerifier
+from gateway.cache.verifiers import load_verifier
 from gateway.drain import Drain
 from gateway.embedding.shared import SharedEmbedder
 from gateway.keys import ManagedKeys
@@ -84,8 +83,7 @@ async def _start_cache(policy: Policy, shared: SharedEmbedder) -> SemanticCache 
     if not policy.cache.enabled:
         return None
     embedder = await shared.get(policy.embedder)
-    load = CrossVerifier.load if policy.cache.verifier_model == "pair" else PairVerifier.load
-    verifier = await asyncio.to_thread(load)
+    verifier = await asyncio.to_thread(load_verifier, policy.cache.verifier_model)
     return await SemanticCache.open(policy.cache, embedder, verifier)
 
 

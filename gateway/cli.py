@@ -258,7 +258,8 @@ def _add_engine_tuning(p: argparse.ArgumentParser) -> None:
         "--kv-dtype",
         choices=KV_DTYPES,
         default=defaults.kv_dtype,
-        help="K/V cache element type: fp32, or bf16 (twice the tokens per KV budget)",
+        help="K/V cache element type: fp32, bf16 (twice the tokens per KV budget), or int8 "
+        "(scales per token and KV head: ~1.8x bf16's tokens)",
     )
 
 
@@ -268,7 +269,7 @@ def train(args: argparse.Namespace) -> int:
     except ModuleNotFoundError as exc:
         if (exc.name or "").partition(".")[0] != "training":
             raise  # a dependency missing, not the package
-        # e.g. the Docker image: the pipelines and their data live in a source checkout
+        # e.g. an installed wheel: the pipelines and their data live in a source checkout
         print("tiergate train: no training/ here; run it from a source checkout", file=sys.stderr)
         return 1
     return run_step(args.step)

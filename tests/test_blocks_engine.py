@@ -10,10 +10,11 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as QT
 
-from engine.attention import build_context, new_kv_pools
+from engine.attention import build_context
 from engine.batch import SeqChunk
 from engine.config import EngineConfig
 from engine.fused_decode import FusedDecode
+from engine.kv.pages import new_kv_pools
 from engine.layers.linear import Linear
 from engine.model_registry import resolve_model
 from engine.ops import select_ops

@@ -311,3 +311,25 @@ def test_the_kubernetes_schemas_bite() -> None:
     doc["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = {"httpGet": {}}
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_the_wheel_carries_every_file_the_code_loads(tmp_path: Path) -> None:
+    """A pip install (the image's) must hold the data files beside gateway/ and engine/ code:
+    the verifiers' weights, the kernels' C sources, the dashboard."""
+    import subprocess
+    import sys
+    import zipfile
+
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+         "-w", str(tmp_path), str(ROOT)],
+        check=True, capture_output=True, timeout=240,
+    )  # fmt: skip
+    (wheel,) = tmp_path.glob("tiergate-*.whl")
+    inside = set(zipfile.ZipFile(wheel).namelist())
+    tracked = subprocess.run(
+        ["git", "ls-files", "gateway", "engine"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.split()
+    data = [f for f in tracked if not f.endswith(".py")]
+    assert any(f.endswith(".onnx") for f in data)
+    assert [f for f in data if f not in inside] == []

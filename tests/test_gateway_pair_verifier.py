@@ -1,10 +1,13 @@
-"""The pair model through the live gateway (`verifier_model: pair`, `verifier: lenient`, the
-default floor): a rewording people wrote (train split), whose cosine is below the old 0.8
-floor, is served from the cache; its negation is not. The tier is the paid-API stand-in;
-the embedder, the pair model (ONNX Runtime) and the store are the real ones.
+"""The verifier models beside the default through the live gateway, at the default floor:
+the pair model (`verifier_model: pair`, `verifier: lenient`): a rewording people wrote
+(train split), whose cosine is below the old 0.8 floor, is served from the cache; its
+negation is not. The aligned model (`verifier_model: aligned`, `strict`): a rewording
+(train split) is served, another aspect of the same subject is not. The tier is the
+paid-API stand-in; the embedder, the verifiers' ONNX graphs and the store are the real ones.
 """
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -23,11 +26,11 @@ REWORDED = "What's a good movie to watch tonight?"  # cosine 0.76
 NEGATED = "What's not a good movie to watch tonight?"
 
 
-def policy_text(paid: str, cache_path: Path) -> str:
+def policy_text(paid: str, cache_path: Path, model: str = "pair", strictness: str = "lenient"):
     return f"""
 auth: {{keys: [{{key: {KEY}, tenant: acme}}]}}
-cache: {{enabled: true, store: embedded, path: {cache_path}, verifier_model: pair,
-        verifier: lenient}}
+cache: {{enabled: true, store: embedded, path: {cache_path}, verifier_model: {model},
+        verifier: {strictness}}}
 tiers:
   cheap: {{deployments: [{{model: openai/gpt-4o-mini, api_base: "{paid}/v1"}}]}}
 routes:
@@ -35,13 +38,18 @@ routes:
 """
 
 
+@contextmanager
+def gateway(tmp: Path, model: str, strictness: str) -> Iterator[str]:
+    with run_uvicorn(paid_api_app()) as paid:
+        text = policy_text(paid, tmp / "cache.sqlite3", model, strictness)
+        with run_uvicorn(create_app(parse_policy(text, env={}))) as base:
+            yield base
+
+
 @pytest.fixture(scope="module")
 def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    cache_path = tmp_path_factory.mktemp("pair") / "cache.sqlite3"
-    with run_uvicorn(paid_api_app()) as paid:
-        policy = parse_policy(policy_text(paid, cache_path), env={})
-        with run_uvicorn(create_app(policy)) as base:
-            yield base
+    with gateway(tmp_path_factory.mktemp("pair"), "pair", "lenient") as base:
+        yield base
 
 
 @pytest.fixture(scope="module")
@@ -75,3 +83,19 @@ def test_a_rewording_below_the_old_floor_hits_and_a_negation_does_not(
     assert cosine(embedder, NEGATED, STORED) >= floor  # a candidate the verifier saw
     refused = ask(url, NEGATED)
     assert refused.headers["x-tiergate-cache"] == "miss"
+
+
+def test_the_aligned_model_serves_a_rewording_and_not_another_aspect(
+    tmp_path: Path, embedder: Embedder
+) -> None:
+    stored, reworded = "What's Tokyo's population?", "How many people live in Tokyo?"
+    other = "What is the area of Tokyo?"
+    floor = CacheSettings().min_similarity
+    assert cosine(embedder, other, stored) >= floor  # a candidate the verifier saw
+    with gateway(tmp_path, "aligned", "strict") as url:
+        first = ask(url, stored)
+        assert eventually(lambda: ask(url, stored).headers["x-tiergate-cache"] == "hit", 10)
+        hit = ask(url, reworded)
+        assert hit.headers["x-tiergate-cache"] == "hit"
+        assert hit.parse().choices[0].message.content == first.parse().choices[0].message.content
+        assert ask(url, other).headers["x-tiergate-cache"] == "miss"

@@ -111,12 +111,15 @@ def test_auto_weights_pack_the_measured_format_and_stay_exact() -> None:
 @pytest.mark.parametrize("weights", ["fp32", "int8"])
 def test_prefill_matmuls_take_the_stored_winner(winner: str, weights: str) -> None:
     n, k = 64, 96
-    kernel_choice._stored()[f"prefill_{weights}:{n}x{k}"] = {"winner": winner}
+    key = f"gemm_{weights}:{n}x{k}x{PREFILL_ROWS}"
+    kernel_choice._stored()[key] = {"winner": winner}
     ops = _native(weights)
     weight = torch.randn(n, k)
     packed = ops.pack_weight(weight, 8)
-    assert ops.choices == {f"prefill_{weights}:{n}x{k}": winner}
-    assert ops.choice_info()["measured"] == f"prefill_{weights}={winner}:1"
+    # fewer rows: the panels, unmeasured (torch competes for prefills; oneDNN has no
+    # candidate for these formats)
+    assert ops.choices == {key: winner}
+    assert ops.choice_info()["measured"] == f"gemm_{weights}={winner}:1"
     plain = packed.dequantize() if weights == "int8" else weight
     x, b = torch.randn(PREFILL_ROWS + 3, k), torch.randn(n)
     want = F.linear(x, plain, b)
@@ -139,8 +142,8 @@ def test_auto_runner_reports_its_choices_on_metrics() -> None:
     assert formats == Counter(weight_format(p) for p in packed)
     assert info["weight_formats"] == ",".join(f"{f}:{n}" for f, n in sorted(formats.items()))
     assert info["measured"].count("format=") >= 1
-    # blocks get no prefill choice (torch would dequantize them per call); panels do
-    assert ("prefill_" in info["measured"]) == any(f != "blocks" for f in formats)
+    # blocks get no row-class choice (torch would dequantize them per call); panels do
+    assert ("gemm_" in info["measured"]) == any(f != "blocks" for f in formats)
     engine = LLMEngine(config, runner=runner)
     text = generate_latest(engine.metrics.registry).decode()
     line = next(x for x in text.splitlines() if x.startswith("tiergate_engine_kernel_info{"))

@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from engine import native
-from engine.attention import AttentionContext, build_context, kernel_attention, new_kv_pools
+from engine.attention import AttentionContext, build_context, kernel_attention
 from engine.batch import SeqChunk
 from engine.config import EngineConfig
+from engine.kv.pages import new_kv_pools
 from engine.ops import NativeOps, TorchOps, select_ops
 from engine.runner import ModelRunner
 from gateway.cli import build_parser
@@ -123,7 +124,7 @@ def test_kv_dtype_on_cli_and_policy() -> None:
     assert parser.parse_args(["engine", "--model", "m"]).kv_dtype == "fp32"
     assert parser.parse_args(["engine", "--model", "m", "--kv-dtype", "bf16"]).kv_dtype == "bf16"
     with pytest.raises(SystemExit):
-        parser.parse_args(["engine", "--model", "m", "--kv-dtype", "int8"])
+        parser.parse_args(["engine", "--model", "m", "--kv-dtype", "int4"])
     assert EngineSettings(kv_dtype="bf16").to_config("smollm2-135m").kv_dtype == "bf16"
     with pytest.raises(ValueError, match="fp32"):
         EngineSettings(kv_dtype="fp16")

@@ -14,9 +14,10 @@ import torch
 import torch.nn.functional as F
 import transformers
 
-from engine.attention import build_context, new_kv_pools
+from engine.attention import build_context
 from engine.batch import SeqChunk
 from engine.config import EngineConfig
+from engine.kv.pages import new_kv_pools
 from engine.model_registry import resolve_model
 from engine.runner import ModelRunner
 from engine.sampling_params import SamplingParams

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from engine import native
-from engine.attention import KernelRows, kernel_attention, new_kv_pools
+from engine.attention import KernelRows, kernel_attention
 from engine.config import EngineConfig
+from engine.kv.pages import new_kv_pools
 from engine.ops import TorchOps
 from engine.runner import ModelRunner
 

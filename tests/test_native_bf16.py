@@ -19,6 +19,13 @@ from tests.engine_steps import decode_logits
 _NEEDS = {"widen": (), "avx512_bf16": ("avx512f", "avx512_bf16")}
 
 
+@pytest.fixture(autouse=True)
+def panels_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These check our C kernel: oneDNN's bf16 (a kernel-choice candidate that may win a
+    row class on an AMX CPU) is checked in tests/test_onednn_gemm.py."""
+    monkeypatch.setenv("TIERGATE_ONEDNN", "0")
+
+
 def _ops(path: str) -> NativeOps:
     missing = [f for f in _NEEDS[path] if not cpu_features()[f]]
     if missing:

@@ -90,6 +90,8 @@ def test_features_from_cpuinfo_text() -> None:
     assert not found["avx512_bf16"] and not found["avx_vnni"]
     # listed by the CPU but not granted by the OS: AMX is not usable
     assert not features_from_flags(flags, amx_granted=False)["amx"]
+    assert not found["amx_bf16"]  # not listed: int8 tiles only
+    assert features_from_flags(flags | {"amx_bf16"}, amx_granted=True)["amx_bf16"]
     assert cpu_flags("model name\t: none\n") == set()
 
 
@@ -107,4 +109,5 @@ def test_this_cpu_features_match_proc_cpuinfo() -> None:
         "avx512_bf16",
         "avx_vnni",
         "amx",
+        "amx_bf16",
     }

@@ -8,8 +8,9 @@ import torch
 import torch.nn.functional as F
 
 from engine import native
-from engine.attention import build_context, new_kv_pools
+from engine.attention import build_context
 from engine.batch import SeqChunk
+from engine.kv.pages import new_kv_pools
 from engine.ops import NativeOps, TorchOps, select_ops
 from engine.sampling_params import SamplingParams
 

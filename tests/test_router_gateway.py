@@ -166,7 +166,7 @@ def test_the_default_policy_threshold_matches_its_shipped_examples(one_torch_thr
 def test_the_shipped_examples_train_in_seconds_with_their_kernel(
     one_torch_thread: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Training at policy load (the classifier and the kernel's examples x examples solve)
+    """Training at policy load (the classifier and the kernel's examples x centres solve)
     on the >= 1,000 shipped examples takes seconds once their vectors are on disk; a
     generous deadline."""
     import time
@@ -186,7 +186,10 @@ def test_the_shipped_examples_train_in_seconds_with_their_kernel(
     scorer = difficulty.build_scorer(policy, embed_many)
     assert time.perf_counter() - start < 60
     kernel = scorer.terms["kernel"]
-    assert kernel.vectors.shape == (len(prompts), 384) and kernel.width == 0.5
+    # It scores against its centres (docs/routing.md), fitted to every example.
+    centres = policy.difficulty.kernel_centres
+    assert centres is not None and centres < len(prompts)
+    assert kernel.vectors.shape == (centres, 384) and kernel.width == 0.5
     # The shipped prior's kernel reads embeddings alone (kernel_lexical 0: docs/routing.md).
     assert policy.difficulty.kernel_lexical == 0 and kernel.lexical is None
     # On its own examples the kernel ranks the examples by their targets.
@@ -197,4 +200,6 @@ def test_the_shipped_examples_train_in_seconds_with_their_kernel(
     predicted = np.array(
         [kernel.predict(v, p) for v, p in zip(vectors[:300], prompts, strict=False)]
     )
-    assert np.corrcoef(predicted, targets[:300])[0, 1] > 0.8
+    # Over 1,500 centres it fits the examples, not each one exactly: 0.79 measured (every
+    # example a centre, which nearly interpolates them, was above 0.8).
+    assert np.corrcoef(predicted, targets[:300])[0, 1] > 0.7

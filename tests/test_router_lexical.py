@@ -117,3 +117,48 @@ def test_a_ridge_too_small_for_the_examples_is_a_clear_error() -> None:
     vectors = np.tile(np.eye(3, dtype=np.float32)[0], (30, 1))
     with pytest.raises(ValueError, match=r"difficulty\.kernel_ridge: 1e-300 is too small"):
         Kernel.fit(vectors, np.linspace(0, 1, 30), 0.3, 1e-300)
+
+
+def test_kernel_centres_fit_every_example_and_score_against_the_centres() -> None:
+    """Subset of regressors: with every example a centre it is the kernel ridge solve above;
+    with fewer it keeps only the centres' vectors and still predicts the examples' targets
+    (words included)."""
+    from gateway.routing.difficulty import fit_kernel
+
+    rng = np.random.default_rng(5)
+    hard, easy = np.eye(6)[0], np.eye(6)[1]
+    vectors = np.vstack(
+        [hard + 0.1 * rng.standard_normal((30, 6)), easy + 0.1 * rng.standard_normal((30, 6))]
+    )
+    vectors = (vectors / np.linalg.norm(vectors, axis=1, keepdims=True)).astype(np.float32)
+    targets = np.array([1.0] * 30 + [0.0] * 30)
+    texts = [f"prove lemma {i}" for i in range(30)] + [f"say hi {i}" for i in range(30)]
+    full = fit_kernel(texts, vectors, targets, 0.3, 0.3, 0.5)
+    assert np.allclose(fit_kernel(texts, vectors, targets, 0.3, 0.3, 0.5, 60).alpha, full.alpha)
+    few = fit_kernel(texts, vectors, targets, 0.3, 0.3, 0.5, 12)
+    assert few.vectors.shape == (12, 6) and len(few.alpha) == 12 and len(few.lexical) == 12
+    predicted = np.array([few.predict(v, t) for v, t in zip(vectors, texts, strict=True)])
+    assert (predicted[:30] > 0.7).all() and (predicted[30:] < 0.3).all()
+    exact = np.array([full.predict(v, t) for v, t in zip(vectors, texts, strict=True)])
+    assert np.abs(predicted - exact).max() < 0.2
+
+
+def test_kernel_centres_beyond_the_limit_are_a_clear_error() -> None:
+    from gateway.routing.nearest import KERNEL_MAX_EXAMPLES, centre_indices
+
+    many = KERNEL_MAX_EXAMPLES + 1
+    prompts = [f"p{i}" for i in range(many + 10)]
+    chosen = centre_indices(prompts, many)
+    assert len(chosen) == many and (np.diff(chosen) > 0).all()
+    cross = np.ones((many + 10, many))
+    with pytest.raises(ValueError, match=r"difficulty\.kernel_centres"):
+        Kernel.solve_centres(
+            np.zeros((many + 10, 2), np.float32),
+            cross,
+            chosen,
+            np.zeros(many + 10),
+            0.3,
+            0.3,
+            None,
+            0.0,
+        )

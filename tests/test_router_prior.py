@@ -47,6 +47,9 @@ def test_the_data_set_has_five_thousand_real_prompts_from_every_source(rows) -> 
     assert all(0.0 <= r["score"] <= 1.0 and r["prompt"].strip() for r in rows)
     # Later turns of real conversations, not only openers.
     assert sum(r.get("depth", 0) > 0 for r in rows) >= 300
+    # Short follow-ups lean on the conversation the example does not carry: left out.
+    short = real_sources.FOLLOW_UP_WORDS
+    assert not [r for r in rows if r.get("depth", 0) > 0 and len(r["prompt"].split()) < short]
     assert len({r["id"] for r in rows}) == len(rows)
 
 
@@ -72,8 +75,16 @@ def test_the_sharegpt_rule_grades_by_the_reference_answer() -> None:
     assert real_sources.answer_work("Hello! How can I help you today?") <= 0.3
     essay = " ".join(["word"] * 300)
     assert 0.5 <= real_sources.answer_work(essay) <= 0.6
-    assert real_sources.answer_work(essay + "\n```python\nprint(1)\n```") >= 0.9
+    program = "\n".join(f"x{i} = {i}" for i in range(25))
+    assert real_sources.answer_work(essay + f"\n```python\n{program}\n```") >= 0.9
+    # A one-line snippet is not a program's work; pasted code to fix is work to read.
+    assert real_sources.answer_work(essay + "\n```python\nprint(1)\n```") <= 0.7
+    pasted = "Why does this fail?\n" + "\n".join(f"int x{i} = {i};" for i in range(25))
+    assert real_sources.answer_work(essay, pasted) >= 0.9
     assert real_sources.GO_ON.match("continue") and real_sources.GO_ON.match("Please go on.")
+    # A later part of a conversation ShareGPT cut into parts starts mid-conversation.
+    assert real_sources.continued("hRPPgZT_11") == 1 and real_sources.continued("hRPPgZT_0") == 0
+    assert real_sources.continued("no-part") == 0
     assert not real_sources.GO_ON.match("continue the proof by induction on n")
 
 
@@ -92,11 +103,9 @@ def test_a_malformed_sanity_line_names_its_file_and_line(tmp_path: Path) -> None
     assert SANITY_PAIRS.is_file()
 
 
-SANITY_GOAL = 0.95  # issue #24's goal
-SANITY_FLOOR = 0.88  # measured 0.90 (bench/reports/2026-12-02/router_eval.json): no regression
+SANITY_GOAL = 0.95  # issue #24's goal: 0.9505 measured (96 of 101 pairs; router_eval.json)
 
 
-@pytest.mark.xfail(reason="issue #24's 0.95 not met yet: 0.90 measured", strict=False)
 def test_the_default_policy_scores_the_hard_prompt_higher_in_95_percent_of_pairs(
     one_torch_thread: None, default_scorer
 ) -> None:
@@ -105,20 +114,12 @@ def test_the_default_policy_scores_the_hard_prompt_higher_in_95_percent_of_pairs
     assert result["hard_higher"] >= SANITY_GOAL, result["wrong"]
 
 
-def test_the_default_policy_keeps_the_sanity_figure_it_was_measured_at(
-    one_torch_thread: None, default_scorer
-) -> None:
-    _, score = default_scorer
-    result = sanity(score, read_pairs())
-    assert result["hard_higher"] >= SANITY_FLOOR, result["wrong"]
-
-
 def test_the_default_policy_ranks_the_issue_prompts_by_difficulty(
     one_torch_thread: None, default_scorer
 ) -> None:
     """The prompts of issue #24's table: the one-fact ones below the rule's threshold (the
     small tier) and, on average, below the multi-step design, proof and algorithm ones.
-    (Not yet each below each: "What is 2+2?" scores 0.58, above the lock-free queue's 0.46,
+    (Not yet each below each: "What is 2+2?" scores 0.58, above the lock-free queue's 0.54,
     and three of the four hard ones stay under the threshold; docs/routing.md.)"""
     policy, score = default_scorer
     (rule,) = [r for r in policy.routes["auto"].rules if r.min_score is not None]

@@ -12,7 +12,12 @@ import pytest
 from gateway.cli import main as tiergate
 from training import artifacts
 
-SHIPPED = [artifacts.VERIFIER_MODEL, artifacts.DIFFICULTY_EXAMPLES, artifacts.PAIR_MODEL_CONFIG]
+SHIPPED = [
+    artifacts.VERIFIER_MODEL,
+    artifacts.DIFFICULTY_EXAMPLES,
+    artifacts.PAIR_MODEL_CONFIG,
+    artifacts.ALIGNED_MODEL,
+]
 
 
 @pytest.mark.parametrize("artifact", SHIPPED, ids=lambda p: p.name)

@@ -8,9 +8,11 @@
     python -m training router learn --policy P --samples F --out E   (tiergate router learn)
     python -m training cache pairs
     python -m training cache verifier [--limit N]
+    python -m training cache aligned [--l2 30]
     python -m training cache pair-model
     python -m training cache sharegpt-candidates [--limit N]
     python -m training cache real-pairs
+    python -m training cache heldout2-pairs
     python -m training cache calibrate [--pairs FILE --target-wrong 0.01 --write ...]
 
 `python -m training GROUP STEP --help` shows a step's options.
@@ -42,6 +44,10 @@ STEPS: dict[str, dict[str, tuple[str, str]]] = {
     "cache": {
         "pairs": ("training.cache.build_pairs", "build the verifier's labelled pair set"),
         "verifier": ("training.cache.train_verifier", "train the pair verifier"),
+        "aligned": (
+            "training.cache.train_aligned",
+            "fit the aligned verifier (lexical + word-piece alignment features)",
+        ),
         "pair-model": (
             "training.cache.train_pair_model",
             "fine-tune the cross-encoder pair model on the people's pairs",
@@ -53,6 +59,10 @@ STEPS: dict[str, dict[str, tuple[str, str]]] = {
         "real-pairs": (
             "training.cache.real_pairs",
             "the pairs written by people, with a fixed held-out split",
+        ),
+        "heldout2-pairs": (
+            "training.cache.heldout2_pairs",
+            "the second hand-written held-out set, checked fresh against every seen pair",
         ),
         "calibrate": (
             "training.cache.calibrate_cli",

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gateway.cache.aligned_verifier import ALIGNED_MODEL as ALIGNED_ARTIFACT
 from gateway.cache.pair_model import PAIR_CONFIG, PAIR_MODEL
 from gateway.cache.verifier import DEFAULT_ARTIFACT
 
@@ -28,11 +29,14 @@ VERIFIER_MODEL = DEFAULT_ARTIFACT  # gateway/cache/verifier_model.json
 # The cross-encoder (ONNX, int8) and its thresholds; the JSON names the ONNX file's sha256.
 PAIR_MODEL_ONNX = PAIR_MODEL  # gateway/cache/pair_model.onnx
 PAIR_MODEL_CONFIG = PAIR_CONFIG  # gateway/cache/pair_model.json
+ALIGNED_MODEL = ALIGNED_ARTIFACT  # gateway/cache/aligned_model.json
 DIFFICULTY_EXAMPLES = ROOT / "router_policies" / "difficulty_examples.jsonl"
 CACHE_PAIRS = DATA / "cache_pairs.jsonl"  # rule-made, the verifier's training set
 # Pairs written by people, with a held-out split (python -m training cache real-pairs).
 REAL_PAIRS_DIR = DATA / "cache_pairs_real"
 REAL_PAIRS = REAL_PAIRS_DIR / "pairs.jsonl"
+# A second held-out set, written after the models (python -m training cache heldout2-pairs).
+REAL_PAIRS_HELDOUT2 = REAL_PAIRS_DIR / "pairs_heldout2.jsonl"
 
 
 def cpu_model() -> str:

@@ -35,7 +35,7 @@ typedef struct {
     int64_t int8_path;         /* gemm_int8_panels' path; -1 with fp32 weights */
     int64_t w8a8_path;         /* gemm_w8a8_panels' path */
     int64_t bf16_path;         /* gemm_bf16_panels' path */
-    int64_t kv_bf16;           /* K/V pools in bf16 (else fp32) */
+    int64_t kv_kind;           /* K/V pools: 0 fp32, 1 bf16, 2 int8 (rope_store_kv's) */
 } DecodeModel;
 
 #define P(l, what) ((float *)(intptr_t)m->layer_ptrs[(l) * PER_LAYER + (what)])
@@ -57,11 +57,16 @@ static int matmul(const DecodeModel *m, float *out, const float *x, const void *
     return gemm_int8_panels(out, x, w, scale, bias, M, N, K, m->int8_path);
 }
 
-/* decode attention over this model's K/V pools, fp32 or bf16 */
+/* decode attention over this model's K/V pools, fp32, bf16 or int8 */
 static int attention(const DecodeModel *m, float *out, const float *q, int64_t q_stride,
                      const void *k_pool, const void *v_pool, const int32_t *page_table,
                      int64_t table_width, const int32_t *context_lens, int64_t B) {
-    if (m->kv_bf16)
+    if (m->kv_kind == 2)
+        return paged_decode_attention_int8(out, q, q_stride, k_pool, v_pool, m->page_stride,
+                                           page_table, table_width, context_lens, B, m->heads,
+                                           m->kv_heads, m->head_dim, m->page_size,
+                                           m->attn_scale);
+    if (m->kv_kind == 1)
         return paged_decode_attention_bf16(out, q, q_stride, k_pool, v_pool, m->page_stride,
                                            page_table, table_width, context_lens, B, m->heads,
                                            m->kv_heads, m->head_dim, m->page_size,
@@ -89,7 +94,7 @@ int decode_step(const DecodeModel *m, const int64_t *tokens, const float *cos, c
         failed |= matmul(m, qkv, h, P(l, QKV), P(l, QKV_SCALE), GROUP(l, QKV_GROUP), P(l, QKV_BIAS),
                          B, qkv_width, H);
         rope_store_kv(qkv, cos, sin, B, m->heads, m->kv_heads, D, P(l, K_POOL), P(l, V_POOL),
-                      m->page_stride, m->page_size, slot_pages, slot_offsets, m->kv_bf16);
+                      m->page_stride, m->page_size, slot_pages, slot_offsets, m->kv_kind);
         failed |= attention(m, attn, qkv, qkv_width, P(l, K_POOL), P(l, V_POOL), page_table,
                             table_width, context_lens, B);
         failed |= matmul(m, x, attn, P(l, O_PROJ), P(l, O_SCALE), GROUP(l, O_GROUP), 0, B, H,

@@ -8,7 +8,8 @@
    Without AVX512-BF16 the weights are widened to fp32 in registers (a 16-bit shift) and
    meet x in fp32 FMAs: the same bytes streamed, x kept in fp32.
 
-   path: 1 AVX512-BF16, 0 portable (GCC vectors). N must be a multiple of 32, K of 2. */
+   path: 2 AMX tiles (gemm_amx.c; K a multiple of 32, else path 1), 1 AVX512-BF16, 0
+   portable (GCC vectors). N must be a multiple of 32, K of 2. */
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -71,10 +72,15 @@ int gemm_bf16_panels(float *out, const float *x, const uint16_t *panels, const f
                      int64_t M, int64_t N, int64_t K, int64_t path) {
     const int64_t pairs = N / 32, pair_elems = 2 * K * 16;
 #ifdef HAVE_BF16_PATH
-    if (path == 1) {
+    if (path == 1 || path == 2) {
         uint16_t *xb = malloc(M * K * sizeof(uint16_t));
         if (!xb) return 1;
         for (int64_t i = 0; i < M * K; i++) xb[i] = f32_to_bf16(x[i]);
+        if (path == 2 && K % 32 == 0) {
+            const int status = gemm_bf16_amx(out, xb, panels, bias, M, N, K);
+            free(xb);
+            return status;
+        }
 #pragma omp parallel for schedule(static)
         for (int64_t p = 0; p < pairs; p++) {
             const uint16_t *w = panels + p * pair_elems;

@@ -429,7 +429,8 @@ int gemm_blocks(float *out, const float *x, const uint8_t *data, const int64_t *
         for (int k = 0; k < 16; k++) sum += xq[i * G + k];
         xlow[i] = sum;
     }
-    const int p_ = path < 0 || path > 2 ? 0 : (int)path;
+    /* path 3 (w8a8's AMX tiles) has no blocks kernel: every AMX CPU has AVX512-VNNI */
+    const int p_ = path == 3 ? 2 : path < 0 || path > 2 ? 0 : (int)path;
 #pragma omp parallel for schedule(static)
     for (int64_t p = 0; p < N / 16; p++) {
         const int type = (int)(panels[p] & 15);

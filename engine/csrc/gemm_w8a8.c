@@ -10,7 +10,7 @@
    and sums into 16 int32 lanes. A group's int32 sums are exact; each group then adds
    sum * xs * scale into fp32 accumulators.
 
-   path: 2 AVX512-VNNI, 1 AVX2 (vpmaddubsw), 0 portable C (each compiled for its
+   path: 3 AMX tiles (gemm_amx.c), 2 AVX512-VNNI, 1 AVX2 (vpmaddubsw), 0 portable C (each compiled for its
    instruction set whatever -march says, called only where engine/cpu_features.py found
    it). N must be a multiple of 32, K of G. Returns 0, or 1 when the activation buffers
    could not be had. */
@@ -185,6 +185,11 @@ int gemm_w8a8_panels(float *out, const float *x, const int8_t *panels, const flo
     int8_t *xq = w8a8_quantized(x, M, K, &xs, &xsum);
     if (!xq)
         return 1;
+    if (path == 3) {
+        const int status = gemm_w8a8_amx(out, xq, xs, panels, scale, bias, M, N, K);
+        free(xq);
+        return status;
+    }
     const int p_ = path < 0 || path > 2 ? 0 : (int)path;
     const int64_t pairs = N / 32, pair_bytes = 2 * K * 16, panel_scales = groups * 16;
 #pragma omp parallel for schedule(static)

@@ -19,7 +19,13 @@
    Compiled with -fopenmp after torch is loaded, so the loop below runs on torch's own
    OpenMP thread pool (the same libgomp) and follows torch.set_num_threads.
    K/V in bf16 (kv_dtype bf16: half the bytes): paged_attention_bf16.c compiles this file
-   again with KV_BF16, the pages' values widened to fp32 as they are loaded. */
+   again with KV_BF16, the pages' values widened to fp32 as they are loaded. K/V in int8
+   (kv_dtype int8: a quarter, plus the scales): paged_attention_int8.c, with KV_INT8. Each
+   page then ends with fp32 [3, kv_heads, page_size]: per token and KV head, K's scale and
+   offset (k = scale * int8 + offset: keys sit off zero, and min..max spends all 256 steps
+   on them), then V's scale (v = scale * int8). They factor out of both sums, so the kernel
+   widens the int8 values as loaded; a key's score is scale * (q . int8) + offset * sum(q)
+   for 16 keys at once, and a value's scale goes into its softmax weight. */
 
 #include <math.h>
 #include <omp.h>
@@ -30,7 +36,17 @@
 #include "kernels.h"
 #include "vec.h"
 
-#ifdef KV_BF16
+#if defined(KV_INT8)
+typedef int8_t kv_t;
+#define KV_LOAD load_i8
+#define KV_GET(x) ((float)(x))
+/* in key_scores: key j's score from q . int8 (16 keys, one key), its scale and offset */
+#define KEY_SCORE(dot, j) ((dot) * load(k_scale + (j)) + splat(q_sum) * load(k_offset + (j)))
+#define KEY_SCORE_ONE(dot, j) ((dot) * k_scale[j] + q_sum * k_offset[j])
+#define WEIGHT(p, scales, j) ((p)[j] * (scales)[j]) /* a value's softmax weight, scaled */
+#define ROW_SCALES(scales, row, page_size) ((scales) + (row) * (page_size))
+#define ENTRY paged_decode_attention_int8
+#elif defined(KV_BF16)
 typedef uint16_t kv_t;
 #define KV_LOAD load_bf16
 #define KV_GET bf16_to_f32
@@ -41,6 +57,24 @@ typedef float kv_t;
 #define KV_GET(x) (x)
 #define ENTRY paged_decode_attention
 #endif
+#ifndef KV_INT8 /* fp32 and bf16 pages carry no scales */
+#define KEY_SCORE(dot, j) ((void)k_scale, (void)k_offset, (void)q_sum, (dot))
+#define KEY_SCORE_ONE(dot, j) (dot)
+#define WEIGHT(p, scales, j) ((void)(scales), (p)[j])
+#define ROW_SCALES(scales, row, page_size) ((void)(scales), (const float *)0)
+#endif
+
+/* A page's int8 scales (after its K and V), NULL for other pages: KV head h's K scales at
+   ROW_SCALES(scales, h, page_size), its K offsets at ROW_SCALES(scales, kv_heads + h, ...),
+   its V scales at ROW_SCALES(scales, 2 * kv_heads + h, ...). */
+static const float *page_scales(const kv_t *page, int64_t kv_heads, int64_t head_floats) {
+#ifdef KV_INT8
+    return (const float *)(page + 2 * kv_heads * head_floats);
+#else
+    (void)page, (void)kv_heads, (void)head_floats;
+    return 0;
+#endif
+}
 
 /* Pages requested ahead of the one being scored: enough misses in flight to cover DRAM
    latency (measured: 1 page ahead 15 GB/s, 3 ahead 24 GB/s on 2 cores, random pages). */
@@ -50,10 +84,12 @@ static void prefetch(const kv_t *p, int64_t n) {
     for (int64_t i = 0; i < n; i += 64 / sizeof(kv_t)) __builtin_prefetch(p + i);
 }
 
-/* s[j] = scale * q . k_j for one KV head's page_size keys (k_page: [head_dim, page_size]).
-   Slots past the sequence's end hold finite stale values; the caller ignores them. */
-static void key_scores(float *s, const float *q, const kv_t *k_page, int64_t head_dim,
-                       int64_t page_size, float scale) {
+/* s[j] = scale * q . k_j for one KV head's page_size keys (k_page: [head_dim, page_size];
+   int8: key j is k_scale[j] * int8 + k_offset[j], and q_sum the sum of q). Slots past the
+   sequence's end hold finite stale values; the caller ignores them. */
+static void key_scores(float *s, const float *q, const kv_t *k_page, const float *k_scale,
+                       const float *k_offset, float q_sum, int64_t head_dim, int64_t page_size,
+                       float scale) {
     int64_t j = 0;
     for (; j + LANES <= page_size; j += LANES) {
         vec a[4] = {{0}, {0}, {0}, {0}}; /* independent chains: FMA latency binds otherwise */
@@ -62,31 +98,35 @@ static void key_scores(float *s, const float *q, const kv_t *k_page, int64_t hea
             for (int c = 0; c < 4; c++)
                 a[c] += splat(q[d + c]) * KV_LOAD(k_page + (d + c) * page_size + j);
         for (; d < head_dim; d++) a[0] += splat(q[d]) * KV_LOAD(k_page + d * page_size + j);
-        store(s + j, (a[0] + a[1] + a[2] + a[3]) * splat(scale));
+        store(s + j, KEY_SCORE(a[0] + a[1] + a[2] + a[3], j) * splat(scale));
     }
     for (; j < page_size; j++) {
         float sum = 0.0f;
         for (int64_t d = 0; d < head_dim; d++) sum += q[d] * KV_GET(k_page[d * page_size + j]);
-        s[j] = sum * scale;
+        s[j] = KEY_SCORE_ONE(sum, j) * scale;
     }
 }
 
-/* acc += sum_j p[j] * v_j over len keys (v_page: [page_size, head_dim]) */
-static void add_values(float *acc, const float *p, const kv_t *v_page, int64_t len,
-                       int64_t head_dim) {
+/* acc += sum_j p[j] * v_j over len keys (v_page: [page_size, head_dim]; int8: value j's
+   scale v_scale[j]) */
+static void add_values(float *acc, const float *p, const kv_t *v_page, const float *v_scale,
+                       int64_t len, int64_t head_dim) {
     int64_t d = 0;
     for (; d + LANES <= head_dim; d += LANES) {
         vec a[4] = {load(acc + d), {0}, {0}, {0}};
         int64_t j = 0;
         for (; j + 4 <= len; j += 4)
             for (int c = 0; c < 4; c++)
-                a[c] += splat(p[j + c]) * KV_LOAD(v_page + (j + c) * head_dim + d);
-        for (; j < len; j++) a[0] += splat(p[j]) * KV_LOAD(v_page + j * head_dim + d);
+                a[c] += splat(WEIGHT(p, v_scale, j + c)) *
+                        KV_LOAD(v_page + (j + c) * head_dim + d);
+        for (; j < len; j++)
+            a[0] += splat(WEIGHT(p, v_scale, j)) * KV_LOAD(v_page + j * head_dim + d);
         store(acc + d, a[0] + a[1] + a[2] + a[3]);
     }
     for (; d < head_dim; d++) {
         float sum = acc[d];
-        for (int64_t j = 0; j < len; j++) sum += p[j] * KV_GET(v_page[j * head_dim + d]);
+        for (int64_t j = 0; j < len; j++)
+            sum += WEIGHT(p, v_scale, j) * KV_GET(v_page[j * head_dim + d]);
         acc[d] = sum;
     }
 }
@@ -124,13 +164,21 @@ static void attend_seq(float *out, const float *q, const kv_t *k_pool, const kv_
     const int64_t stride = num * page_size; /* scores row per query head */
     for (int64_t i = 0; i < PREFETCH_PAGES && i < num; i++)
         prefetch(k_pool + (int64_t)pages[i] * page_stride, page_stride);
+    float q_sums[rows]; /* int8 keys' offsets multiply them */
+    for (int64_t r = 0; r < rows; r++) {
+        q_sums[r] = 0.0f;
+        for (int64_t d = 0; d < head_dim; d++) q_sums[r] += q[r * head_dim + d];
+    }
     for (int64_t i = 0; i < num; i++) {
         if (i + PREFETCH_PAGES < num)
             prefetch(k_pool + (int64_t)pages[i + PREFETCH_PAGES] * page_stride, page_stride);
         const kv_t *k_page = k_pool + (int64_t)pages[i] * page_stride;
+        const float *scales = page_scales(k_page, kv_heads, head_floats);
         for (int64_t r = 0; r < rows; r++)
             key_scores(scores + r * stride + i * page_size, q + r * head_dim,
-                       k_page + r / group * head_floats, head_dim, page_size, scale);
+                       k_page + r / group * head_floats, ROW_SCALES(scales, r / group, page_size),
+                       ROW_SCALES(scales, kv_heads + r / group, page_size), q_sums[r], head_dim,
+                       page_size, scale);
     }
     float sums[rows];
     for (int64_t r = 0; r < rows; r++) sums[r] = exp_row(scores + r * stride, n);
@@ -141,9 +189,12 @@ static void attend_seq(float *out, const float *q, const kv_t *k_pool, const kv_
     for (int64_t i = 0; i < num; i++) {
         const int64_t len = n - i * page_size < page_size ? n - i * page_size : page_size;
         const kv_t *v_page = v_pool + (int64_t)pages[i] * page_stride;
+        const float *scales = page_scales(k_pool + (int64_t)pages[i] * page_stride, kv_heads,
+                                          head_floats);
         for (int64_t r = 0; r < rows; r++)
             add_values(acc + r * head_dim, scores + r * stride + i * page_size,
-                       v_page + r / group * head_floats, len, head_dim);
+                       v_page + r / group * head_floats,
+                       ROW_SCALES(scales, 2 * kv_heads + r / group, page_size), len, head_dim);
     }
     for (int64_t r = 0; r < rows; r++) {
         const float inv = 1.0f / sums[r];

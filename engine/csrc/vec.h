@@ -42,6 +42,30 @@ static inline uint16_t f32_to_bf16(float f) {
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
 }
 
+/* 16 int8 values widened to fp32 (exact). By hand where the compiler targets AVX-512 or
+   AVX2 (-march=native): GCC 12 turns __builtin_convertvector from int8 lanes into ~60
+   scalar byte moves; elsewhere a plain loop. */
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+static inline vec load_i8(const int8_t *p) {
+    vec v;
+#if defined(__AVX512F__)
+    const __m512 w = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const void *)p)));
+    memcpy(&v, &w, sizeof v);
+#elif defined(__AVX2__)
+    const __m128i b = _mm_loadu_si128((const void *)p);
+    const __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+    const __m256 hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(b, b)));
+    memcpy(&v, &lo, sizeof lo);
+    memcpy((char *)&v + sizeof lo, &hi, sizeof hi);
+#else
+    for (int i = 0; i < LANES; i++) v[i] = (float)p[i];
+#endif
+    return v;
+}
+
 /* every lane x: one vbroadcastss ("(vec){0} + x" costs a scalar add first); LANES == 16 */
 static inline vec splat(float x) { return (vec){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
 

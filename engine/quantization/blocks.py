@@ -5,15 +5,19 @@ kept type is packed as w8a8 (engine/quantization/matmuls.py)."""
 
 import torch
 
+from engine.cpu_features import cpu_features
 from engine.quantization.block_weights import blocks_reference
 from engine.quantization.method import LinearMethod
 from engine.quantization.packing import Weight
-from engine.quantization.w8a8 import W8A8
+from engine.quantization.w8a8 import W8A8, w8a8_path
 
 
 class Blocks(LinearMethod):
     name = "blocks"
-    paths, best_path = W8A8.paths, W8A8.best_path  # gemm_blocks.c: the same instruction sets
+    paths = W8A8.paths  # gemm_blocks.c: the same instruction sets (amx: its VNNI path)
+
+    def best_path(self) -> str:
+        return w8a8_path(cpu_features())  # no tile kernel for the blocks
 
     def reference_pack(self, weight: torch.Tensor, blocks: Weight | None, batch_hint: int):
         return blocks  # the records, already in the C kernel's own layout

@@ -26,7 +26,7 @@ from engine.native import cpu_signature
 
 log = logging.getLogger(__name__)
 
-_VERSION = "2"  # bump when the kernels compared change enough to void old decisions
+_VERSION = "3"  # bump when the kernels compared change enough to void old decisions
 _BUDGET_S = 0.02  # per candidate: calls are repeated until this much time has passed
 _MAX_CALLS = 20
 _lock = threading.Lock()

@@ -4,11 +4,13 @@ they loaded (NativeOps) or on torch (TorchOps, the fallback and the reference).
 
 weights "auto" packs each shape in the format (fp32, int8, w8a8 panels, or a GGUF's kept
 blocks) fastest on this CPU as a decode step streams it
-(engine/quantization/memory_roofline.py); every panel weight also gets the prefill choice:
-panels or torch's GEMM for prefill-sized row counts (engine/quantization/kernel_choice.py
-keeps both per CPU).
+(engine/quantization/memory_roofline.py); every panel weight also gets a choice per row
+class (ROW_CLASSES): its panels, torch's GEMM on the rebuilt weight, or a oneDNN GEMM on a
+copy of its own (engine/quantization/onednn.py: bf16 and int8, on AMX tiles where the CPU
+has them); engine/quantization/kernel_choice.py keeps the decisions per CPU.
 """
 
+import bisect
 import ctypes
 import functools
 from collections import Counter
@@ -19,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.config import WEIGHT_FORMATS
-from engine.quantization import kernel_choice
+from engine.quantization import kernel_choice, onednn
 from engine.quantization import memory_roofline as roofline
 from engine.quantization.bf16 import Bf16
 from engine.quantization.block_weights import BlockWeight
@@ -35,8 +37,11 @@ METHODS: tuple[type[LinearMethod], ...] = (Fp32, Bf16, Int8, W8A8, Blocks)  # th
 # bound (bench/precision.py: SmolLM2 int8 +0.41%, w8a8 +0.31%, blocks +0.34% perplexity;
 # bound +0.5%); bf16 never won where w8a8 runs (docs/engine.md)
 AUTO_FORMATS = ("fp32", "int8", "w8a8")
-# From this many rows a matmul is a prefill, where panels compete with torch's GEMM
+# From this many rows a matmul is a prefill (the largest row class)
 PREFILL_ROWS = 128
+# Row counts each panel weight's paths are measured at: a call of M rows takes the decision
+# of the largest class <= M (2-31 rows: one row's; 128 and more: PREFILL_ROWS')
+ROW_CLASSES = (1, 32, PREFILL_ROWS)
 GivenBlocks = Weight | roofline.KeptBlocks  # a GGUF's own blocks of a weight, as attached
 
 
@@ -55,7 +60,8 @@ class Matmuls:
         self.methods = {m.name: m(kernels, paths.get(m.name)) for m in METHODS}
         self.formats: Counter[str] = Counter()  # weights packed per format
         self.choices: dict[str, str] = {}  # measured decisions taken (kernel_choice key)
-        self._prefill_torch: set[tuple[str, int, int]] = set()  # (format, N, K) torch won
+        # id(packed weight) -> the weight and its paths per row class, where not all panels
+        self._plans: dict[int, tuple[Weight, RowPlan]] = {}
 
     @property
     def int8_path(self) -> str:
@@ -72,7 +78,7 @@ class Matmuls:
     def choice_info(self) -> dict[str, str]:
         """For the start-up log and /metrics: each weight format's kernel path ("none":
         unused), formats packed, and what won each measured comparison, counted per kind
-        ("prefill_fp32=panels:5")."""
+        ("gemm_fp32=panels:15": 5 shapes x 3 row classes)."""
         wins = Counter(f"{k.split(':')[0]}={w}" for k, w in self.choices.items())
         used = ("int8", "w8a8", "bf16", "blocks")
         paths = {f"{f}_path": self.methods[f].path if self.formats[f] else "none" for f in used}
@@ -116,7 +122,7 @@ class Matmuls:
             return self.methods[names[0]].reference_pack(weight, kept, batch_hint)
         packed = self._pick_format(weight, wanted, batch_hint, blocks)
         if not isinstance(packed, BlockWeight):  # torch would dequantize blocks per call
-            self._choose_prefill(packed)
+            self._choose_rows(packed, weight, batch_hint)
         return packed
 
     def _pick_format(
@@ -139,25 +145,45 @@ class Matmuls:
         """weight in fmt's panels, from the file's blocks in the form fmt takes, if any."""
         return self.methods[fmt].panels(weight, roofline.kept_form(fmt, blocks))
 
-    def _choose_prefill(self, weight: Weight) -> None:
-        """Panels or torch (on the unpacked or dequantized weight) for prefill-sized row
-        counts of this weight's shape, measured at PREFILL_ROWS."""
-        method, (n, k) = self.method_of(weight), plain_shape(weight)
-        x = torch.randn(PREFILL_ROWS, k)
-        runs = {
-            "panels": functools.partial(_gemm, method, x, weight),
-            "torch": functools.partial(_plain_linear, method, x, weight),
+    def _choose_rows(self, packed: Weight, weight: torch.Tensor, batch_hint: int) -> None:
+        """The path for each row class of this weight's shape (ROW_CLASSES), measured
+        there: panels, oneDNN's candidates (built from weight's fp32 values, only when one
+        is stored or must be measured) and, for prefills, torch on the rebuilt weight."""
+        method, (n, k) = self.method_of(packed), plain_shape(packed)
+        kind, extra = f"gemm_{method.name}", onednn.names(method.name)
+        offered = {rows: ("panels", *extra, *_torch_at(rows)) for rows in ROW_CLASSES}
+        stored = [kernel_choice.known(kind, (n, k, r), names) for r, names in offered.items()]
+        built = {}
+        if any(w not in ("panels", "torch") for w in stored):
+            built = onednn.candidates(method.name, weight, batch_hint)
+        paths = {
+            "panels": onednn.Gemm("panels", packed, functools.partial(_gemm, method)),
+            "torch": onednn.Gemm("torch", packed, functools.partial(_plain_linear, method)),
+            **built,
         }
-        if self._measure(f"prefill_{method.name}", (n, k), runs) == "torch":
-            self._prefill_torch.add((method.name, n, k))
+        winners = []
+        for (rows, names), known in zip(offered.items(), stored, strict=True):
+            if len(names) == 1:  # nothing competes: the panels, unmeasured
+                winners.append("panels")
+            elif known is not None:  # the paths that lost were not even built
+                self.choices[kernel_choice.choice_key(kind, (n, k, rows))] = known
+                winners.append(known)
+            else:
+                winners.append(self._measure(kind, (n, k, rows), _runs(paths, names, rows, k)))
+        if any(w != "panels" for w in winners):
+            kept = {w: paths[w] for w in set(winners)}  # losers' copies are dropped
+            self._plans[id(packed)] = (packed, RowPlan(tuple(winners), kept))
 
     def _measure(
         self,
         kind: str,
         shape: tuple[int, ...],
         candidates: dict[str, Any],
-        cost: Callable[[Any], float] = kernel_choice.seconds_per_call,
+        cost: Callable[[Any], float] | None = None,
     ) -> str:
+        """cost: seconds a candidate takes (None: kernel_choice.seconds_per_call's, looked
+        up per call so that a test can stand in for it)."""
+        cost = cost or kernel_choice.seconds_per_call
         winner = kernel_choice.choose(kind, shape, candidates, cost)
         self.choices[kernel_choice.choice_key(kind, shape)] = winner
         return winner
@@ -170,14 +196,14 @@ class Matmuls:
 
     def bound(self, weight: Weight) -> Callable[..., torch.Tensor]:
         """(x, bias=None) -> x [M, K] @ weight.T (+ bias), on the path chosen for this
-        weight once: its format's C kernel (torch's GEMM for prefills where that won), or
-        its torch reference. weight as pack_weight returned it (or plain)."""
+        weight once: its format's C kernel (or, per row class, what won there: torch's
+        GEMM, a oneDNN candidate), or its torch reference. weight as pack_weight returned
+        it (or plain)."""
         method = self.method_of(weight)
         if self.kernels is None or not is_panels(weight):
             return functools.partial(_reference, method, weight)
-        if (method.name, *plain_shape(weight)) in self._prefill_torch:
-            return functools.partial(_gemm_or_torch, method, weight)
-        return functools.partial(_gemm_of, method, weight)
+        plan = self._plans.get(id(weight))
+        return plan[1] if plan is not None else functools.partial(_gemm_of, method, weight)
 
     def linear(
         self, x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None
@@ -197,10 +223,28 @@ def _gemm_of(method: LinearMethod, w: Weight, x: torch.Tensor, bias: Bias = None
     return _gemm(method, x, w, bias)
 
 
-def _gemm_or_torch(method: LinearMethod, w: Weight, x: torch.Tensor, bias: Bias = None):
-    if x.shape[0] >= PREFILL_ROWS:
-        return _plain_linear(method, x, w, bias)
-    return _gemm(method, x, w, bias)
+class RowPlan:
+    """(x, bias=None) -> x @ w.T (+ bias) on the path that won x's row class."""
+
+    def __init__(self, winners: tuple[str, ...], paths: dict[str, onednn.Gemm]) -> None:
+        self.winners = winners  # per ROW_CLASSES entry
+        self._paths = [paths[w] for w in winners]
+
+    def __call__(self, x: torch.Tensor, bias: Bias = None) -> torch.Tensor:
+        row_class = max(bisect.bisect_right(ROW_CLASSES, x.shape[0]) - 1, 0)
+        return self._paths[row_class](x, bias)
+
+
+def _torch_at(rows: int) -> tuple[str, ...]:
+    """torch on the rebuilt weight competes for prefills only: below them rebuilding the
+    weight per call costs more than the GEMM (and its fp32 sums are not the kernel's)."""
+    return ("torch",) if rows >= PREFILL_ROWS else ()
+
+
+def _runs(paths: dict[str, onednn.Gemm], names: tuple[str, ...], rows: int, k: int) -> dict:
+    """Those paths as measurable calls on `rows` random rows (the Gemm is their .func)."""
+    x = torch.randn(rows, k)
+    return {name: functools.partial(paths[name], x) for name in names}
 
 
 def _gemm(method: LinearMethod, x: torch.Tensor, w: Weight, bias: Bias = None) -> torch.Tensor:

@@ -7,14 +7,16 @@ from typing import ClassVar
 import torch
 
 from engine.cpu_features import cpu_features
+from engine.quantization.amx import tiles_usable
 from engine.quantization.int8 import Int8
 from engine.quantization.packing import Weight
 from engine.quantization.quant import W8A8_GROUP, quantize_w8a8, w8a8_panels, w8a8_reference
 
 
 def w8a8_path(features: dict[str, bool]) -> str:
-    """The int8-activation GEMM path (engine/csrc/gemm_w8a8.c): "vnni" (AVX512-VNNI
-    vpdpbusd), "avx2" (vpmaddubsw) or "generic" (portable C)."""
+    """The int8-activation GEMM path (engine/csrc/gemm_w8a8.c) of these vector units:
+    "vnni" (AVX512-VNNI vpdpbusd), "avx2" (vpmaddubsw) or "generic" (portable C). W8A8
+    takes "amx" (engine/csrc/gemm_amx.c) over vnni where engine/quantization/amx.py allows."""
     if features["avx512f"] and features["avx512bw"] and features["avx512_vnni"]:
         return "vnni"
     return "avx2" if features["avx2"] else "generic"
@@ -24,10 +26,11 @@ class W8A8(Int8):  # the int8 values and their scales, per group; their own kern
     name = "w8a8"
     k_multiple = W8A8_GROUP
     kernel = "gemm_w8a8_panels"  # its path argument:
-    paths: ClassVar[dict[str, int]] = {"generic": 0, "avx2": 1, "vnni": 2}
+    paths: ClassVar[dict[str, int]] = {"generic": 0, "avx2": 1, "vnni": 2, "amx": 3}
 
     def best_path(self) -> str:
-        return w8a8_path(cpu_features())
+        path = w8a8_path(cpu_features())
+        return "amx" if path == "vnni" and tiles_usable(self.kernels) else path
 
     def reference_pack(self, weight: torch.Tensor, blocks: Weight | None, batch_hint: int):
         return blocks if blocks is not None else quantize_w8a8(weight, panels=False)

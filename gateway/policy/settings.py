@@ -154,9 +154,10 @@ class CacheSettings(StrictModel):
     min_similarity: float = 0.6
     verifier: Strictness = "strict"  # the one of the three under 1% wrong hits on test
     # logistic: the vetoes, then a logistic model over cosine and word-alignment features;
-    # pair: most vetoes, then the cross-encoder (gateway/cache/pair_model.py). logistic
-    # serves more at the same wrong hits on the people's pairs (docs/cache.md).
-    verifier_model: Literal["logistic", "pair"] = "logistic"
+    # aligned: the same vetoes, then a logistic model that also reads the embedder's
+    # word-piece states (gateway/cache/aligned_verifier.py); pair: most vetoes, then the
+    # cross-encoder (gateway/cache/pair_model.py). Figures: docs/cache.md.
+    verifier_model: Literal["logistic", "aligned", "pair"] = "logistic"
     # The verifier's probability a candidate needs, instead of the strictness's own: what
     # `tiergate calibrate-cache` picks for a wrong-hit bound. None: the strictness decides.
     verifier_threshold: float | None = None

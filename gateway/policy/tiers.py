@@ -197,8 +197,11 @@ class DifficultySettings(StrictModel):
     kernel_ridge: float = 0.3  # and its ridge (L2) strength
     # the similarity: (1 - this) x embedding cosine + this x word cosine (routing/lexical.py)
     kernel_lexical: float = 0.7
+    # score against this many examples (the centres, by a hash of the prompt), fitted to all
+    # of them: scoring and training memory grow with it, not with the examples; unset: all
+    kernel_centres: int | None = None
 
-    _check = field_validator("regularization", "k_nearest", "kernel_width", "kernel_ridge")(
-        positive
-    )
+    _check = field_validator(
+        "regularization", "k_nearest", "kernel_width", "kernel_ridge", "kernel_centres"
+    )(positive)
     _share = field_validator("kernel_lexical")(between_0_and_1)

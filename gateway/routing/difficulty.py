@@ -29,7 +29,7 @@ from gateway.policy import (
 from gateway.policy.examples import policy_examples
 from gateway.routing.features import extract_features
 from gateway.routing.lexical import LexicalIndex
-from gateway.routing.nearest import Kernel, Neighbours
+from gateway.routing.nearest import Kernel, Neighbours, centre_indices, centre_similarities
 from gateway.routing.router import RoutingInput, Scored
 from gateway.routing.signals import NAMES, Signals, compute_signals
 
@@ -156,7 +156,12 @@ def build_scorer(policy: Policy, embed_many: EmbedMany | None) -> DifficultyScor
             raise ValueError("the difficulty classifier needs the embedder")
         kernel = None
         if settings.blend.kernel:
-            kernel = (settings.kernel_width, settings.kernel_ridge, settings.kernel_lexical)
+            kernel = (
+                settings.kernel_width,
+                settings.kernel_ridge,
+                settings.kernel_lexical,
+                settings.kernel_centres,
+            )
         key = (policy.embedder.model, settings.regularization, kernel)
         trained = _trained(examples, key, embed_many)
         classifier = trained.classifier
@@ -184,8 +189,8 @@ class Trained:
     kernel: Kernel | None  # fitted when the blend weighs it: it solves an n x n system
 
 
-# model, C, and the kernel's width, ridge and lexical share
-TrainSettings = tuple[str, float, tuple[float, float, float] | None]
+# model, C, and the kernel's width, ridge, lexical share and centres
+TrainSettings = tuple[str, float, tuple[float, float, float, int | None] | None]
 
 
 # Reloads that leave the examples alone reuse the trained classifier.
@@ -220,10 +225,21 @@ def fit_kernel(
     width: float,
     ridge: float,
     lexical_share: float,
+    centres: int | None = None,
 ) -> Kernel:
-    """The kernel term on the examples, with their words indexed when it reads them."""
-    lexical = LexicalIndex.build(prompts) if lexical_share > 0 else None
-    return Kernel.fit(embeddings, targets, width, ridge, lexical, lexical_share)
+    """The kernel term on the examples, with their words indexed when it reads them; over
+    `centres` of them (subset of regressors, nearest.py) when there are more examples."""
+    chosen = centre_indices(prompts, centres)
+    if chosen is None:
+        lexical = LexicalIndex.build(prompts) if lexical_share > 0 else None
+        return Kernel.fit(embeddings, targets, width, ridge, lexical, lexical_share)
+    lexical = None
+    if lexical_share > 0:
+        lexical = LexicalIndex.build([prompts[i] for i in chosen])
+    cross = centre_similarities(embeddings, chosen, prompts, lexical, lexical_share)
+    return Kernel.solve_centres(
+        embeddings, cross, chosen, targets, width, ridge, lexical, lexical_share
+    )
 
 
 def _embed_in_batches(prompts: list[str], embed_many: EmbedMany, size: int = 64) -> np.ndarray:

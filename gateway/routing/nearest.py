@@ -10,13 +10,16 @@ transposed view): einsum then adds whole contiguous rows, 0.13 ms against 0.20 m
 3,590 examples.
 """
 
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
 
 from gateway.routing.lexical import LexicalIndex
 
-KERNEL_MAX_EXAMPLES = 5000  # training peaks at one 5,000² float64 array (200 MB); then `neighbours`
+# Without centres, training peaks at one 5,000² float64 array (200 MB); with them at one
+# examples x centres array, and the limit is on the centres.
+KERNEL_MAX_EXAMPLES = 5000
 
 
 def similarities(vectors: np.ndarray, embedding: np.ndarray) -> np.ndarray:
@@ -93,7 +96,7 @@ class Kernel:
             raise ValueError(
                 f"difficulty.blend.kernel: {len(targets)} examples, over the kernel's "
                 f"{KERNEL_MAX_EXAMPLES} (it solves an examples x examples system); "
-                "use blend.neighbours instead"
+                "set difficulty.kernel_centres or use blend.neighbours instead"
             )
         if lexical is None or lexical_share <= 0:
             lexical, lexical_share = None, 0.0
@@ -132,6 +135,49 @@ class Kernel:
             ) from None
         return cls(vectors, alpha, center, width, lexical, lexical_share)
 
+    @classmethod
+    def solve_centres(
+        cls,
+        vectors: np.ndarray,
+        cross: np.ndarray,
+        centres: np.ndarray,
+        targets: np.ndarray,
+        width: float,
+        ridge: float,
+        lexical: LexicalIndex | None,
+        lexical_share: float,
+    ) -> "Kernel":
+        """Kernel ridge by subset of regressors: the prediction is a kernel sum over the
+        `centres` (indices of examples) alone, fitted to every example's target, so scoring
+        costs centres, not examples, and training one examples x centres array. `cross`:
+        every example's similarity to each centre (overwritten). minimises
+        |y - K_nc a|^2 + ridge a' K_cc a: a = (K_cn K_nc + ridge K_cc)^-1 K_cn y, which is
+        plain kernel ridge when every example is a centre."""
+        from scipy.linalg import solve  # imported on use: training only
+
+        if len(centres) > KERNEL_MAX_EXAMPLES:
+            raise ValueError(
+                f"difficulty.kernel_centres: {len(centres)}, over the kernel's "
+                f"{KERNEL_MAX_EXAMPLES} (it solves a centres x centres system)"
+            )
+        gram = cross
+        gram -= 1.0
+        gram /= width
+        np.exp(gram, out=gram)
+        center = float(targets.mean())
+        system = gram.T @ gram
+        system += ridge * gram[centres]
+        # a jitter: near-duplicate centres make K_cc singular in floating point
+        system.flat[:: len(centres) + 1] += 1e-9 * np.trace(system) / len(centres) + 1e-12
+        try:
+            alpha = solve(system, gram.T @ (targets - center), assume_a="pos", overwrite_a=True)
+        except np.linalg.LinAlgError:
+            raise ValueError(
+                f"difficulty.kernel_ridge: {ridge} is too small for these examples (their "
+                "kernel system is singular in floating point); raise it"
+            ) from None
+        return cls(vectors[centres], alpha, center, width, lexical, lexical_share)
+
     def predict(self, embedding: np.ndarray, text: str = "") -> float:
         similarity = similarities(self.vectors, embedding).astype(np.float64)
         if self.lexical is not None:
@@ -150,6 +196,33 @@ class Kernel:
 
     def _from_similarity(self, similarity: np.ndarray) -> np.ndarray:
         return self.center + np.exp((similarity - 1) / self.width) @ self.alpha
+
+
+def centre_indices(prompts: list[str], centres: int | None) -> np.ndarray | None:
+    """The examples the kernel scores against when `centres` is below their count: the
+    first by a hash of their prompt (fixed whatever the file's order), in file order; None
+    for all of them."""
+    if centres is None or centres >= len(prompts):
+        return None
+    ranked = sorted(range(len(prompts)), key=lambda i: hashlib.sha256(prompts[i].encode()).digest())
+    return np.sort(np.array(ranked[:centres], dtype=np.int64))
+
+
+def centre_similarities(
+    vectors: np.ndarray,
+    centres: np.ndarray,
+    prompts: list[str],
+    lexical: LexicalIndex | None,
+    lexical_share: float,
+) -> np.ndarray:
+    """Every example's similarity to each centre, as the kernel mixes them (`lexical`
+    indexes the centres' prompts)."""
+    v = vectors.astype(np.float64)
+    similarity = v @ v[centres].T
+    if lexical is not None and lexical_share > 0:
+        similarity *= 1 - lexical_share
+        similarity += lexical_share * np.stack([lexical.similarities(p) for p in prompts])
+    return similarity
 
 
 def example_similarities(

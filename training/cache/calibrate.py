@@ -84,12 +84,13 @@ def scored_rows(rows: list[dict], split: str, with_rule_edits: bool) -> list[dic
     ]
 
 
-def score(rows: list[dict], embed: Embed) -> Scored:
+def score(rows: list[dict], embed: Embed, model: str = "logistic") -> Scored:
+    """`model`: the policy's `cache.verifier_model`, the verifier that scores the pairs."""
     texts = sorted({r["a"] for r in rows} | {r["b"] for r in rows})
     vectors = embed(texts) if texts else np.zeros((0, 1), dtype=np.float32)
     at = {t: i for i, t in enumerate(texts)}
     cosine = [float(vectors[at[r["a"]]] @ vectors[at[r["b"]]]) for r in rows]
-    probability = score_pairs([r["a"] for r in rows], [r["b"] for r in rows], cosine)
+    probability = score_pairs([r["a"] for r in rows], [r["b"] for r in rows], cosine, model)
     exact = [normalise(r["a"]) == normalise(r["b"]) for r in rows]  # the exact table's form
     return Scored(rows, np.array(cosine), np.array(probability, dtype=float), np.array(exact))
 
@@ -146,6 +147,7 @@ def calibrate(
     split: str = "train",
     current: tuple[float, float] | None = None,
     with_rule_edits: bool = False,
+    model: str = "logistic",
 ) -> dict[str, Any]:
     """The report: the chosen point and its figures, the current point's in the same run
     (`current`: the policy's floor and threshold), and the held-out check."""
@@ -153,10 +155,11 @@ def calibrate(
     tuned = scored_rows(rows, split, with_rule_edits)
     if not any(r["should_hit"] for r in tuned) or all(r["should_hit"] for r in tuned):
         raise ValueError(f"split {split!r} needs both should-hit and must-not pairs")
-    scored = score(tuned, embed)
+    scored = score(tuned, embed, model)
     chosen = choose(scored, target, confidence)
     report: dict[str, Any] = {
         "split": split,
+        "verifier_model": model,
         "target_wrong": target,
         "confidence": confidence,
         "must_not_needed": pairs_needed(target, confidence),
@@ -171,7 +174,7 @@ def calibrate(
         report["current"] |= figures(scored, scored.served(*current), confidence)
     check = [r for r in scored_rows(rows, "all", with_rule_edits) if r.get("split") == "heldout"]
     if chosen is not None and split != "heldout" and check and split != "all":
-        held = score(check, embed)
+        held = score(check, embed, model)
         report["heldout_check"] = figures(held, held.served(*point), confidence)
     return report
 

@@ -49,9 +49,10 @@ def main(argv: list[str] | None = None) -> int:
         rows = [row for path in files for row in read_pairs(path)]
         policy = _load(args.policy) if args.policy else None
         embed, current = _embedder(policy), _current(policy)
+        model = policy.cache.verifier_model if policy is not None else "logistic"
         report = calibrate(
             rows, embed, args.target_wrong, args.confidence, args.split, current,
-            args.with_rule_edits,
+            args.with_rule_edits, model,
         )  # fmt: skip
     except (ValueError, OSError) as exc:
         print(f"calibrate-cache: {exc}", file=sys.stderr)
@@ -99,7 +100,7 @@ def _current(policy) -> tuple[float, float] | None:
     cache = policy.cache
     threshold = cache.verifier_threshold
     if threshold is None or cache.verifier == "off":
-        threshold = strictness_threshold(cache.verifier)
+        threshold = strictness_threshold(cache.verifier, cache.verifier_model)
     return cache.min_similarity, threshold
 
 
@@ -151,6 +152,7 @@ def print_report(report: dict[str, Any]) -> None:
     skipped = ", ".join(f"{k} {v}" for k, v in report["not_scored"].items()) or "none"
     files = ", ".join(report["pairs_files"])
     print(f"pairs: {files} (split {report['split']}); not scored: {skipped}")
+    print(f"verifier_model: {report['verifier_model']}")
     target, conf = report["target_wrong"], report["confidence"]
     if report["chosen"] is None:  # the reason first
         print(

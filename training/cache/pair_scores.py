@@ -7,21 +7,22 @@ as the gateway's lookup sees it (gateway/cache/verifier.py).
 """
 
 from functools import cache
+from typing import Any
 
 from gateway.cache.cross_verifier import CrossVerifier
-from gateway.cache.verifier import PairVerifier
+from gateway.cache.verifiers import load_verifier
 
 
 @cache
-def _verifier(model: str = "logistic") -> PairVerifier | CrossVerifier:
-    """The policy's `cache.verifier_model`: `logistic` or `pair` (the cross-encoder)."""
-    return CrossVerifier.load() if model == "pair" else PairVerifier.load()
+def verifier_for(model: str = "logistic") -> Any:
+    """The policy's `cache.verifier_model` (gateway/cache/verifiers.py), loaded once."""
+    return load_verifier(model)
 
 
 def score_pairs(
     queries: list[str], candidates: list[str], cosines: list[float], model: str = "logistic"
 ) -> list[float]:
-    verifier = _verifier(model)
+    verifier = verifier_for(model)
     if isinstance(verifier, CrossVerifier):  # reads the texts, not the cosine
         return verifier.score_pairs(queries, candidates)
     return [
@@ -33,4 +34,4 @@ def score_pairs(
 def strictness_threshold(strictness: str, model: str = "logistic") -> float:
     """The threshold a policy's `cache.verifier` strictness stands for; `off`: 0, the floor
     alone (every probability, a vetoed pair's 0 too, reaches it)."""
-    return 0.0 if strictness == "off" else _verifier(model).thresholds[strictness]
+    return 0.0 if strictness == "off" else verifier_for(model).thresholds[strictness]

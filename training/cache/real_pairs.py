@@ -32,6 +32,10 @@ def _hash(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def pair_id(a: str, b: str) -> str:
+    return _hash(a + "\0" + b)[:16]
+
+
 def groups_of(rows: list[dict]) -> dict[str, str]:
     """Each question's group: the smallest question key joined to it through pairs."""
     parent: dict[str, str] = {}
@@ -56,7 +60,7 @@ def assign_splits(rows: list[dict]) -> list[dict]:
     for r in rows:
         root = group[normal_key(r["a"])]
         split = "heldout" if int(_hash(root)[:8], 16) < cut else "train"
-        out.append({"id": _hash(r["a"] + "\0" + r["b"])[:16], "split": split} | r)
+        out.append({"id": pair_id(r["a"], r["b"]), "split": split} | r)
     return out
 
 

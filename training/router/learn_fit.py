@@ -52,7 +52,9 @@ def fitted_examples(
     seen = {e.prompt for e in traffic}
     prior = [e for e in policy_examples(policy) if e.prompt not in seen]
     new = traffic * weight
-    if policy.difficulty.blend.kernel > 0 and len(prior) + len(new) > KERNEL_MAX_EXAMPLES:
+    d = policy.difficulty
+    solves_all = d.blend.kernel > 0 and d.kernel_centres is None  # an examples² system
+    if solves_all and len(prior) + len(new) > KERNEL_MAX_EXAMPLES:
         keep = max(0, KERNEL_MAX_EXAMPLES - len(new))
         prior = sorted(prior, key=lambda e: hashlib.sha256(e.prompt.encode()).digest())[:keep]
     return prior + new, len(prior)

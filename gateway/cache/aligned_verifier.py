@@ -1,0 +1,54 @@
+"""The `aligned` verifier: the lexical vetoes, then a logistic model over the lexical
+features and the word-piece alignment of the two questions (token_states.py).
+
+The rules (PairVerifier.decide, with the word statistics of verifier_model.json) settle
+what they can, as for `logistic`; every other pair is scored by a logistic model fitted on
+the fit part of the people's train pairs with the rule-made ones (`python -m training
+cache aligned`) over FEATURES plus TOKEN_FEATURES, shipped as aligned_model.json with its
+thresholds picked on the dev part.
+"""
+
+import json
+from pathlib import Path
+
+from gateway.cache.pair_features import FEATURES, align, features
+from gateway.cache.pair_text import WordStats, analyse
+from gateway.cache.token_states import TOKEN_FEATURES, TokenStates
+from gateway.cache.verifier import LogisticModel, PairVerifier
+
+ALIGNED_MODEL = Path(__file__).with_name("aligned_model.json")
+ALL_FEATURES = (*FEATURES, *TOKEN_FEATURES)
+
+
+class AlignedVerifier(PairVerifier):
+    def __init__(
+        self,
+        model: LogisticModel,
+        thresholds: dict[str, float],
+        stats: WordStats,
+        states: TokenStates,
+    ):
+        super().__init__(model, thresholds, stats)
+        self.states = states
+
+    @classmethod
+    def load(cls, path: str | Path | None = None) -> "AlignedVerifier":
+        artifact = json.loads(Path(path or ALIGNED_MODEL).read_text())
+        if tuple(artifact["features"]) != ALL_FEATURES:
+            raise ValueError("aligned verifier artifact has other features: retrain it")
+        m = artifact["model"]
+        model = LogisticModel(m["mean"], m["scale"], m["weights"], m["bias"])
+        return cls(model, artifact["thresholds"], PairVerifier.load().stats, TokenStates())
+
+    def pair_features(self, query: str, candidate: str, cosine: float) -> list[float]:
+        """ALL_FEATURES of a pair (what training fits on, for pairs no rule decides)."""
+        a, b = analyse(query, self.stats), analyse(candidate, self.stats)
+        lexical = features(a, b, align(a, b, self.stats), cosine, self.stats)
+        return lexical + self.states.features(query, candidate)
+
+    def probability(self, query: str, candidate: str, cosine: float) -> tuple[float, str]:
+        """The model's probability and the veto reason ("" when none); 0 when vetoed."""
+        decided = self.decide(query, candidate)
+        if decided is not None:
+            return decided
+        return self.model.probability(self.pair_features(query, candidate, cosine)), ""
