@@ -16,19 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from bench import common
+from bench.summary_engine import amx_gemm_rows, kv_dtype_rows, kv_utilization_rows, threads_rows
+from bench.summary_format import Row, _pct, _ratio
 
 REPORTS_DIR = common.ROOT / "bench" / "reports"
 PAGE = common.ROOT / "docs" / "benchmarks.md"
-# figure, value, same-run baseline, ratio (value / baseline, or "" where none applies)
-Row = tuple[str, str, str, str]
-
-
-def _pct(x: float, digits: int = 1) -> str:
-    return f"{100 * x:.{digits}f}%"
-
-
-def _ratio(value: float, baseline: float) -> str:
-    return f"{value / baseline:.2f}x" if baseline else ""
 
 
 def _served(table: dict[str, Any], key: str) -> str:
@@ -233,101 +225,12 @@ def batch_idle_rows(result: dict[str, Any]) -> list[Row]:
     return rows
 
 
-def kv_dtype_rows(result: dict[str, Any]) -> list[Row]:
-    """int8 K/V against bf16 (capacity, speed, greedy) and fp32 (perplexity), same run."""
-    kv, budget = result["kv"], result["kv_budget_mib"]
-    seqs = next(k for k in kv["int8"] if k.startswith("sequences_of_"))
-    rows: list[Row] = []
-    for key, label, base in (
-        ("pages", f"KV pages in {budget} MiB", "bf16"),
-        (seqs, f"{seqs.replace('_', ' ')} in {budget} MiB", "bf16"),
-        (
-            "decode_tokens_per_s_batch32_ctx300_median",
-            "decode tok/s, batch 32, ~300-token contexts (median round)",
-            "bf16",
-        ),
-        ("chunked_perplexity", "chunked perplexity (64-token chunks)", "fp32"),
-    ):
-        for dtype in ("int8", "bf16") if base == "fp32" else ("int8",):
-            value, baseline = kv[dtype][key], kv[base][key]
-            rows.append(
-                (f"{label}, {dtype}", str(value), f"{baseline} {base}", _ratio(value, baseline))
-            )
-    for dtype in ("int8", "bf16"):
-        g = kv[dtype]
-        rows.append(
-            (
-                f"greedy identical to fp32 K/V, {dtype} (mean common prefix, tokens)",
-                f"{g['greedy_identical_prompts']} ({g['greedy_mean_common_prefix_tokens']})",
-                "",
-                "",
-            )
-        )
-    us = result["attention_kernel_us_batch32_ctx300"]
-    label = "attention kernel alone, one layer, batch 32, ctx 300 (us)"
-    rows.append(
-        (f"{label}, int8", str(us["int8"]), f"{us['bf16']} bf16", _ratio(us["int8"], us["bf16"]))
-    )
-    grain = result["int8_scale_granularity_fp32_pages"]
-    stored = {"k": "per_token_head_with_offset", "v": "per_token_head"}  # what int8 keeps
-    for part, kind in stored.items():
-        key = f"{part}_relative_rms_error"
-        mine, page = grain[kind][key], grain["per_page_head"][key]
-        label = f"int8 {part.upper()} error, {kind.replace('_', ' ')} (stored)"
-        rows.append(
-            (label, _pct(mine, 2), f"{_pct(page, 2)} per page and head", _ratio(mine, page))
-        )
-    symmetric = grain["per_token_head"]["k_relative_rms_error"]
-    rows.append(("int8 K error, per token head, no offset", _pct(symmetric, 2), "", ""))
-    return rows
-
-
-def amx_gemm_rows(result: dict[str, Any]) -> list[Row]:
-    """oneDNN's best candidate against our panels per format and row count (the range over
-    the shapes: us per call is the figure, the panels' the baseline), and the engine with
-    the candidates offered against left out."""
-    rows: list[Row] = []
-    shapes = list(result["gemm"].values())
-    for fmt in shapes[0]:
-        for m in shapes[0][fmt]:
-            per = [s[fmt][m] for s in shapes]
-            best = [min(v for n, v in p["us"].items() if not n.startswith("panels")) for p in per]
-            ours = [min(v for n, v in p["us"].items() if n.startswith("panels")) for p in per]
-            spread = [o / b for o, b in zip(ours, best, strict=True)]
-            label = f"{fmt}: oneDNN best, us per call summed over {len(per)} shapes, {m} rows"
-            rows.append(
-                (
-                    label,
-                    f"{sum(best):.0f}",
-                    f"panels {sum(ours):.0f}",
-                    _ratio(sum(ours), sum(best))
-                    + f" (per shape {min(spread):.2f}-{max(spread):.2f}x)",
-                )
-            )
-    for e in result["engine_throughput"]:
-        on, off = (common.median(e["tokens_per_s"][k]) for k in ("onednn_on", "onednn_off"))
-        label = f"engine {e['weights']} tok/s, TIERGATE_ONEDNN={e['setting_on']} (vs 0)"
-        rows.append((label, f"{on:.1f}", f"{off:.1f}", _ratio(on, off)))
-    ppl = result.get("forced_quality", {}).get("perplexity", {})
-    for name, q in ppl.items():
-        if name != "fp32":
-            forced = "" if "=panels" in q["measured"] else " (forced to win every row class)"
-            label = f"SmolLM2 perplexity, {name}{forced}"
-            rows.append(
-                (
-                    label,
-                    f"{q['perplexity']}",
-                    f"fp32 {ppl['fp32']['perplexity']}",
-                    f"{q['vs_fp32']:+.2%}",
-                )
-            )
-    return rows
-
-
 ROWS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "kv_dtype": kv_dtype_rows,
     "amx_gemm": amx_gemm_rows,
     "batch_idle": batch_idle_rows,
+    "kv_utilization": kv_utilization_rows,
+    "threads": threads_rows,
     "cache_eval": cache_eval_rows,
     "embedder_compare": embedder_compare_rows,
     "cache_followups": cache_followups_rows,

@@ -25,6 +25,7 @@ from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.structured_output.compile_pool import CompilePool
 from engine.structured_output.grammar import GrammarState
+from engine.thread_choice import apply_in_this_thread
 
 if TYPE_CHECKING:
     from engine.runner import ModelRunner
@@ -201,6 +202,7 @@ class AsyncEngine:
     # -- the loop thread --------------------------------------------------------------------
 
     def _run(self) -> None:
+        apply_in_this_thread(getattr(self.engine.runner, "threads", None))  # test runners: none
         try:
             while not self._stopping:
                 if not self.engine.has_unfinished() and self._commands.empty():

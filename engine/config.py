@@ -18,7 +18,15 @@ class EngineConfig:
     max_waiting_per_tenant: int | None = None
     max_model_len: int | None = None  # None: the model's context length
     enable_prefix_caching: bool = True
-    num_threads: int | None = None  # torch intra-op threads; None leaves torch's default
+    # Admission reserve (engine/scheduler.py): a waiting request is admitted only if the
+    # pages left free after it cover kv_reserve_tokens more tokens of every running request
+    # plus kv_watermark (a fraction) of the pool, so running requests grow without being
+    # preempted. Both 0: admit whenever the prompt fits (preemption by recompute instead).
+    kv_watermark: float = 0.02
+    kv_reserve_tokens: int = 64
+    # torch intra-op threads; None: one thread or all cores, whichever runs a few decode
+    # steps faster at start (engine/thread_choice.py)
+    num_threads: int | None = None
     # Projection and LM-head weights: "fp32", "bf16" (rounded at load: half the bytes;
     # bf16 dot products with AVX512-BF16), "int8" (requantized at load, one scale
     # per output row; a quarter of the bytes a decode step streams), "w8a8" (int8 weights

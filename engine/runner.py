@@ -1,6 +1,7 @@
 """ModelRunner: owns the model, tokenizer and KV pools; runs one step over SeqChunks."""
 
 import logging
+from collections.abc import Callable
 
 import torch
 
@@ -15,7 +16,9 @@ from engine.model_registry import resolve_model
 from engine.models.config import ModelConfig
 from engine.ops import NativeOps, select_ops
 from engine.sampler import logprobs_of, sample
+from engine.sampling_params import SamplingParams
 from engine.structured_output.grammar import mask_logits
+from engine.thread_choice import ROUNDS, choose_threads
 from engine.tokenizer import load_tokenizer
 from engine.weights import load_model
 
@@ -26,7 +29,7 @@ log = logging.getLogger(__name__)
 
 class ModelRunner:
     def __init__(self, config: EngineConfig) -> None:
-        if config.num_threads:
+        if config.num_threads:  # before loading: auto-chosen kernels are timed at these
             torch.set_num_threads(config.num_threads)
         resolved = resolve_model(config.model)
         self.config = config
@@ -60,6 +63,7 @@ class ModelRunner:
         self._logits = torch.empty(0, self.model_config.vocab_size)
         # decode-only steps in one C call (None: the model's forward runs every step)
         self.fused = FusedDecode.build(self.ops.kernels, self.model, self.kv_caches)
+        self.threads = choose_threads(config.num_threads, self._decode_probe(ROUNDS))
         log.info(
             "%s: %s", self.model_name, " ".join(f"{k}={v}" for k, v in self.kernel_info().items())
         )
@@ -81,9 +85,34 @@ class ModelRunner:
             "weights": self.config.weights,
             "fused_decode": str(self.fused is not None).lower(),
             "kv_dtype": self.config.kv_dtype,
+            **self.threads.info(),
         }
         info |= self.ops.choice_info()  # each format's path, formats packed, measured choices
         return info | {k: str(v).lower() for k, v in cpu_features().items()}
+
+    def _decode_probe(self, rounds: int, prompt: int = 16) -> Callable[[], None] | None:
+        """One decode step of a few sequences as the engine runs them (fused decode where
+        built), on KV pages nothing holds yet: what the thread choice times. None when the
+        pool is too small for it."""
+        steps = 2 * (rounds + 1)  # choose_threads' calls: each candidate, warm-up included
+        per_seq = -(-(prompt + steps) // self.page_size)
+        batch = min(8, self.config.max_num_seqs, self.num_pages // per_seq)
+        if batch < 1 or prompt + steps > self.max_model_len:
+            return None
+        greedy = SamplingParams(temperature=0.0)
+        tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(batch)]
+        ids = [i % self.model_config.vocab_size for i in range(100, 100 + prompt)]
+        self.execute([SeqChunk(i, ids, 0, tables[i], True, greedy) for i in range(batch)])
+        pos = [prompt]
+
+        def step() -> None:
+            p, pos[0] = pos[0], pos[0] + 1
+            end = -(-(p + 1) // self.page_size)
+            self.execute(
+                [SeqChunk(i, ids[:1], p, t[:end], True, greedy) for i, t in enumerate(tables)]
+            )
+
+        return step
 
     @staticmethod
     def bytes_per_page(model_config: ModelConfig, page_size: int, kv_dtype: str = "fp32") -> int:

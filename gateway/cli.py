@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from engine.config import KV_DTYPES, WEIGHT_FORMATS
 from engine.entrypoints.body_limit import DEFAULT_MAX_BODY_BYTES
+from engine.omp_env import set_omp_defaults
 from gateway.policy import EngineSettings, PolicyError, ServerSettings, key_digest, load_policy
 
 
@@ -118,6 +119,8 @@ def engine(args: argparse.Namespace) -> int:
             max_waiting_per_tenant=args.max_waiting_per_tenant,
             max_model_len=args.max_model_len,
             enable_prefix_caching=not args.no_prefix_caching,
+            kv_watermark=args.kv_watermark,
+            kv_reserve_tokens=args.kv_reserve_tokens,
             num_threads=args.threads,
             weights=args.weights,
             kv_dtype=args.kv_dtype,
@@ -187,6 +190,16 @@ def _flag_errors(exc: ValidationError) -> str:
     )
 
 
+def _threads(value: str) -> int | None:
+    """--threads: "auto" (None: measured at start) or a thread count."""
+    if value == "auto":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected auto or a number, not {value!r}") from None
+
+
 def _add_engine_tuning(p: argparse.ArgumentParser) -> None:
     # Defaults come from EngineSettings, which reads them from EngineConfig.
     defaults = EngineSettings()
@@ -212,7 +225,27 @@ def _add_engine_tuning(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--max-model-len", type=int, default=None, help="default: the model's")
     p.add_argument("--no-prefix-caching", action="store_true", help="never share KV pages")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument(
+        "--kv-watermark",
+        type=float,
+        default=defaults.kv_watermark,
+        help="share of KV pages an admission leaves free, beyond --kv-reserve-tokens "
+        "(default %(default)s)",
+    )
+    p.add_argument(
+        "--kv-reserve-tokens",
+        type=int,
+        default=defaults.kv_reserve_tokens,
+        help="admit a request only if every running one can still grow this many tokens "
+        "(default %(default)s; 0 with --kv-watermark 0: admit whenever the prompt fits)",
+    )
+    p.add_argument(
+        "--threads",
+        type=_threads,
+        default=None,
+        help="torch threads: N, or auto (the default: one thread or all cores, whichever "
+        "runs decode steps faster at start)",
+    )
     p.add_argument(
         "--weights",
         choices=WEIGHT_FORMATS,
@@ -333,6 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    set_omp_defaults()  # before any subcommand imports torch: libgomp reads them at load
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     parser = build_parser()
     args, options = parser.parse_known_args(argv)

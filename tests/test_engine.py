@@ -142,7 +142,10 @@ def test_preemption_with_tiny_kv_budget(runner: ModelRunner, small_runner: Model
     prompts = [f"Item {i}. {SYSTEM[: 60 + 25 * i]}" for i in range(4)]  # distinct first pages
     params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
     expected = LLMEngine(_config(), runner).generate(prompts, params)
-    tight = LLMEngine(_config(kv_cache_bytes=small_runner.config.kv_cache_bytes), small_runner)
+    no_reserve = {"kv_watermark": 0, "kv_reserve_tokens": 0}  # admit into the last pages
+    tight = LLMEngine(
+        _config(kv_cache_bytes=small_runner.config.kv_cache_bytes, **no_reserve), small_runner
+    )
     assert tight.num_pages == 12
     assert tight.generate(prompts, params) == expected
     assert tight.metrics.snapshot().preemptions > 0
@@ -150,7 +153,7 @@ def test_preemption_with_tiny_kv_budget(runner: ModelRunner, small_runner: Model
 
 
 def test_no_leak_after_finish_abort_preempt(small_runner: ModelRunner) -> None:
-    engine = LLMEngine(_config(), small_runner)
+    engine = LLMEngine(_config(kv_watermark=0, kv_reserve_tokens=0), small_runner)
     rng = random.Random(1)
     for i in range(6):
         prompt = f"{i}. {SYSTEM[: rng.randint(100, 300)]}"

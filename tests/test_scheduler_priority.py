@@ -64,7 +64,9 @@ def test_interactive_never_preempts_interactive_for_a_slot() -> None:
 
 
 def test_batch_is_preempted_first_when_pages_run_out() -> None:
-    engine = _engine(num_pages=12)  # 48 token slots: not enough for all three to finish
+    # 48 token slots: not enough for all three to finish; no admission reserve, so both batch
+    # lines get in and the pool runs out under them
+    engine = _engine(num_pages=12, kv_watermark=0, kv_reserve_tokens=0)
     engine.add_request("b0", "zero batch", LONG, priority=BATCH)
     engine.add_request("b1", "one batch", LONG, priority=BATCH)
     for _ in range(4):

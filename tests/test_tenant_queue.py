@@ -92,7 +92,9 @@ def test_within_a_tenant_the_queue_keeps_arrival_order() -> None:
 def test_preemption_takes_from_the_tenant_with_the_most_running() -> None:
     """Regression (#29.3): the newest running request was preempted, which is the one
     another tenant just got in beside a flood: it would be the first to lose its pages."""
-    config = EngineConfig(model="fake", max_num_seqs=4, max_waiting=16)
+    config = EngineConfig(
+        model="fake", max_num_seqs=4, max_waiting=16, kv_watermark=0, kv_reserve_tokens=0
+    )  # no admission reserve: all four get in and the pool runs out under them
     engine = LLMEngine(config, FakeRunner(num_pages=12, page_size=4))
     long = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     for i in range(3):

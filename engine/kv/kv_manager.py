@@ -88,16 +88,19 @@ class KVManager:
             for h in self._held.values()
         )
 
-    def allocate(self, seq: Sequence, num_new_tokens: int, hit: PrefixHit | None = None) -> bool:
+    def allocate(
+        self, seq: Sequence, num_new_tokens: int, hit: PrefixHit | None = None, reserve: int = 0
+    ) -> bool:
         """Pages so num_new_tokens more tokens of seq fit after its computed ones, all or
         none: False changes nothing. A sequence holding no pages is admitted first, taking
-        the hit's cached pages (from lookup() this step) as its computed prefix."""
+        the hit's cached pages (from lookup() this step) as its computed prefix, and only if
+        `reserve` pages stay free after it (the scheduler's admission watermark)."""
         held = self._held.get(seq.seq_id)
         if held is None:
             hits = hit.pages if hit else []
             needed = _cdiv(len(hits) * self.page_size + num_new_tokens, self.page_size) - len(hits)
             parked = sum(1 for p in hits if self.pool.is_parked(p))  # reusing them uses them up
-            if needed > self.pool.num_free() - parked:
+            if needed + reserve > self.pool.num_free() - parked:
                 return False
             for page in hits:
                 self.pool.acquire(page)
@@ -110,6 +113,10 @@ class KVManager:
                 return False
         held.pages.extend(self.pool.allocate() for _ in range(needed))
         return True
+
+    def pages_to_grow(self, seq: Sequence, num_tokens: int) -> int:
+        """Pages a running seq still needs to hold num_tokens tokens in all."""
+        return max(0, _cdiv(num_tokens, self.page_size) - len(self._held[seq.seq_id].pages))
 
     def on_computed(self, seq: Sequence) -> None:
         """Publish the pages that became full; call after seq.num_computed_tokens grows."""

@@ -232,7 +232,9 @@ class EngineSettings(StrictModel):
     max_waiting_per_tenant: int | None = _ENGINE.max_waiting_per_tenant  # None: all
     max_model_len: int | None = _ENGINE.max_model_len
     enable_prefix_caching: bool = _ENGINE.enable_prefix_caching
-    num_threads: int | None = _ENGINE.num_threads
+    kv_watermark: float = _ENGINE.kv_watermark  # pages kept free at admission (a fraction)
+    kv_reserve_tokens: int = _ENGINE.kv_reserve_tokens  # growth each running request keeps
+    num_threads: int | None = _ENGINE.num_threads  # None or "auto": measured at start
     weights: Literal[WEIGHT_FORMATS] = _ENGINE.weights  # projection / LM-head weights
     kv_dtype: Literal[KV_DTYPES] = _ENGINE.kv_dtype  # K/V pool element type
 
@@ -246,6 +248,14 @@ class EngineSettings(StrictModel):
         "max_model_len",
         "num_threads",
     )(positive)
+    _check_reserve = field_validator("kv_reserve_tokens")(not_negative)
+
+    @field_validator("num_threads", mode="before")
+    @classmethod
+    def _auto_threads(cls, value: object) -> object:
+        return None if value == "auto" else value
+
+    _check_watermark = field_validator("kv_watermark")(between_0_and_1)
 
     def to_config(self, name: str) -> EngineConfig:
         """The engine's config; `name` is the model when `model` is not set."""
