@@ -6,6 +6,8 @@
     python -m training router real-prompts --bigbench PATH
     python -m training router prior-cv
     python -m training router learn --policy P --samples F --out E   (tiergate router learn)
+    python -m training router record-traffic
+    python -m training router reference-traffic [--limit N]
     python -m training cache pairs
     python -m training cache verifier [--limit N]
     python -m training cache aligned [--l2 30]
@@ -39,6 +41,10 @@ STEPS: dict[str, dict[str, tuple[str, str]]] = {
         "record-traffic": (
             "training.router.record_traffic",
             "the recorded traffic tests/test_router_learn.py replays",
+        ),
+        "reference-traffic": (
+            "training.router.reference_traffic",
+            "traffic with known answers, labelled by them (bench/router_learn_eval.py)",
         ),
     },
     "cache": {

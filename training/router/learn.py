@@ -8,7 +8,9 @@ router to the deployer's own tiers from their own traffic.
 2. Give each both tiers' answers: the one served, the other fetched through the gateway's
    own backends (greedy, at most `router_learning.max_tokens`), within `--max-usd`.
 3. Judge each pair with the policy's judge (training/router/learn_judge.py): label 1 when
-   the small answer is not as good as the large one.
+   the small answer is not as good as the large one. A sample that carries a `reference`
+   answer is labelled by checking both answers against it instead
+   (training/router/learn_reference.py).
 4. Keep a held-out slice (`--held-out`, by a hash of the sample id); refit on the rest on
    top of the prior (training/router/learn_fit.py), calibrate the threshold to the share the
    running policy sends to large, write the examples with their provenance sidecar, and
@@ -33,6 +35,7 @@ from gateway.routing.calibrate import score_rule_index, write_threshold
 from training.artifacts import write_artifact
 from training.router import learn_fit
 from training.router.learn_judge import JUDGE_MAX_TOKENS, judge_messages, parse_verdict
+from training.router.learn_reference import reference_verdict
 from training.router.learn_tiers import JUDGE_TIER, SpendCapReached, Tiers
 
 
@@ -43,17 +46,20 @@ class Row:
     sample: Sample
     answers: dict[str, str] = field(default_factory=dict)  # tier -> answer
     verdict: dict | None = None  # {judge, reply, needs_large}
+    reference: str | None = None  # the known right answer, when the deployer has one
 
     @classmethod
     def from_json(cls, line: str) -> "Row":
         data = json.loads(line)
         answers, verdict = data.pop("answers", None) or {}, data.pop("verdict", None)
+        reference = data.pop("reference", None)
         sample = Sample(**data)
         answers.setdefault(sample.tier, sample.answer)
-        return cls(sample, answers, verdict)
+        return cls(sample, answers, verdict, None if reference is None else str(reference))
 
     def to_json(self) -> str:
         body = asdict(self.sample) | {"answers": self.answers, "verdict": self.verdict}
+        body |= {"reference": self.reference} if self.reference is not None else {}
         return json.dumps(body, ensure_ascii=False)
 
 
@@ -81,9 +87,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--weight", type=int, default=3, help="copies of each traffic example")
     p.add_argument("--large-share", type=float, help="default: the running policy's share")
     p.add_argument("--write-policy", action="store_true", help="write min_score into the policy")
+    p.add_argument("--concurrency", type=int, default=4, help="samples labelled at once")
     args = p.parse_args(argv)
-    if not 0 <= args.held_out < 1 or args.weight < 1:
-        p.error("--held-out must be in [0, 1) and --weight at least 1")
+    if not 0 <= args.held_out < 1 or args.weight < 1 or args.concurrency < 1:
+        p.error("--held-out must be in [0, 1), --weight and --concurrency at least 1")
     if args.large_share is not None and not 0 <= args.large_share <= 1:
         p.error("--large-share must be in [0, 1]")
     return args
@@ -120,19 +127,17 @@ async def read_rows(args: argparse.Namespace, policy: Policy, route: str) -> lis
 
 
 async def label(row: Row, tiers: Tiers, small: str, large: str, out: Outcome) -> None:
-    """Fill in the missing answer and the verdict; skip the row (counted) when it cannot."""
+    """Fill in the missing answers and the verdict; skip the row (counted) when it cannot."""
     try:
         for tier in (small, large):
             if tier not in row.answers:
                 reply = await tiers.ask(tier, row.sample.messages, _max_tokens(row, tiers))
                 row.answers[tier] = reply.text
                 row.verdict = None  # a verdict on other answers says nothing of this one
-        judge = tiers.judge_model()
-        if (row.verdict or {}).get("judge") != judge:
-            asked = judge_messages(row.sample.messages, row.answers[small], row.answers[large])
-            reply = await tiers.ask(JUDGE_TIER, asked, JUDGE_MAX_TOKENS)
-            row.verdict = {"judge": judge, "reply": reply.text, "needs_large": None}
-            row.verdict["needs_large"] = parse_verdict(reply.text)
+        if row.reference is not None:
+            row.verdict = reference_verdict(row.reference, row.answers[small], row.answers[large])
+        elif (row.verdict or {}).get("judge") != tiers.judge_model():
+            row.verdict = await judge(row, tiers, small, large)
     except SpendCapReached:
         return out.skip("spend_cap")
     except BackendError:
@@ -140,7 +145,14 @@ async def label(row: Row, tiers: Tiers, small: str, large: str, out: Outcome) ->
     verdict = row.verdict["needs_large"] if row.verdict else None
     if verdict is None:
         return out.skip("verdict_unreadable")
-    out.labelled.append(learn_fit.Labelled(row.sample, verdict))
+    out.labelled.append(learn_fit.Labelled.of(row.sample, row.verdict))
+
+
+async def judge(row: Row, tiers: Tiers, small: str, large: str) -> dict:
+    asked = judge_messages(row.sample.messages, row.answers[small], row.answers[large])
+    reply = await tiers.ask(JUDGE_TIER, asked, JUDGE_MAX_TOKENS)
+    verdict = parse_verdict(reply.text)
+    return {"judge": tiers.judge_model(), "reply": reply.text, "needs_large": verdict}
 
 
 def _max_tokens(row: Row, tiers: Tiers) -> int:
@@ -148,16 +160,36 @@ def _max_tokens(row: Row, tiers: Tiers) -> int:
     return min(row.sample.max_tokens or most, most)
 
 
-async def label_all(rows, policy, small, large, max_usd, record: Path) -> tuple[Outcome, float]:
-    out = Outcome()
+async def label_all(
+    rows: list[Row],
+    policy: Policy,
+    tiers_of_route: tuple[str, str],
+    max_usd: float,
+    record: Path,
+    concurrency: int,
+) -> tuple[Outcome, float]:
+    """Label every row, `concurrency` at once (the engines batch them); each row goes to the
+    record as soon as it is done. The labels keep the rows' order whatever the finish order."""
+    small, large = tiers_of_route
+    outcomes = [Outcome() for _ in rows]
     tiers = Tiers(policy, max_usd)
+    gate = asyncio.Semaphore(concurrency)
     async with tiers.running():
         with record.open("w") as sink:
-            for row in rows:
-                await label(row, tiers, small, large, out)
+
+            async def one(row: Row, out: Outcome) -> None:
+                async with gate:
+                    await label(row, tiers, small, large, out)
                 sink.write(row.to_json() + "\n")
                 sink.flush()
-    return out, tiers.spent_usd
+
+            await asyncio.gather(*(one(r, o) for r, o in zip(rows, outcomes, strict=True)))
+    merged = Outcome()
+    for out in outcomes:
+        merged.labelled += out.labelled
+        for reason, count in out.skipped.items():
+            merged.skipped[reason] = merged.skipped.get(reason, 0) + count
+    return merged, tiers.spent_usd
 
 
 def fit_and_report(args, policy: Policy, outcome: Outcome, rule: tuple[str, int]) -> tuple:
@@ -199,7 +231,9 @@ async def run(args: argparse.Namespace) -> dict:
     out = Path(args.out)
     record = Path(args.record) if args.record else out.with_name(f"{out.stem}.labelled.jsonl")
     max_usd = args.max_usd if args.max_usd is not None else policy.router_learning.max_usd
-    outcome, spent = await label_all(rows, policy, small, large, max_usd, record)
+    outcome, spent = await label_all(
+        rows, policy, (small, large), max_usd, record, args.concurrency
+    )
     if not outcome.labelled:
         raise ValueError(f"no sample could be labelled: {outcome.skipped}")
     report, examples, threshold = fit_and_report(args, policy, outcome, (route, index))

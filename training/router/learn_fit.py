@@ -8,7 +8,8 @@ before/after figures on the held-out slice of the traffic.
 Quality, with a pairwise judge: the large tier's answer is the reference (1), the small
 tier's is 1 when the judge found it as good, else 0. So all-large scores 1, all-small
 1 - the share that needs large, and CPT(50%) is the share of large calls that recovers half
-of that gap (RouteLLM's measure, training/router/metrics.py).
+of that gap (RouteLLM's measure, training/router/metrics.py). A sample labelled by its
+reference answer counts each tier's answer as it checked: 1 right, 0 wrong.
 """
 
 import hashlib
@@ -31,6 +32,26 @@ from training.router.metrics import auc, cpt
 class Labelled:
     sample: Sample
     needs_large: int  # the judge: the small answer is not as good as the large one
+    small_ok: float | None = None  # each tier's answer checked against a reference, when
+    large_ok: float | None = None  # the sample had one; else read from the verdict
+
+    @classmethod
+    def of(cls, sample: Sample, verdict: dict) -> "Labelled":
+        small, large = verdict.get("small_correct"), verdict.get("large_correct")
+        checked = small is not None and large is not None
+        return cls(
+            sample,
+            int(verdict["needs_large"]),
+            float(small) if checked else None,
+            float(large) if checked else None,
+        )
+
+    @property
+    def qualities(self) -> tuple[float, float]:
+        """(small, large): checked answers as they were; judged ones relative to large."""
+        if self.small_ok is not None and self.large_ok is not None:
+            return self.small_ok, self.large_ok
+        return 1.0 - self.needs_large, 1.0
 
 
 def is_held_out(sample_id: str, share: float) -> bool:
@@ -88,16 +109,19 @@ def _auc(labels: np.ndarray, scores: np.ndarray) -> float | None:
     return auc(labels, scores) if 0 < labels.sum() < len(labels) else None
 
 
-def figures(labels: np.ndarray, scores: np.ndarray, threshold: float) -> dict:
+def figures(
+    labels: np.ndarray, qualities: np.ndarray, scores: np.ndarray, threshold: float
+) -> dict:
     """One score on the held-out slice: AUC, CPT(50%), the share it sends to large at its
-    threshold, and the quality at that share."""
+    threshold, and the quality at that share (`qualities`: rows of (small, large))."""
     if not len(labels):
         return {"auc": None, "cpt50": None, "large_share": None, "quality": None}
-    small_ok, large_ok = 1.0 - labels, np.ones(len(labels))
+    small_ok, large_ok = qualities[:, 0], qualities[:, 1]
     to_large = scores >= threshold
+    gap = large_ok.sum() > small_ok.sum()
     return {
         "auc": _auc(labels, scores),
-        "cpt50": cpt(scores, small_ok, large_ok, 0.5) if labels.sum() else None,
+        "cpt50": cpt(scores, small_ok, large_ok, 0.5) if gap else None,
         "large_share": round(float(to_large.mean()), 4),
         "quality": round(float(np.where(to_large, large_ok, small_ok).mean()), 4),
     }
@@ -109,14 +133,15 @@ def before_after(
     """The prior and the fitted score on the held-out slice, with prompt length, all-small
     and all-large as the baselines measured on the same samples."""
     labels = np.array([r.needs_large for r in held_out], dtype=float)
+    qualities = np.array([r.qualities for r in held_out], dtype=float).reshape(-1, 2)
     lengths = np.array([len(r.sample.last_user_text) for r in held_out], dtype=float)
-    all_small = round(float(1 - labels.mean()), 4) if len(labels) else None
+    mean = qualities.mean(axis=0) if len(labels) else None
     return {
         "held_out": len(held_out),
         "needs_large_share": round(float(labels.mean()), 4) if len(labels) else None,
-        "prior": figures(labels, prior, thresholds[0]),
-        "fitted": figures(labels, fitted, thresholds[1]),
+        "prior": figures(labels, qualities, prior, thresholds[0]),
+        "fitted": figures(labels, qualities, fitted, thresholds[1]),
         "prompt_length_auc": _auc(labels, lengths) if len(labels) else None,
-        "all_small_quality": all_small,
-        "all_large_quality": 1.0 if len(labels) else None,
+        "all_small_quality": round(float(mean[0]), 4) if mean is not None else None,
+        "all_large_quality": round(float(mean[1]), 4) if mean is not None else None,
     }

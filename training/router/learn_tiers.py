@@ -4,6 +4,7 @@ retries and cooldowns as the gateway has them, but no fallback to another tier (
 must be the asked tier's), every call counted against a spend cap.
 """
 
+import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator
@@ -52,13 +53,16 @@ def learn_policy(policy: Policy) -> Policy:
 
 class Tiers:
     """Ask a tier (or the judge) one chat; the cap is checked before each call from its
-    estimate (prompt characters / 4 plus `max_tokens` at the tier's price)."""
+    estimate (prompt characters / 4 plus `max_tokens` at the tier's price), which stays
+    reserved until the call's real cost replaces it, so concurrent calls cannot pass it."""
 
     def __init__(self, policy: Policy, max_usd: float) -> None:
         self.policy = learn_policy(policy)
         self.max_usd = max_usd
         self.spent_usd = 0.0
+        self.reserved_usd = 0.0
         self.calls = 0
+        self._starting = asyncio.Lock()
         self._runtime = None
         self._engines: LocalEngines | None = None
         self._http: httpx.AsyncClient | None = None
@@ -94,10 +98,22 @@ class Tiers:
         """The tier's greedy answer; BackendError when it fails, SpendCapReached first when
         the call could pass the cap."""
         assert self._http is not None, "use `async with tiers.running()`"
-        if self.spent_usd + self._estimate(tier, messages, max_tokens) > self.max_usd:
+        estimate = self._estimate(tier, messages, max_tokens)
+        if self.spent_usd + self.reserved_usd + estimate > self.max_usd:
             raise SpendCapReached(f"{self.spent_usd:.4f} USD spent of {self.max_usd}")
-        if self._runtime is None:
-            await self._start()
+        self.reserved_usd += estimate
+        try:
+            reply = await self._ask(tier, messages, max_tokens)
+        finally:
+            self.reserved_usd -= estimate
+        self.spent_usd += reply.cost_usd
+        self.calls += 1
+        return reply
+
+    async def _ask(self, tier: str, messages: list[dict], max_tokens: int) -> Reply:
+        async with self._starting:
+            if self._runtime is None:
+                await self._start()
         body = ChatCompletionRequest.model_validate(
             {"model": tier, "messages": messages, "max_tokens": max_tokens, "temperature": 0}
         )
@@ -112,10 +128,7 @@ class Tiers:
             usage = piece.usage or usage
         text = "".join(parts)
         usage = usage or Usage.of(self._estimate_tokens(messages), len(text) // CHARS_PER_TOKEN)
-        cost = cost_usd(usage, served.price)
-        self.spent_usd += cost
-        self.calls += 1
-        return Reply(text, usage, cost, served.model)
+        return Reply(text, usage, cost_usd(usage, served.price), served.model)
 
     @staticmethod
     def _estimate_tokens(messages: list[dict]) -> int:

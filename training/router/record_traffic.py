@@ -7,6 +7,7 @@ then given the other tier's answer and the judge's verdict by `tiergate router l
 """
 
 import argparse
+import asyncio
 import json
 import tempfile
 import threading
@@ -36,13 +37,18 @@ tiers:
     deployments: [{{model: qwen2.5-coder-0.5b}}]
     price: {{input: 0.07, output: 0.15}}
     timeout_s: 900
-difficulty:
+difficulty:  # the shipped prior as router_policies/default.yaml has it
   examples: ['{examples}']
   blend: {{classifier: 1.0, kernel: 3.0}}
-  regularization: 10.0
+  regularization: 1.0
+  kernel_width: 0.5
+  kernel_ridge: 0.3
+  kernel_lexical: 0.0
+  kernel_centres: 1500
+router_learning: {{max_tokens: 512}}  # the other tier's answer: as long as the request's
 routes:
   auto:
-    rules: [{{name: hard, tier: large, min_score: 0.275814}}]
+    rules: [{{name: hard, tier: large, min_score: 0.633873}}]
     default: small
     learn: {{sample_rate: 1.0}}
 """
@@ -80,23 +86,21 @@ def serve(policy_path: Path, port: int) -> tuple[threading.Thread, object]:
     return thread, server
 
 
-def record(prompts: list[str], folder: Path, max_tokens: int, port: int) -> Path:
+def record(
+    bodies: list[dict], folder: Path, port: int, engine: str = ENGINE, concurrency: int = 1
+) -> tuple[Path, Path]:
+    """Send each chat body (`model: auto` added) through a gateway on the bundled tiers that
+    samples every request, `concurrency` at a time; the policy and the exported samples."""
     policy = folder / "policy.yaml"
     store = folder / "store.sqlite3"
     text = POLICY.format(
-        key=KEY, admin=ADMIN, store=store, engine=ENGINE, examples=DIFFICULTY_EXAMPLES
+        key=KEY, admin=ADMIN, store=store, engine=engine, examples=DIFFICULTY_EXAMPLES
     )
     policy.write_text(text)
     thread, server = serve(policy, port)
     base = f"http://127.0.0.1:{port}"
     try:
-        for i, prompt in enumerate(prompts):
-            body = {"model": "auto", "messages": [{"role": "user", "content": prompt}]}
-            body |= {"max_tokens": max_tokens, "temperature": 0}
-            auth = {"authorization": f"Bearer {KEY}"}
-            answer = httpx.post(f"{base}/v1/chat/completions", json=body, headers=auth, timeout=600)
-            answer.raise_for_status()
-            print(f"{i + 1}/{len(prompts)} {answer.headers.get('x-tiergate-tier')}", flush=True)
+        asyncio.run(_send_all(base, bodies, concurrency))
         time.sleep(1)  # the last sample is kept in the background
         export = httpx.get(
             f"{base}/admin/router/samples",
@@ -112,6 +116,28 @@ def record(prompts: list[str], folder: Path, max_tokens: int, port: int) -> Path
     return policy, samples
 
 
+async def _send_all(base: str, bodies: list[dict], concurrency: int) -> None:
+    gate, done = asyncio.Semaphore(concurrency), [0]
+    auth = {"authorization": f"Bearer {KEY}"}
+    async with httpx.AsyncClient(base_url=base, headers=auth, timeout=1800) as client:
+
+        async def send(body: dict) -> None:
+            async with gate:
+                answer = await client.post("/v1/chat/completions", json={"model": "auto"} | body)
+            answer.raise_for_status()
+            done[0] += 1
+            print(f"{done[0]}/{len(bodies)} {answer.headers.get('x-tiergate-tier')}", flush=True)
+
+        await asyncio.gather(*(send(b) for b in bodies))
+
+
+def chat_bodies(prompts: list[str], max_tokens: int) -> list[dict]:
+    return [
+        {"messages": [{"role": "user", "content": p}], "max_tokens": max_tokens, "temperature": 0}
+        for p in prompts
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m training router record-traffic")
     p.add_argument("--chat", type=int, default=28)
@@ -121,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(OUT))
     args = p.parse_args(argv)
     folder = Path(tempfile.mkdtemp(prefix="record-traffic-"))
-    policy, samples = record(real_prompts(args.chat, args.math), folder, args.max_tokens, args.port)
+    bodies = chat_bodies(real_prompts(args.chat, args.math), args.max_tokens)
+    policy, samples = record(bodies, folder, args.port)
     examples = folder / "examples.jsonl"
     learn = ["--policy", str(policy), "--samples", str(samples), "--out", str(examples)]
     return learn_main([*learn, "--record", args.out, "--max-usd", "1"])
