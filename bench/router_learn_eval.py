@@ -81,6 +81,7 @@ def pooled_figures(
             "small_right": int(small[idx].sum()),
             "large_right": int(large[idx].sum()),
             "mean_score": {n: round(float(s[idx].mean()), 4) for n, s in scores.items()},
+            "auc": {n: _auc(labels[idx], s[idx]) for n, s in scores.items()},
         }
     return {
         "samples": len(labelled),
@@ -119,6 +120,10 @@ def _scorer(policy, embed):
 
 def _as_sample(prompt: str) -> Sample:
     return Sample("bench", "auto", [{"role": "user", "content": prompt}], "small", "", "")
+
+
+def _auc(labels: np.ndarray, scores: np.ndarray) -> float | None:
+    return auc(labels, scores) if 0 < labels.sum() < len(labels) else None
 
 
 def main() -> None:

@@ -27,6 +27,7 @@ BENCHMARKS = [
     "cache_lookup",
     "cache_replay",
     "router_eval",
+    "router_learn_eval",
     "precision",
     "requant4",
     "kv_utilization",

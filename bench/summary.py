@@ -18,6 +18,7 @@ from typing import Any
 from bench import common
 from bench.summary_engine import amx_gemm_rows, kv_dtype_rows, kv_utilization_rows, threads_rows
 from bench.summary_format import Row, _pct, _ratio
+from bench.summary_router import router_learn_eval_rows
 
 REPORTS_DIR = common.ROOT / "bench" / "reports"
 PAGE = common.ROOT / "docs" / "benchmarks.md"
@@ -235,6 +236,7 @@ ROWS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "embedder_compare": embedder_compare_rows,
     "cache_followups": cache_followups_rows,
     "stream_resume": stream_resume_rows,
+    "router_learn_eval": router_learn_eval_rows,
 }
 
 
@@ -254,6 +256,9 @@ NOTES: dict[str, str] = {
     "decode rates on a shared machine: only the same-run ratio counts.",
     "stream_resume": "Prompts written for the benchmark: a figure of the mechanism (greedy "
     "continuation on a second engine), not of answer quality.",
+    "router_learn_eval": "Real questions (the prior's held-out GSM8K, AIME and GPQA rows) "
+    "answered by both bundled tiers, labelled by their reference answers: needs-large = the "
+    "small tier wrong and the large one right. Each figure's second column is the prior.",
     "amx_gemm": "Speed ratio = our panels' time / oneDNN's (>1: oneDNN faster); random "
     "values on the bundled models' projection shapes, one thread. Without AMX oneDNN has "
     "no tiles: the AMX figures are to be taken on an AMX CPU.",

@@ -16,9 +16,9 @@ import json
 import tempfile
 from pathlib import Path
 
-from training.artifacts import ROOT
+from training.artifacts import ROOT, write_artifact
 from training.router.learn import main as learn_main
-from training.router.real_prompts import read_real_prompts
+from training.router.real_prompts import REAL_PROMPTS, read_real_prompts
 from training.router.real_sources import _bench_data
 from training.router.record_traffic import record
 from training.router.tasks import gsm8k_path
@@ -97,7 +97,27 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     learn = ["--policy", str(policy), "--samples", str(with_references(samples, questions))]
     learn += ["--out", str(folder / "examples.jsonl"), "--record", args.out, "--max-usd", "5"]
-    return learn_main([*learn, "--concurrency", str(args.concurrency)])
+    code = learn_main([*learn, "--concurrency", str(args.concurrency)])
+    if code == 0:
+        write_provenance(Path(args.out), args)
+    return code
+
+
+def write_provenance(record: Path, args: argparse.Namespace) -> None:
+    """The record's sidecar: the questions' sources with their sha256, the commit, the
+    command, and the labels' counts."""
+    rows = [json.loads(line) for line in record.read_text().splitlines() if line.strip()]
+    verdicts = [r["verdict"] or {} for r in rows]
+    figures = {
+        "samples": len(rows),
+        "needs_large": sum(v.get("needs_large") == 1 for v in verdicts),
+        "small_right": sum(bool(v.get("small_correct")) for v in verdicts),
+        "large_right": sum(bool(v.get("large_correct")) for v in verdicts),
+        "max_tokens": args.max_tokens,
+        "tiers": {"small": "smollm2-135m", "large": "qwen2.5-coder-0.5b"},
+    }
+    data = [REAL_PROMPTS, gsm8k_path(), _bench_data() / "gpqa" / "gpqa_diamond.csv"]
+    write_artifact(record, record.read_text(), data, figures)
 
 
 if __name__ == "__main__":
