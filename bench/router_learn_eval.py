@@ -11,8 +11,9 @@ reference answer (needs-large = the small tier wrong and the large one right). T
 - `tiergate router learn` itself, replaying that record (every answer and verdict is in it,
   so nothing is asked): the refit on its 70% and the before/after report on its fixed 30%
   held-out slice (AUC, CPT(50%), the share and the quality at each one's threshold).
-- Five folds by a hash of the sample id, the refit trained on four and scored on the fifth:
-  the prior's and the fitted score's AUC, CPT(50%) and APGR pooled over all samples, with
+- Five folds by a hash of the sample id, the refit trained on four and scored on the fifth
+  (how much of the prior it keeps chosen on those four, as `--prior auto` does): the
+  prior's and the fitted score's AUC, CPT(50%) and APGR pooled over all samples, with
   prompt length and LiteLLM's complexity router on the same samples.
 - The fitted score on the prior's own test (bench/router_eval.py's held-out hard/everyday
   prompts, length-matched, and the hand-written sanity pairs): what the refit costs the
@@ -23,7 +24,6 @@ Writes bench/results/router_learn_eval.json (TIERGATE_BENCH_RESULTS overrides).
 
 import argparse
 import asyncio
-import hashlib
 import json
 import tempfile
 from pathlib import Path
@@ -36,12 +36,12 @@ from gateway.cache.samples import Sample
 from gateway.embedding.embedder import Embedder
 from gateway.policy import load_policy
 from training.router import learn, learn_fit
+from training.router.learn_prior import FOLDS, choose_prior_keep, fold_of
 from training.router.metrics import auc, cpt
 from training.router.real_prompts import read_real_prompts
 from training.router.reference_traffic import OUT as RECORD
 from training.router.sanity import read_pairs, sanity
 
-FOLDS = 5
 POLICY = common.ROOT / "router_policies" / "default.yaml"
 
 
@@ -50,21 +50,21 @@ def read_labelled(record: Path) -> list[learn_fit.Labelled]:
     return [learn_fit.Labelled.of(r.sample, r.verdict) for r in rows if r.verdict]
 
 
-def fold_of(sample_id: str) -> int:
-    return int(hashlib.sha256(f"fold/{sample_id}".encode()).hexdigest()[:8], 16) % FOLDS
-
-
-def cross_fitted(policy, labelled: list[learn_fit.Labelled], embed) -> np.ndarray:
-    """Each sample's score from the refit trained without its fold."""
+def cross_fitted(policy, labelled: list[learn_fit.Labelled], embed) -> tuple[np.ndarray, list]:
+    """Each sample's score from the refit trained without its fold, the share of the prior it
+    keeps chosen as `router learn --prior auto` chooses it, on the other folds alone."""
     scores = np.zeros(len(labelled))
     folds = np.array([fold_of(r.sample.id) for r in labelled])
+    kept = []
     for k in range(FOLDS):
         train = [r for r, f in zip(labelled, folds, strict=True) if f != k]
-        examples, _ = learn_fit.fitted_examples(policy, train, weight=3)
+        choice = choose_prior_keep(policy, train, 3, embed)
+        examples, _ = learn_fit.fitted_examples(policy, train, 3, choice.keep)
         fitted = learn_fit.with_examples(policy, examples)
         held = np.flatnonzero(folds == k)
         scores[held] = learn_fit.score_samples(fitted, [labelled[i].sample for i in held], embed)
-    return scores
+        kept.append(choice.report()["prior_keep"])
+    return scores, kept
 
 
 def pooled_figures(
@@ -141,15 +141,18 @@ def main() -> None:
     source_of = {r["prompt"]: r["source"] for r in read_real_prompts()}
     sources = [source_of.get(p, "other") for p in prompts]
     scores = {"prior": learn_fit.score_samples(policy, [r.sample for r in labelled], embed)}
-    scores["fitted"] = cross_fitted(policy, labelled, embed)
-    examples, _ = learn_fit.fitted_examples(policy, labelled, weight=3)
+    scores["fitted"], kept_per_fold = cross_fitted(policy, labelled, embed)
+    choice = choose_prior_keep(policy, labelled, 3, embed)
+    examples, _ = learn_fit.fitted_examples(policy, labelled, 3, choice.keep)
     fitted_policy = learn_fit.with_examples(policy, examples)
     report = {
         "cpu": common.cpu_model(),
         "record": args.record,
         "learn_held_out_slice": learned,
-        "five_folds": pooled_figures(labelled, sources, scores | baselines(prompts)),
-        "general_ranking": general_ranking(policy, fitted_policy, embed),
+        "five_folds": pooled_figures(labelled, sources, scores | baselines(prompts))
+        | {"prior_keep_per_fold": kept_per_fold},
+        "general_ranking": general_ranking(policy, fitted_policy, embed)
+        | {"prior_choice_on_all": choice.report()},
     }
     folds, slice_ = report["five_folds"], learned
     report["goals"] = {

@@ -156,4 +156,4 @@ def test_the_refit_is_ahead_of_the_prior_on_held_out_reference_traffic(tmp_path:
     report = json.loads(sidecar_of(out).read_text())["figures"]
     assert report["skipped"] == {} and report["spent_usd"] == 0
     assert report["held_out"] >= 90 and 0 < report["needs_large_share"] < 0.5
-    assert report["fitted"]["auc"] > report["prior"]["auc"] + MARGIN
+    assert report["fitted"]["auc"] > report["prior"]["auc"] + 0.15  # 0.609 against 0.341

@@ -27,6 +27,7 @@ from gateway.policy import (
     PolicyIssue,
 )
 from gateway.policy.examples import policy_examples
+from gateway.routing.example_vectors import cached_vectors, store_dir
 from gateway.routing.features import extract_features
 from gateway.routing.lexical import LexicalIndex
 from gateway.routing.nearest import Kernel, Neighbours, centre_indices, centre_similarities
@@ -255,28 +256,13 @@ def _embed_in_batches(prompts: list[str], embed_many: EmbedMany, size: int = 64)
 
 
 def embeddings_of(prompts: list[str], model: str, embed_many: EmbedMany) -> np.ndarray:
-    """The examples' vectors, kept on disk: a restart (or `tiergate calibrate`) with the
-    same examples and embedder loads them instead of embedding a thousand prompts again."""
+    """The examples' vectors, kept on disk per text (example_vectors.py): a restart, a
+    refit's longer examples file or `tiergate calibrate` embeds only the prompts not seen
+    before."""
     from engine.model_registry import cache_dir
 
-    digest = hashlib.sha256(repr((model, prompts)).encode()).hexdigest()[:32]
-    path = cache_dir() / "difficulty" / f"{digest}.npy"
-    if path.is_file():
-        try:
-            vectors = np.load(path)
-            if vectors.shape[0] == len(prompts):
-                return vectors
-        except (OSError, ValueError):
-            pass  # a damaged file: embed again and replace it
-    vectors = _embed_in_batches(prompts, embed_many)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp.npy")
-        np.save(tmp, vectors)
-        tmp.replace(path)
-    except OSError:
-        logger.warning("cannot keep the example embeddings in %s", path.parent)
-    return vectors
+    folder = store_dir(cache_dir() / "difficulty", model)
+    return cached_vectors(prompts, folder, lambda texts: _embed_in_batches(texts, embed_many))
 
 
 def difficulty_scorer_factory(

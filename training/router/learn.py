@@ -35,6 +35,7 @@ from gateway.routing.calibrate import score_rule_index, write_threshold
 from training.artifacts import write_artifact
 from training.router import learn_fit
 from training.router.learn_judge import JUDGE_MAX_TOKENS, judge_messages, parse_verdict
+from training.router.learn_prior import PriorChoice, choose_prior_keep
 from training.router.learn_reference import reference_verdict
 from training.router.learn_tiers import JUDGE_TIER, SpendCapReached, Tiers
 
@@ -88,7 +89,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--large-share", type=float, help="default: the running policy's share")
     p.add_argument("--write-policy", action="store_true", help="write min_score into the policy")
     p.add_argument("--concurrency", type=int, default=4, help="samples labelled at once")
+    p.add_argument(
+        "--prior",
+        default="auto",
+        help="prior examples kept: auto (chosen by five-fold CV on the training slice), all, or N",
+    )
     args = p.parse_args(argv)
+    if args.prior not in ("auto", "all") and not (args.prior.isdigit()):
+        p.error("--prior must be auto, all or a count")
     if not 0 <= args.held_out < 1 or args.weight < 1 or args.concurrency < 1:
         p.error("--held-out must be in [0, 1), --weight and --concurrency at least 1")
     if args.large_share is not None and not 0 <= args.large_share <= 1:
@@ -199,7 +207,8 @@ def fit_and_report(args, policy: Policy, outcome: Outcome, rule: tuple[str, int]
     out = [learn_fit.is_held_out(r.sample.id, args.held_out) for r in outcome.labelled]
     held = [r for r, o in zip(outcome.labelled, out, strict=True) if o]
     train = [r for r, o in zip(outcome.labelled, out, strict=True) if not o]
-    examples, kept_prior = learn_fit.fitted_examples(policy, train, args.weight)
+    choice = prior_choice(args.prior, policy, train, args.weight, embed)
+    examples, kept_prior = learn_fit.fitted_examples(policy, train, args.weight, choice.keep)
     fitted = learn_fit.with_examples(policy, examples)
     route, index = rule
     old = policy.routes[route].rules[index].min_score
@@ -208,7 +217,9 @@ def fit_and_report(args, policy: Policy, outcome: Outcome, rule: tuple[str, int]
     share = args.large_share
     if share is None:
         share = float((prior_train >= old).mean()) if len(prior_train) else 0.3
-    fitted_train = learn_fit.score_samples(fitted, train_samples, embed)
+    fitted_train = choice.scores
+    if fitted_train is None:  # no cross-validation ran: the refit's own scores
+        fitted_train = learn_fit.score_samples(fitted, train_samples, embed)
     new = learn_fit.calibrated_threshold(fitted_train, share)
     held_samples = [r.sample for r in held]
     report = learn_fit.before_after(
@@ -219,7 +230,17 @@ def fit_and_report(args, policy: Policy, outcome: Outcome, rule: tuple[str, int]
     )
     counts = {"train": len(train), "prior_examples": kept_prior, "examples": len(examples)}
     calibration = {"large_share": round(share, 4), "min_score_before": old, "min_score": new}
-    return report | counts | {"calibration": calibration}, examples, new
+    extra = {"calibration": calibration, "prior_choice": choice.report()}
+    return report | counts | extra, examples, new
+
+
+def prior_choice(setting: str, policy: Policy, train: list, weight: int, embed) -> PriorChoice:
+    """`--prior`: auto (cross-validated on the training slice), all, or a count."""
+    if setting == "auto":
+        return choose_prior_keep(policy, train, weight, embed)
+    if setting == "all":
+        return PriorChoice(None, {}, "--prior all")
+    return PriorChoice(int(setting), {}, f"--prior {setting}")
 
 
 async def run(args: argparse.Namespace) -> dict:

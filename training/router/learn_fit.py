@@ -61,10 +61,11 @@ def is_held_out(sample_id: str, share: float) -> bool:
 
 
 def fitted_examples(
-    policy: Policy, train: list[Labelled], weight: int
+    policy: Policy, train: list[Labelled], weight: int, keep: int | None = None
 ) -> tuple[list[ExamplePrompt], int]:
-    """The prior's examples (less those a traffic prompt replaces; less the ones past the
-    kernel's limit, dropped by a fixed hash) plus the traffic's; and how many prior ones."""
+    """The prior's examples (less those a traffic prompt replaces; only the first `keep` by a
+    fixed hash when given, and never past the kernel's limit) plus the traffic's, `weight`
+    times each; and how many prior ones."""
     traffic = [
         ExamplePrompt(prompt=row.sample.last_user_text, label=row.needs_large)
         for row in train
@@ -75,8 +76,10 @@ def fitted_examples(
     new = traffic * weight
     d = policy.difficulty
     solves_all = d.blend.kernel > 0 and d.kernel_centres is None  # an examples² system
-    if solves_all and len(prior) + len(new) > KERNEL_MAX_EXAMPLES:
-        keep = max(0, KERNEL_MAX_EXAMPLES - len(new))
+    if solves_all:
+        limit = max(0, KERNEL_MAX_EXAMPLES - len(new))
+        keep = limit if keep is None else min(keep, limit)
+    if keep is not None and keep < len(prior):
         prior = sorted(prior, key=lambda e: hashlib.sha256(e.prompt.encode()).digest())[:keep]
     return prior + new, len(prior)
 
