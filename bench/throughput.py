@@ -6,7 +6,7 @@ Baselines, measured in the same run on the same weights and the same token ids:
   (c) vLLM's CPU build on an HF folder converted from the GGUF, in float32 and in bfloat16
       (vLLM's recommended dtype where the CPU has bf16) (goal: >= 1.2x its best dtype).
 Single stream: the first --single-stream requests one at a time, ours vs llama-cpp-python,
-decode tokens/s with the first token timed apart (goal: >= 1x; see single_stream.py).
+decode tokens/s with the first token timed apart (goal: >= 1.5x; see single_stream.py).
 Plus decode at batch 64 as a share of this machine's fp32 matmul peak (goal: >= 50%), with
 transformers' own batch-64 decode step as its same-run reference.
 
@@ -30,7 +30,7 @@ GOALS = {
     "vs_transformers": 2.0,
     "vs_llamacpp": 3.0,
     "vs_vllm": 1.2,
-    "single_stream_vs_llamacpp": 1.0,
+    "single_stream_vs_llamacpp": 1.5,  # issue #27
     "decode64_peak_share": 0.5,
 }
 
