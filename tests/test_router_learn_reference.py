@@ -140,7 +140,8 @@ def test_the_reference_traffic_is_whole_and_labelled_by_its_references() -> None
     assert len(rows) >= 300
     for row in rows:
         assert set(row["answers"]) == {"small", "large"} and row["reference"]
-        again = reference_verdict(row["reference"], row["answers"]["small"], row["answers"]["large"])
+        answers = row["answers"]
+        again = reference_verdict(row["reference"], answers["small"], answers["large"])
         assert row["verdict"] == again  # the checker that labelled it is today's
     assert {r["verdict"]["needs_large"] for r in rows} == {0, 1}
 
