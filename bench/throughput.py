@@ -379,6 +379,7 @@ def main() -> None:
         "goals_by_weights": goals,
         "decode64": decode64(args, items, formats[0], reason),
         "venvs": venvs,
+        "command": " ".join(["python -m bench.throughput", *sys.argv[1:]]),
     }
     # flat, for run.py's goal table: the first format's
     result["goals"] = {**goals[formats[0]], "decode64_peak_share": result["decode64"].get("goal")}
