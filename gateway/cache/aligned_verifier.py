@@ -21,6 +21,9 @@ ALL_FEATURES = (*FEATURES, *TOKEN_FEATURES)
 
 
 class AlignedVerifier(PairVerifier):
+    ARTIFACT = ALIGNED_MODEL
+    FEATURES = ALL_FEATURES
+
     def __init__(
         self,
         model: LogisticModel,
@@ -33,12 +36,20 @@ class AlignedVerifier(PairVerifier):
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> "AlignedVerifier":
-        artifact = json.loads(Path(path or ALIGNED_MODEL).read_text())
-        if tuple(artifact["features"]) != ALL_FEATURES:
-            raise ValueError("aligned verifier artifact has other features: retrain it")
+        """The fitted model and thresholds of `path` (default: the class's ARTIFACT)."""
+        artifact = json.loads(Path(path or cls.ARTIFACT).read_text())
+        if tuple(artifact["features"]) != cls.FEATURES:
+            raise ValueError(f"{cls.ARTIFACT.name} has other features: retrain it")
         m = artifact["model"]
         model = LogisticModel(m["mean"], m["scale"], m["weights"], m["bias"])
-        return cls(model, artifact["thresholds"], PairVerifier.load().stats, TokenStates())
+        return cls.assemble(model, artifact["thresholds"], PairVerifier.load().stats)
+
+    @classmethod
+    def assemble(
+        cls, model: LogisticModel, thresholds: dict[str, float], stats: WordStats
+    ) -> "AlignedVerifier":
+        """The verifier around a fitted (or placeholder) model: its feature sources added."""
+        return cls(model, thresholds, stats, TokenStates())
 
     def pair_features(self, query: str, candidate: str, cosine: float) -> list[float]:
         """ALL_FEATURES of a pair (what training fits on, for pairs no rule decides)."""

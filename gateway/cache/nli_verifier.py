@@ -8,7 +8,6 @@ core each for short questions) on top of `aligned`'s: opt-in, for deployments th
 lookup time for served rewordings (docs/cache.md).
 """
 
-import json
 from pathlib import Path
 
 from gateway.cache.aligned_verifier import ALL_FEATURES as ALIGNED_FEATURES
@@ -16,13 +15,16 @@ from gateway.cache.aligned_verifier import AlignedVerifier
 from gateway.cache.nli_scores import NLI_FEATURES, NliScores
 from gateway.cache.pair_text import WordStats
 from gateway.cache.token_states import TokenStates
-from gateway.cache.verifier import LogisticModel, PairVerifier
+from gateway.cache.verifier import LogisticModel
 
 NLI_MODEL = Path(__file__).with_name("nli_model.json")
 ALL_FEATURES = (*ALIGNED_FEATURES, *NLI_FEATURES)
 
 
 class NliVerifier(AlignedVerifier):
+    ARTIFACT = NLI_MODEL
+    FEATURES = ALL_FEATURES
+
     def __init__(
         self,
         model: LogisticModel,
@@ -35,14 +37,10 @@ class NliVerifier(AlignedVerifier):
         self.nli = nli
 
     @classmethod
-    def load(cls, path: str | Path | None = None) -> "NliVerifier":
-        artifact = json.loads(Path(path or NLI_MODEL).read_text())
-        if tuple(artifact["features"]) != ALL_FEATURES:
-            raise ValueError("nli verifier artifact has other features: retrain it")
-        m = artifact["model"]
-        model = LogisticModel(m["mean"], m["scale"], m["weights"], m["bias"])
-        stats = PairVerifier.load().stats
-        return cls(model, artifact["thresholds"], stats, TokenStates(), NliScores())
+    def assemble(
+        cls, model: LogisticModel, thresholds: dict[str, float], stats: WordStats
+    ) -> "NliVerifier":
+        return cls(model, thresholds, stats, TokenStates(), NliScores())
 
     def pair_features(self, query: str, candidate: str, cosine: float) -> list[float]:
         """ALL_FEATURES of a pair (what training fits on, for pairs no rule decides)."""

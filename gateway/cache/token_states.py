@@ -24,7 +24,7 @@ import numpy as np
 from engine.cache_files import atomic_path, cache_path
 from gateway.cache.lexicon import STOPWORDS
 from gateway.embedding.embedder import default_model_path
-from gateway.embedding.onnx_backend import weights_file
+from gateway.embedding.onnx_backend import one_core_session, weights_file
 
 _EXPORT_KIND = "embedder-tokens-int8-1"  # bump when the exported graph changes
 _INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -44,7 +44,6 @@ class TokenStates:
     """One ONNX Runtime session (one thread) over the embedder's transformer; thread-safe."""
 
     def __init__(self, model_dir: Path | None = None) -> None:
-        import onnxruntime as ort
         from tokenizers import Tokenizer
 
         model_dir = model_dir or default_model_path()
@@ -54,10 +53,7 @@ class TokenStates:
         path = cache_path(weights_file(model_dir), _EXPORT_KIND, ".onnx")
         if not path.is_file():
             export(model_dir, path)
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = 1  # one core, as the embedder, beside the engine
-        options.inter_op_num_threads = 1
-        self._session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        self._session = one_core_session(path)
         self._lru: OrderedDict[str, np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
         self.passes = 0

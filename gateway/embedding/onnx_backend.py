@@ -149,6 +149,17 @@ class OnnxBackend:
         return _Tokenized(arrays, lengths)
 
 
+def one_core_session(path: Path) -> Any:
+    """An ONNX Runtime session on one core (the verifier's graphs): beside the engine's
+    threads and the embedder, a second one only waits for a core."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
 def _open_session(ort: Any, model_dir: Path) -> Any:
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1  # as the torch embedder: one core, beside the engine's

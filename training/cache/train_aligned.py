@@ -22,9 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from gateway.cache.aligned_verifier import ALL_FEATURES, AlignedVerifier
-from gateway.cache.nli_verifier import ALL_FEATURES as NLI_FEATURES
-from gateway.cache.token_states import TokenStates
+from gateway.cache.aligned_verifier import AlignedVerifier
+from gateway.cache.nli_verifier import NliVerifier
 from gateway.cache.verifier import STRICTNESS, PairVerifier
 from gateway.embedding.embedder import Embedder
 from gateway.policy import CacheSettings
@@ -35,7 +34,6 @@ from training.cache.train_verifier import fit_logistic
 # chosen on dev: aligned among 3, 10, 30; nli among 10, 30, 100 (docs/cache.md)
 L2 = {"aligned": 30.0, "nli": 10.0}
 ARTIFACTS = {"aligned": ALIGNED_MODEL, "nli": NLI_MODEL}
-FEATURES_OF = {"aligned": ALL_FEATURES, "nli": NLI_FEATURES}
 PEOPLE_WEIGHT = 3.0
 TARGET_WRONG = {"strict": 0.0, "balanced": 0.01, "lenient": 0.03}
 FLOORS = (0.5, 0.6, 0.7, 0.8)
@@ -118,12 +116,8 @@ def untrained(kind: str) -> AlignedVerifier:
     """A verifier of `kind` with the shipped vetoes, its model still to fit."""
     rules = PairVerifier.load()
     placeholder = {name: 0.5 for name in STRICTNESS}
-    if kind == "nli":
-        from gateway.cache.nli_scores import NliScores
-        from gateway.cache.nli_verifier import NliVerifier
-
-        return NliVerifier(rules.model, placeholder, rules.stats, TokenStates(), NliScores())
-    return AlignedVerifier(rules.model, placeholder, rules.stats, TokenStates())
+    verifier = NliVerifier if kind == "nli" else AlignedVerifier
+    return verifier.assemble(rules.model, placeholder, rules.stats)
 
 
 def main(argv: list[str] | None = None, kind: str = "aligned") -> int:
@@ -167,7 +161,7 @@ def main(argv: list[str] | None = None, kind: str = "aligned") -> int:
         },
     }
     artifact = {
-        "features": list(FEATURES_OF[kind]),
+        "features": list(verifier.FEATURES),
         "model": verifier.model.__dict__,
         "thresholds": thresholds,
         "trained_on": figures["trained_on"],
