@@ -111,7 +111,7 @@ class OnnxBackend:
 
     def __init__(self, model_dir: Path) -> None:
         try:
-            import onnxruntime as ort
+            import onnxruntime  # noqa: F401  (the session is opened below)
         except ImportError as exc:
             raise OnnxUnavailable("onnxruntime is not installed") from exc
         from tokenizers import Tokenizer
@@ -125,7 +125,7 @@ class OnnxBackend:
         # The file's own settings (fixed padding to 128, cut at 128) are not the model's.
         self._tokenizer.enable_truncation(self.max_seq_length)
         self._tokenizer.no_padding()
-        self._session = _open_session(ort, model_dir)
+        self._session = _open_session(model_dir)
         self.dim: int = int(self._session.get_outputs()[0].shape[-1])
 
     def encode(self, texts: list[str]) -> np.ndarray:
@@ -150,25 +150,22 @@ class OnnxBackend:
 
 
 def one_core_session(path: Path) -> Any:
-    """An ONNX Runtime session on one core (the verifier's graphs): beside the engine's
-    threads and the embedder, a second one only waits for a core."""
+    """An ONNX Runtime session on one core (the embedder's and the verifiers' graphs): as
+    the torch embedder, beside the engine's threads a second one only waits for a core."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     options.inter_op_num_threads = 1
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-def _open_session(ort: Any, model_dir: Path) -> Any:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1  # as the torch embedder: one core, beside the engine's
-    options.inter_op_num_threads = 1
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+def _open_session(model_dir: Path) -> Any:
     path = exported_path(model_dir)
     if path.is_file():
         try:
-            return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+            return one_core_session(path)
         except Exception as exc:  # an unreadable cache file is rebuilt, not trusted
             log.warning("embedder: cached graph %s unreadable (%s); exporting again", path, exc)
     try:
@@ -178,4 +175,4 @@ def _open_session(ort: Any, model_dir: Path) -> Any:
     except Exception as exc:  # onnx missing, a tracer failure: torch still serves
         raise OnnxUnavailable(f"ONNX export failed: {exc!r}") from exc
     log.info("embedder: exported %s to %s", model_dir.name, path)
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return one_core_session(path)
