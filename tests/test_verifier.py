@@ -83,6 +83,56 @@ def test_each_veto_refuses_even_when_lenient(
     assert verdict.probability == 0.0
 
 
+# Names, question words and scope words that another wording keeps: no veto refuses these
+# (the model decides, or the words are the same once the phrases are rewritten), while the
+# look-alikes below them still differ.
+NOT_VETOED = [
+    ("What is the GDP of the United States?", "What is the GDP of the US?"),  # one name
+    ("Who was the first US president?", "Who was the first president of the USA?"),
+    ("What is the GDP of France?", "What is the gross domestic product of France?"),
+    ("What language is spoken in Brazil?", "Which language do Brazilians speak?"),
+    ("how do i reverse a list in python", "What's the Pythonic way to reverse a list?"),
+    ("What is the longest river in the world?", "Which river is the longest on Earth?"),
+    ("Why do earthquakes happen?", "What is the cause of an earthquake?"),
+    ("When was the treaty signed?", "What year was the treaty signed?"),
+    ("When is the best time to visit Japan?", "What time of year is best for visiting Japan?"),
+    ("The app keeps crashing when I open it", "app crashes on startup, what do I do"),
+    ("How long does it take to fly to Rome?", "How many hours is a flight to Rome?"),
+    ("What does DNA stand for?", "What is DNA short for?"),
+    ("Summarise the plot of Hamlet", "what happens in Hamlet, in short"),
+    ("What is the best laptop for coding?", "What's a good laptop for coding?"),
+    ("How do I undo the last commit in git?", "How can I revert my most recent git commit?"),
+    ("How do I make a bulleted list in Markdown?", "How can I create bullet points in Markdown?"),
+    ("Give me a synonym for happy", "another word for happy?"),
+]
+STILL_VETOED = [
+    ("How do I sort a list in Java?", "How do I sort a list in JavaScript?", "entity"),
+    ("What language is spoken in Brazil?", "What language is spoken in Bolivia?", "entity"),
+    ("What is the GDP of the US?", "What is the GDP of the UK?", "entity"),
+    ("Tell me who founded Microsoft", "Tell me when Microsoft was founded", "question word"),
+    ("Who founded Microsoft?", "What year was Microsoft founded?", "question word"),
+    ("How long is the Nile?", "How long is the Nile for kids?", "scope"),
+    ("Summarise the plot of Hamlet", "Explain the plot of Hamlet in detail", "scope"),
+    ("What is the best laptop for coding?", "What is the cheapest laptop for coding?", "scope"),
+]
+
+
+@pytest.mark.parametrize(("query", "stored"), NOT_VETOED)
+def test_other_wordings_of_a_name_an_ask_or_a_scope_are_not_vetoed(
+    verifier: PairVerifier, query: str, stored: str
+) -> None:
+    assert verifier.decide(query, stored) in (None, (1.0, ""))
+    assert verifier.decide(stored, query) in (None, (1.0, ""))
+
+
+@pytest.mark.parametrize(("query", "stored", "reason"), STILL_VETOED)
+def test_their_look_alikes_are_still_vetoed(
+    verifier: PairVerifier, query: str, stored: str, reason: str
+) -> None:
+    assert verifier.decide(query, stored) == (0.0, reason)
+    assert verifier.decide(stored, query) == (0.0, reason)
+
+
 PARAPHRASES = [
     ("How do I reset my password?", "how do i reset my password"),
     ("What is the capital of France?", "what's the capital of france??"),

@@ -201,6 +201,13 @@ cost price
 test check verify validate
 purpose goal aim objective
 autumn fall
+best ideal optimal good
+summary summarise summarize synopsis recap
+world earth globe
+usa america
+uk britain
+macos mac osx
+latest newest last
 """.strip().splitlines()
 SYNONYMS: dict[str, str] = {}
 for _line in _SYNONYM_GROUPS:
@@ -353,6 +360,18 @@ SCOPE_WORDS = frozenset(
 QUESTION_WORDS = frozenset({"who", "whom", "when", "where", "why", "what", "how", "which", "whose"})
 # A switch between these asks for another fact (when vs where was it founded).
 DISTINCT_QUESTION_WORDS = frozenset({"who", "whom", "when", "where", "why", "whose"})
+# A question word after these asks ("tell me why", "not sure when"); elsewhere in a
+# sentence it joins clauses ("it crashes when I open it") and asks nothing.
+ASKING_WORDS = frozenset(
+    _words(
+        """me us know explain wondering wonder understand tell ask asking show idea sure
+        curious about on"""
+    )
+)
+# A name and the word for its people or its style ("Brazil" / "Brazilians", "Python" /
+# "Pythonic") name the same thing; a longer name is never one of these ("Java" /
+# "JavaScript").
+DERIVED_NAME_SUFFIXES = ("n", "an", "ans", "ian", "ians", "ns", "ic", "ish", "ese")
 
 # Names paraphrases keep: a lower-cased query still names them ("capital of france").
 GAZETTEER = frozenset(

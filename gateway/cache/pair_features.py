@@ -66,11 +66,40 @@ def _typo_of(word: str, other: PairText, stats: WordStats) -> bool:
     return any(tokens[i] + tokens[i + 1] == word for i in range(len(tokens) - 1))
 
 
+def derived_name(word: str, text: PairText) -> bool:
+    """`word` and a word of `text` are a name and its people or style (Brazil/Brazilians)."""
+    for w in text.words:
+        base, longer = (w, word) if len(w) < len(word) else (word, w)
+        named = base in text.entities or longer in text.entities or base in lx.GAZETTEER
+        derived = longer.startswith(base) and longer[len(base) :] in lx.DERIVED_NAME_SUFFIXES
+        if named and derived and len(base) >= 4:
+            return True
+    return False
+
+
+def acronym_in(word: str, text: PairText) -> bool:
+    """`word` spells the initials of words in a row of `text` ("GDP", "gross domestic
+    product"; "DOJ", "Department of Justice")."""
+    if not 3 <= len(word) <= 6 or not word.isalpha():
+        return False
+    words = [t.lower for t in text.tokens]
+    for run in (words, [w for w in words if w not in lx.STOPWORDS]):
+        initials = "".join(w[0] for w in run)
+        if word in initials:
+            return True
+    return False
+
+
+def _forgiven(word: str, other: PairText, stats: WordStats) -> bool:
+    return _typo_of(word, other, stats) or derived_name(word, other) or acronym_in(word, other)
+
+
 def align(a: PairText, b: PairText, stats: WordStats) -> Alignment:
-    """Content words each side lacks, after synonyms (a function word's too) and typos."""
+    """Content words each side lacks, after synonyms (a function word's too), typos, a
+    name's derived forms and acronyms."""
     keys_a, keys_b = set(a.content), set(b.content)
-    only_a = {k: a.content[k] for k in keys_a - b.keys if not _typo_of(a.content[k], b, stats)}
-    only_b = {k: b.content[k] for k in keys_b - a.keys if not _typo_of(b.content[k], a, stats)}
+    only_a = {k: a.content[k] for k in keys_a - b.keys if not _forgiven(a.content[k], b, stats)}
+    only_b = {k: b.content[k] for k in keys_b - a.keys if not _forgiven(b.content[k], a, stats)}
     return Alignment(only_a, only_b, len(keys_a & keys_b))
 
 
@@ -173,7 +202,7 @@ def veto(a: PairText, b: PairText, al: Alignment, stats: WordStats) -> str | Non
         return "entity"
     if any(_is_scope(w) for w in unmatched):
         return "scope"
-    qa, qb = a.words & lx.QUESTION_WORDS, b.words & lx.QUESTION_WORDS
+    qa, qb = a.asks, b.asks
     if qa - qb and qb - qa and (qa ^ qb) & lx.DISTINCT_QUESTION_WORDS:
         return "question word"
     return None

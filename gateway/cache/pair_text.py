@@ -48,9 +48,46 @@ POLITE_PHRASES = re.compile(
 )
 # "What makes the sky blue?" asks why: one form, so the question-word veto compares asks.
 WHY_PHRASES = re.compile(
-    r"\b(?:what (?:makes|causes|is the reason|are the reasons)|how come)\b", re.IGNORECASE
+    r"\b(?:what (?:makes|causes|is the (?:reason|cause)|are the (?:reasons|causes))"
+    r"(?: of| for)?|how come)\b",
+    re.IGNORECASE,
 )
 STEP_BY_STEP = re.compile(r"\bstep[- ]by[- ]step\b", re.IGNORECASE)
+# "What year was it signed?" asks when, "which person" who.
+WHEN_PHRASES = re.compile(
+    r"\b(?:what|which) (?:time of (?:the )?(?:year|day)|date|year|month|season)\b",
+    re.IGNORECASE,
+)
+WHEN_ASKS = re.compile(  # "what is the best season to visit" asks when
+    r"\b(?:what|which)(?= (?:is|are|was) the (?:(?:best|ideal|right|good|perfect|usual) )?"
+    r"(?:time|season|month|date|year)\b)",
+    re.IGNORECASE,
+)
+WHO_PHRASES = re.compile(r"\bwhich (?:person|people)\b", re.IGNORECASE)
+# One spelling per name, so that "the United States" and "the US" are the same name. "US"
+# only in capitals: "us" is a pronoun.
+NAME_ALIASES = (
+    (re.compile(r"\b(?:the )?united states(?: of america)?\b|\bu\.s\.(?:a\.)?", re.I), "USA"),
+    (re.compile(r"\bUS\b"), "USA"),
+    (re.compile(r"\b(?:the )?united kingdom\b|\bgreat britain\b", re.I), "UK"),
+    (re.compile(r"\bnode\.?js\b", re.I), "nodejs"),
+)
+# Scope words inside a set phrase that narrows nothing: "how long" asks a duration, "short
+# for" an expansion, "a web page" is a page of the web; "in short" asks for a summary.
+SET_PHRASES = (
+    (re.compile(r"\bhow long\b", re.I), "how duration"),
+    (re.compile(r"\b(?:short|stand|stands) for\b", re.I), "abbreviates"),
+    (re.compile(r"\bin (?:short|brief|a nutshell)\b", re.I), "summary"),
+    (re.compile(r"\ball the time\b", re.I), "constantly"),
+    (re.compile(r"\banother word for\b", re.I), "synonym for"),
+    (re.compile(r"\bbullet(?:ed)? (?:points?|list)\b|\bbullet points? list\b", re.I), "bullets"),
+    (re.compile(r"\bmost recent\b", re.I), "latest"),
+    (re.compile(r"\bthe (?:word|term)\b", re.I), "the term"),
+    (re.compile(r"\bweb ?page\b", re.I), "webpage"),
+    (re.compile(r"\bbest man\b", re.I), "groomsman"),
+    (re.compile(r"\bperiodic table\b", re.I), "periodictable"),
+    (re.compile(r"\bcommand line\b", re.I), "commandline"),
+)
 TRIGRAM_CHARS = 600  # enough to tell a typo from a rewording; bounds the cache entry
 APOSTROPHES = str.maketrans({"’": "'", "‘": "'", "´": "'"})
 
@@ -82,6 +119,7 @@ class Token:
     lower: str
     capitalised: bool  # first letter upper in the original text
     initial: bool  # first word of a sentence (capital tells nothing there)
+    opens_clause: bool  # first word, or after a comma or a sentence's end
 
 
 @dataclass(frozen=True)
@@ -96,6 +134,7 @@ class PairText:
     dates: frozenset[str]
     negations: int
     quoted: frozenset[str]
+    asks: frozenset[str]  # question words that ask (asked_words)
     entities: frozenset[str]  # lower-case words that name something
     trigrams: frozenset[str]  # of `normalised`: typos keep most of them
     asks_case: bool  # asks about letter case (CASE_ASK): then case must match too
@@ -164,7 +203,8 @@ def tokenize(text: str) -> list[Token]:
         raw = m.group()
         between = text[prev_end : m.start()]
         initial = not out or any(c in ".?!:;\n" for c in between)
-        out.append(Token(raw, raw.lower(), raw[0].isupper(), initial))
+        opens_clause = initial or any(c in ",(" for c in between)
+        out.append(Token(raw, raw.lower(), raw[0].isupper(), initial, opens_clause))
         prev_end = m.end()
     return out
 
@@ -212,6 +252,27 @@ def _quoted(text: str) -> frozenset[str]:
     return frozenset(terms)
 
 
+def asked_words(tokens: list[Token]) -> frozenset[str]:
+    """Question words that ask: opening a clause, or after an asking word ("tell me why")."""
+    return frozenset(
+        t.lower
+        for i, t in enumerate(tokens)
+        if t.lower in lx.QUESTION_WORDS
+        and (t.opens_clause or tokens[i - 1].lower in lx.ASKING_WORDS)
+    )
+
+
+def rewrite_phrases(text: str) -> str:
+    """One wording for the phrases that have several (names, why/when/who, set phrases)."""
+    text = POLITE_PHRASES.sub(" ", expand_contractions(text))
+    text = WHY_PHRASES.sub("why", FILLER_PHRASES.sub("way", text))
+    text = WHEN_ASKS.sub("when", WHEN_PHRASES.sub("when", text))
+    text = WHO_PHRASES.sub("who", text)
+    for pattern, replacement in (*NAME_ALIASES, *SET_PHRASES):
+        text = pattern.sub(replacement, text)
+    return STEP_BY_STEP.sub("stepwise", text)  # asks for another answer; "steps" alone not
+
+
 def is_entity(t: Token, stats: WordStats) -> bool:
     w = t.lower
     if w in lx.GAZETTEER:
@@ -226,9 +287,7 @@ def is_entity(t: Token, stats: WordStats) -> bool:
 # Bounded: an entry of a 2,048-character text holds ~100 KB (tokens, trigrams).
 @lru_cache(maxsize=1024)
 def analyse(text: str, stats: WordStats) -> PairText:
-    text = POLITE_PHRASES.sub(" ", expand_contractions(text))
-    text = WHY_PHRASES.sub("why", FILLER_PHRASES.sub("way", text))
-    text = STEP_BY_STEP.sub("stepwise", text)  # asks for another answer; "steps" alone not
+    text = rewrite_phrases(text)
     tokens = tokenize(text)
     words = [t.lower for t in tokens]
     lower = text.lower()
@@ -249,6 +308,7 @@ def analyse(text: str, stats: WordStats) -> PairText:
         dates=_dates(tokens),
         negations=sum(counts[n] for n in lx.NEGATIONS),
         quoted=_quoted(text),
+        asks=asked_words(tokens),
         entities=frozenset(t.lower for t in tokens if is_entity(t, stats)),
         trigrams=trigrams(" ".join(words)[:TRIGRAM_CHARS]),
         asks_case=CASE_ASK.search(text) is not None,
