@@ -17,6 +17,7 @@ from gateway.cache.verifier import STRICTNESS
 from gateway.cache.verifiers import VERIFIER_MODELS, load_verifier
 from gateway.embedding.embedder import Embedder
 from gateway.policy import CacheSettings
+from training.artifacts import REAL_PAIRS as PAIRS
 
 REWORDING = ("How can I center a div using CSS?", "How do I center a div in CSS?")
 NARROWER = ("How do I center text in CSS?", "How do I center a div in CSS?")
@@ -115,3 +116,27 @@ async def test_through_a_real_cache(tmp_path: Path, embedder: Embedder) -> None:
         await cache.close()
     assert hit.outcome == "semantic" and hit.answer.text == "display: flex; ..."
     assert miss.outcome == "miss"
+
+
+def test_one_direction_can_rule_a_pair_out_without_changing_a_verdict(
+    embedder: Embedder,
+) -> None:
+    """The early exit skips the second NLI pass only where the full score falls short too;
+    the pairs are the train split's people's pairs that no veto decides."""
+    rows = [json.loads(line) for line in PAIRS.read_text().splitlines()]
+    rows = [r for r in rows if r["split"] == "train" and r["source"] == "handwritten"]
+    full, early = NliVerifier.load(), NliVerifier.load()
+    skipped = compared = 0
+    for r in rows[:120]:
+        if full.decide(r["a"], r["b"]) is not None:
+            continue
+        cos = cosine(embedder, r["a"], r["b"])
+        exact, _ = full.probability(r["a"], r["b"], cos)
+        before = early.nli.passes
+        for strictness in STRICTNESS:
+            verdict = early.verify(r["a"], r["b"], cos, strictness)
+            assert verdict.accept == (exact >= early.thresholds[strictness]), r
+            assert verdict.probability >= exact - 1e-9  # an upper bound where it stopped
+        compared += 1
+        skipped += early.nli.passes - before == 1
+    assert compared >= 30 and 0 < skipped < compared

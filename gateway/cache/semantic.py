@@ -170,18 +170,22 @@ class SemanticCache:
             and held.serves(query.max_tokens)
         ][: self.settings.candidates]
         refused, reason = 0, None
-        found = await verdicts(
+        found = verdicts(
             self._verifier, self._verify_thread, query.text, candidates, strictness, threshold
         )
-        for (hit, _), verdict in zip(candidates, found, strict=True):
-            if verdict is not None and not verdict.accept:
-                refused += 1
-                reason = reason or verdict.reason
-                continue
-            answer = await self._fetch(hit.entry_id)
-            if answer is not None:
-                self._remember_hit(hit.entry_id, query.text)
-                return Lookup("semantic", answer, hit.entry_id, hit.similarity, refused, reason)
+        try:
+            for hit, _ in candidates:
+                verdict = await anext(found)
+                if verdict is not None and not verdict.accept:
+                    refused += 1
+                    reason = reason or verdict.reason
+                    continue
+                answer = await self._fetch(hit.entry_id)
+                if answer is not None:
+                    self._remember_hit(hit.entry_id, query.text)
+                    return Lookup("semantic", answer, hit.entry_id, hit.similarity, refused, reason)
+        finally:
+            await found.aclose()
         best = hits[0].similarity if hits else None
         return Lookup("miss", similarity=best, refused=refused, reason=reason)
 

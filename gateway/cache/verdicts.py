@@ -1,18 +1,26 @@
-"""A lookup's candidates before its verifier: every candidate's verdict, never an exception.
+"""A lookup's candidates before its verifier: each candidate's verdict, never an exception.
 
 A verifier that scores a lookup's candidates together (the pair model's `verify_many`)
 gets them in one call; one that scores a pair at a time (`verify`) runs on the cache's
-verify thread, off the event loop. A verifier that fails refuses: a miss, never a wrong hit.
+verify thread, off the event loop, one candidate at a time, so that a lookup stops
+verifying at the candidate it serves. A verifier that fails refuses: a miss, never a wrong
+hit.
 """
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from gateway.cache.verifier import Verdict
 
 logger = logging.getLogger("tiergate.cache")
+
+
+def _failed(exc: Exception) -> Verdict:
+    logger.error("cache verifier failed", exc_info=exc)
+    return Verdict(False, 0.0, f"verifier_failed: {type(exc).__name__}")
 
 
 async def verdicts(
@@ -22,23 +30,39 @@ async def verdicts(
     candidates: list[tuple],
     strictness: str,
     threshold: float | None,
-) -> list[Verdict | None]:
-    """Each (hit, held) candidate's verdict, in order; None where no verifier is asked."""
-    if verifier is None or strictness == "off" or not candidates:
-        return [None] * len(candidates)
+) -> AsyncIterator[Verdict | None]:
+    """Each (hit, held) candidate's verdict, in order, computed as the caller asks for it;
+    None where no verifier is asked. After a failure every later candidate is refused."""
+    if verifier is None or strictness == "off":
+        for _ in candidates:
+            yield None
+        return
     many = getattr(verifier, "verify_many", None)
-    try:
-        if many is not None:
-            return await many(
+    if many is not None and candidates:
+        try:
+            found = await many(
                 query, [held.question for _, held in candidates], strictness, threshold
             )
-        loop = asyncio.get_running_loop()
-        return [
-            await loop.run_in_executor(
-                thread, verifier.verify, query, held.question, hit.similarity, strictness, threshold
-            )
-            for hit, held in candidates
-        ]
-    except Exception as exc:
-        logger.exception("cache verifier failed")
-        return [Verdict(False, 0.0, f"verifier_failed: {type(exc).__name__}")] * len(candidates)
+        except Exception as exc:
+            found = [_failed(exc)] * len(candidates)
+        for verdict in found:
+            yield verdict
+        return
+    loop = asyncio.get_running_loop()
+    failure: Verdict | None = None
+    for hit, held in candidates:
+        if failure is None:
+            try:
+                yield await loop.run_in_executor(
+                    thread,
+                    verifier.verify,
+                    query,
+                    held.question,
+                    hit.similarity,
+                    strictness,
+                    threshold,
+                )
+                continue
+            except Exception as exc:
+                failure = _failed(exc)
+        yield failure

@@ -37,12 +37,23 @@ class LogisticModel:
     weights: list[float]
     bias: float
 
-    def probability(self, x: list[float]) -> float:
-        z = self.bias + sum(
+    def logit(self, x: list[float]) -> float:
+        return self.bias + sum(
             w * (v - m) / s
             for w, v, m, s in zip(self.weights, x, self.mean, self.scale, strict=True)
         )
-        return 1.0 / (1.0 + math.exp(-max(-60.0, min(60.0, z))))
+
+    def probability(self, x: list[float]) -> float:
+        return sigmoid(self.logit(x))
+
+
+def sigmoid(z: float) -> float:
+    return 1.0 / (1.0 + math.exp(-max(-60.0, min(60.0, z))))
+
+
+def logit(p: float) -> float:
+    p = min(max(p, 1e-12), 1.0 - 1e-12)
+    return math.log(p / (1.0 - p))
 
 
 class PairVerifier:
@@ -102,8 +113,16 @@ class PairVerifier:
         """`threshold` (a calibrated `cache.verifier_threshold`) replaces the strictness's."""
         if strictness not in self.thresholds:
             raise ValueError(f"strictness must be one of {', '.join(STRICTNESS)}")
-        p, reason = self.probability(query, candidate, cosine)
+        needed = self.thresholds[strictness] if threshold is None else threshold
+        p, reason = self.probability_against(query, candidate, cosine, needed)
         if reason:
             return Verdict(False, p, reason)
-        accept = p >= (self.thresholds[strictness] if threshold is None else threshold)
+        accept = p >= needed
         return Verdict(accept, p, "ok" if accept else "low probability")
+
+    def probability_against(
+        self, query: str, candidate: str, cosine: float, needed: float
+    ) -> tuple[float, str]:
+        """probability(), where a verifier may stop early once the pair is sure to fall
+        short of `needed` (then the probability is an upper bound below it)."""
+        return self.probability(query, candidate, cosine)
