@@ -1,5 +1,5 @@
-"""Shared fixtures: one redis-server for the whole test run, one torch thread, and the C
-kernels loaded afresh or turned off for a test."""
+"""Shared fixtures: one redis-server for the whole test run, one torch thread, the cache's
+embedder, and the C kernels loaded afresh or turned off for a test."""
 
 import contextlib
 import ctypes
@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+from gateway.embedding.embedder import Embedder
 from tests.servers import run_redis
 
 
@@ -26,6 +27,12 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def embedder(one_torch_thread: None) -> Embedder:
+    """The cache's embedder (ONNX Runtime), no batching wait: for the pair verifiers' tests."""
+    return Embedder(max_wait_ms=0)
 
 
 @pytest.fixture

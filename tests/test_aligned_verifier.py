@@ -16,6 +16,7 @@ from gateway.cache.verifier import STRICTNESS
 from gateway.cache.verifiers import VERIFIER_MODELS, load_verifier
 from gateway.embedding.embedder import Embedder, default_model_path
 from gateway.policy import CacheSettings
+from tests.pair_cosine import cosine
 from training.cache.train_aligned import pick_thresholds, served_at_wrong
 
 REWORDING = ("How many people live in Tokyo?", "What's Tokyo's population?")
@@ -25,16 +26,6 @@ NARROWER = ("How do I reverse a list in Python?", "How do I reverse a linked lis
 @pytest.fixture(scope="module")
 def verifier() -> AlignedVerifier:
     return AlignedVerifier.load()
-
-
-@pytest.fixture(scope="module")
-def embedder(one_torch_thread: None) -> Embedder:
-    return Embedder(max_wait_ms=0)
-
-
-def cosine(embedder: Embedder, a: str, b: str) -> float:
-    va, vb = embedder.embed_many([a, b])
-    return float(va @ vb)
 
 
 def test_int8_states_follow_the_torch_model(verifier: AlignedVerifier, one_torch_thread) -> None:

@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import numpy as np
 import openai
 import pytest
 
@@ -19,6 +18,7 @@ from gateway.app import create_app
 from gateway.embedding.embedder import Embedder
 from gateway.policy import CacheSettings, parse_policy
 from tests.paid_api import paid_api_app
+from tests.pair_cosine import cosine
 from tests.servers import eventually, run_uvicorn
 
 KEY = "sk-pair-verifier"
@@ -53,21 +53,11 @@ def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield base
 
 
-@pytest.fixture(scope="module")
-def embedder(one_torch_thread: None) -> Embedder:
-    return Embedder()
-
-
 def ask(url: str, text: str):
     client = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
     return client.chat.completions.with_raw_response.create(
         model="auto", messages=[{"role": "user", "content": text}], max_tokens=8, temperature=0
     )
-
-
-def cosine(embedder: Embedder, a: str, b: str) -> float:
-    va, vb = embedder.embed_many([a, b])
-    return float(np.dot(va, vb))
 
 
 def test_a_rewording_below_the_old_floor_hits_and_a_negation_does_not(

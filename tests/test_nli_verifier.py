@@ -17,6 +17,7 @@ from gateway.cache.verifier import STRICTNESS
 from gateway.cache.verifiers import VERIFIER_MODELS, load_verifier
 from gateway.embedding.embedder import Embedder
 from gateway.policy import CacheSettings
+from tests.pair_cosine import cosine
 from training.artifacts import REAL_PAIRS as PAIRS
 
 REWORDING = ("How can I center a div using CSS?", "How do I center a div in CSS?")
@@ -26,16 +27,6 @@ NARROWER = ("How do I center text in CSS?", "How do I center a div in CSS?")
 @pytest.fixture(scope="module")
 def verifier() -> NliVerifier:
     return NliVerifier.load()
-
-
-@pytest.fixture(scope="module")
-def embedder(one_torch_thread: None) -> Embedder:
-    return Embedder(max_wait_ms=0)
-
-
-def cosine(embedder: Embedder, a: str, b: str) -> float:
-    va, vb = embedder.embed_many([a, b])
-    return float(va @ vb)
 
 
 def test_a_pair_scores_the_same_alone_and_after_longer_ones() -> None:

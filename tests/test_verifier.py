@@ -7,6 +7,7 @@ import pytest
 
 from gateway.cache.verifier import DEFAULT_ARTIFACT, STRICTNESS, PairVerifier
 from gateway.embedding.embedder import Embedder
+from tests.pair_cosine import cosine
 from training.cache import train_verifier
 
 
@@ -16,18 +17,8 @@ def verifier() -> PairVerifier:
 
 
 @pytest.fixture(scope="module")
-def embedder(one_torch_thread: None) -> Embedder:
-    return Embedder()
-
-
-@pytest.fixture(scope="module")
 def pairs() -> list[dict]:
     return train_verifier.load_pairs()
-
-
-def cosine(embedder: Embedder, a: str, b: str) -> float:
-    va, vb = embedder.embed_many([a, b])
-    return float(va @ vb)
 
 
 VETOES = [

@@ -23,6 +23,7 @@ import numpy as np
 
 from gateway.embedding.embedder import default_model_path
 from gateway.embedding.micro_batch import MicroBatcher
+from gateway.embedding.onnx_backend import one_core_session
 
 PAIR_MODEL = Path(__file__).with_name("pair_model.onnx")
 PAIR_CONFIG = Path(__file__).with_name("pair_model.json")  # thresholds picked on dev
@@ -60,20 +61,15 @@ def encode_pairs(tokenizer: Any, queries: list[str], candidates: list[str]) -> d
 class PairModel:
     """The ONNX session and tokenizer; `score_pairs` -> probabilities in input order."""
 
-    def __init__(self, path: str | Path | None = None, threads: int = 1) -> None:
-        try:
-            import onnxruntime as ort
-        except ImportError as exc:
-            raise PairModelUnavailable("onnxruntime is not installed") from exc
+    def __init__(self, path: str | Path | None = None) -> None:
         path = Path(path or PAIR_MODEL)
         if not path.is_file():
             hint = "python -m training cache pair-model"
             raise PairModelUnavailable(f"no pair model at {path}: {hint}")
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads  # one core, as the embedder, beside the engine
-        options.inter_op_num_threads = 1
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        self._session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        try:
+            self._session = one_core_session(path)  # one core, as the embedder, beside the engine
+        except ImportError as exc:
+            raise PairModelUnavailable("onnxruntime is not installed") from exc
         self._tokenizer = pair_tokenizer()
         self.passes = 0  # forward passes run, so tests can see batching
 
