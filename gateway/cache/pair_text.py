@@ -74,19 +74,22 @@ NAME_ALIASES = (
 )
 # Scope words inside a set phrase that narrows nothing: "how long" asks a duration, "short
 # for" an expansion, "a web page" is a page of the web; "in short" asks for a summary.
-SET_PHRASES = (
-    (re.compile(r"\bhow long\b", re.I), "how duration"),
-    (re.compile(r"\b(?:short|stand|stands) for\b", re.I), "abbreviates"),
-    (re.compile(r"\bin (?:short|brief|a nutshell)\b", re.I), "summary"),
-    (re.compile(r"\ball the time\b", re.I), "constantly"),
-    (re.compile(r"\banother word for\b", re.I), "synonym for"),
-    (re.compile(r"\bbullet(?:ed)? (?:points?|list)\b|\bbullet points? list\b", re.I), "bullets"),
-    (re.compile(r"\bmost recent\b", re.I), "latest"),
-    (re.compile(r"\bthe (?:word|term)\b", re.I), "the term"),
-    (re.compile(r"\bweb ?page\b", re.I), "webpage"),
-    (re.compile(r"\bbest man\b", re.I), "groomsman"),
-    (re.compile(r"\bperiodic table\b", re.I), "periodictable"),
-    (re.compile(r"\bcommand line\b", re.I), "commandline"),
+SET_PHRASES = tuple(
+    (re.compile(pattern, re.IGNORECASE), replacement)
+    for pattern, replacement in (
+        (r"\bhow long\b", "how duration"),
+        (r"\b(?:short|stand|stands) for\b", "abbreviates"),
+        (r"\bin (?:short|brief|a nutshell)\b", "summary"),
+        (r"\ball the time\b", "constantly"),
+        (r"\banother word for\b", "synonym for"),
+        (r"\bbullet(?:ed)? (?:points?|list)\b|\bbullet points? list\b", "bullets"),
+        (r"\bmost recent\b", "latest"),
+        (r"\bthe (?:word|term)\b", "the term"),
+        (r"\bweb ?page\b", "webpage"),
+        (r"\bbest man\b", "groomsman"),
+        (r"\bperiodic table\b", "periodictable"),
+        (r"\bcommand line\b", "commandline"),
+    )
 )
 TRIGRAM_CHARS = 600  # enough to tell a typo from a rewording; bounds the cache entry
 APOSTROPHES = str.maketrans({"’": "'", "‘": "'", "´": "'"})
