@@ -13,6 +13,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from gateway.cache import lexicon as lx
+from gateway.cache import names
 from gateway.cache.pair_text import PairText, WordStats, lemma_candidates
 
 FEATURES = (
@@ -70,8 +71,8 @@ def derived_name(word: str, text: PairText) -> bool:
     """`word` and a word of `text` are a name and its people or style (Brazil/Brazilians)."""
     for w in text.words:
         base, longer = (w, word) if len(w) < len(word) else (word, w)
-        named = base in text.entities or longer in text.entities or base in lx.GAZETTEER
-        derived = longer.startswith(base) and longer[len(base) :] in lx.DERIVED_NAME_SUFFIXES
+        named = base in text.entities or longer in text.entities or base in names.GAZETTEER
+        derived = longer.startswith(base) and longer[len(base) :] in names.DERIVED_NAME_SUFFIXES
         if named and derived and len(base) >= 4:
             return True
     return False

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from gateway.cache import lexicon as lx
+from gateway.cache import names
 
 WORD = re.compile(r"[A-Za-z][A-Za-z0-9+#]*|[0-9]+")
 NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
@@ -278,7 +279,7 @@ def rewrite_phrases(text: str) -> str:
 
 def is_entity(t: Token, stats: WordStats) -> bool:
     w = t.lower
-    if w in lx.GAZETTEER:
+    if w in names.GAZETTEER:
         return True
     if w in lx.STOPWORDS or len(w) < 2 or w.isdigit():
         return False
