@@ -91,16 +91,19 @@ def acronym_in(word: str, text: PairText) -> bool:
     return False
 
 
-def _forgiven(word: str, other: PairText, stats: WordStats) -> bool:
-    return _typo_of(word, other, stats) or derived_name(word, other) or acronym_in(word, other)
+def _forgiven(word: str, own: PairText, other: PairText, stats: WordStats) -> bool:
+    """A typo, a name's derived form, or a name that is an acronym of the other's words."""
+    if _typo_of(word, other, stats) or derived_name(word, other):
+        return True
+    return word in own.entities and acronym_in(word, other)
 
 
 def align(a: PairText, b: PairText, stats: WordStats) -> Alignment:
     """Content words each side lacks, after synonyms (a function word's too), typos, a
     name's derived forms and acronyms."""
     keys_a, keys_b = set(a.content), set(b.content)
-    only_a = {k: a.content[k] for k in keys_a - b.keys if not _forgiven(a.content[k], b, stats)}
-    only_b = {k: b.content[k] for k in keys_b - a.keys if not _forgiven(b.content[k], a, stats)}
+    only_a = {k: a.content[k] for k in keys_a - b.keys if not _forgiven(a.content[k], a, b, stats)}
+    only_b = {k: b.content[k] for k in keys_b - a.keys if not _forgiven(b.content[k], b, a, stats)}
     return Alignment(only_a, only_b, len(keys_a & keys_b))
 
 
