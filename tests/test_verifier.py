@@ -5,6 +5,8 @@ import json
 
 import pytest
 
+from gateway.cache.pair_features import align
+from gateway.cache.pair_text import analyse
 from gateway.cache.verifier import DEFAULT_ARTIFACT, STRICTNESS, PairVerifier
 from gateway.embedding.embedder import Embedder
 from tests.pair_cosine import cosine
@@ -218,3 +220,14 @@ def test_training_is_reproducible_and_matches_the_shipped_artifact(pairs: list[d
         assert full["model"][key] == pytest.approx(shipped["model"][key], abs=2e-6)
     assert full["thresholds"] == pytest.approx(shipped["thresholds"], abs=2e-6)
     assert full["word_stats"] == shipped["word_stats"]
+
+
+def test_only_a_name_is_read_as_an_acronym(verifier: PairVerifier) -> None:
+    """ "GDP" stands for "gross domestic product"; "cat" is not "can a turtle"."""
+
+    def unmatched(a: str, b: str) -> set[str]:
+        al = align(analyse(a, verifier.stats), analyse(b, verifier.stats), verifier.stats)
+        return set(al.only_a.values()) | set(al.only_b.values())
+
+    assert "gdp" not in unmatched("What is the GDP of France?", "gross domestic product of France")
+    assert "cat" in unmatched("What does a cat eat?", "What can a turtle eat?")
