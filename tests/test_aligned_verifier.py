@@ -3,20 +3,16 @@ shipped artifact matches the features, the vetoes decide before any forward pass
 lookup's query is run once for all its candidates, and through a real cache a rewording
 is served while a changed piece of the question is not. Pairs from the train split."""
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from gateway.cache.aligned_verifier import ALIGNED_MODEL, ALL_FEATURES, AlignedVerifier
-from gateway.cache.semantic import CachedAnswer, CacheQuery, SemanticCache
+from gateway.cache.aligned_verifier import ALL_FEATURES, AlignedVerifier
 from gateway.cache.token_states import TOKEN_FEATURES, alignment
-from gateway.cache.verifier import STRICTNESS
 from gateway.cache.verifiers import VERIFIER_MODELS, load_verifier
 from gateway.embedding.embedder import Embedder, default_model_path
-from gateway.policy import CacheSettings
-from tests.pair_cosine import cosine
+from tests.pair_verifiers import cached_lookups, check_shipped_artifact, cosine
 from training.cache.train_aligned import pick_thresholds, served_at_wrong
 
 REWORDING = ("How many people live in Tokyo?", "What's Tokyo's population?")
@@ -47,15 +43,8 @@ def test_int8_states_follow_the_torch_model(verifier: AlignedVerifier, one_torch
 
 
 def test_the_shipped_artifact_matches_the_features(tmp_path: Path) -> None:
-    artifact = json.loads(ALIGNED_MODEL.read_text())
-    assert tuple(artifact["features"]) == ALL_FEATURES
-    assert len(artifact["model"]["weights"]) == len(ALL_FEATURES)
-    t = artifact["thresholds"]
-    assert set(t) == set(STRICTNESS) and t["strict"] >= t["balanced"] >= t["lenient"] > 0
-    stale = artifact | {"features": artifact["features"][:-1]}
-    (tmp_path / "stale.json").write_text(json.dumps(stale))
-    with pytest.raises(ValueError, match="retrain"):
-        AlignedVerifier.load(tmp_path / "stale.json")
+    assert AlignedVerifier.FEATURES == ALL_FEATURES
+    check_shipped_artifact(AlignedVerifier, tmp_path)
 
 
 def test_alignment_sees_a_piece_without_a_match() -> None:
@@ -95,27 +84,10 @@ def test_a_query_is_run_once_for_all_its_candidates(verifier: AlignedVerifier) -
 
 
 async def test_through_a_real_cache(tmp_path: Path, embedder: Embedder) -> None:
-    settings = CacheSettings(
-        enabled=True, path=str(tmp_path / "c.sqlite3"), verifier_model="aligned"
+    hit, miss = await cached_lookups(
+        tmp_path, embedder, "aligned", REWORDING[1], [REWORDING[0], "What is the area of Tokyo?"]
     )
-    cache = await SemanticCache.open(settings, embedder, load_verifier(settings.verifier_model))
-    route = settings.for_route(None)
-    stored = CachedAnswer("about 14 million", "stop", 10, 5, "small", "m", None)
-
-    def q(text: str) -> CacheQuery:
-        return CacheQuery("s", "t", "auto", text, None, 0.0)
-
-    async def embed(text: str):
-        return await embedder.embed(text)
-
-    try:
-        await cache.store(q(REWORDING[1]), lambda: embed(REWORDING[1]), stored, None)
-        hit = await cache.lookup(q(REWORDING[0]), lambda: embed(REWORDING[0]), route)
-        other = "What is the area of Tokyo?"
-        miss = await cache.lookup(q(other), lambda: embed(other), route)
-    finally:
-        await cache.close()
-    assert hit.outcome == "semantic" and hit.answer.text == "about 14 million"
+    assert hit.outcome == "semantic" and hit.answer.text == f"the answer to {REWORDING[1]}"
     assert miss.outcome == "miss"
 
 

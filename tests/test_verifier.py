@@ -9,7 +9,7 @@ from gateway.cache.pair_features import align
 from gateway.cache.pair_text import analyse
 from gateway.cache.verifier import DEFAULT_ARTIFACT, STRICTNESS, PairVerifier
 from gateway.embedding.embedder import Embedder
-from tests.pair_cosine import cosine
+from tests.pair_verifiers import cosine
 from training.cache import train_verifier
 
 
