@@ -8,6 +8,12 @@ request, so each one pays the whole cache path and still goes to the stub: embed
 and semantic lookup, store (and the verifier whenever a neighbour is close enough).
 `--torch-embedder` adds the same cached gateway with its embedder on torch instead of
 ONNX Runtime (the reference the embedder's speed-up is read against).
+`--verifier-model logistic nli` adds, per model, a cached gateway with that
+`cache.verifier_model` fed questions people reworded: each train pair's stored question is
+sent first (not measured), then the measured requests ask the rewordings and the must-not
+edits of the pairs (training/data/cache_pairs_real, train split, people's and rule-made), so
+most requests have a close neighbour for the verifier to read; some are hits (no backend
+call), the rest pay the verifier and the backend.
 Figures: added latency p50/p99 at concurrency 1 (stream and not), requests/s at
 concurrency 16, and CPU seconds per request of each gateway's server process tree.
 Goals: our added p50 and CPU/request <= 1/3 of LiteLLM's, our requests/s >= 3x, and our
@@ -19,9 +25,11 @@ import argparse
 import asyncio
 import contextlib
 import itertools
+import json
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +39,7 @@ import aiohttp
 from bench import common
 from bench.servers import tree_cpu_seconds, wait_ready
 from tests.servers import free_port, session_process, tiergate_serve
+from training.artifacts import REAL_PAIRS
 
 KEY = "sk-bench-0123456789"  # the same bearer key for both gateways
 GOALS = {
@@ -48,7 +57,7 @@ class Target:
     url: str  # base URL ending in /v1
     model: str
     pid: int | None  # the server process whose CPU time is counted (None: not a gateway)
-    unique: bool = False  # a new question each request (every one a cache miss)
+    questions: Iterator[str] | None = None  # one per request; None: always MESSAGES
 
 
 # ---------------------------------------------------------------- configs
@@ -93,17 +102,25 @@ general_settings:
 # ---------------------------------------------------------------- load
 
 
-_QUESTIONS = itertools.count()
+def unique_questions() -> Iterator[str]:
+    """A new question each request: every one a cache miss (a number veto decides any
+    neighbour, so the verifier's model is rarely asked)."""
+    for n in itertools.count():
+        parity = "odd" if n % 2 else "even"
+        yield f"Question {n}: what is {n} times {n + 7}, and why is it {parity}?"
+
+
+def reworded_pairs() -> tuple[list[str], list[str]]:
+    """The train pairs' stored questions and, in the same order, the questions asked."""
+    rows = [json.loads(line) for line in REAL_PAIRS.read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if r["split"] == "train" and r["a"] != r["b"]]
+    return [r["b"] for r in rows], [r["a"] for r in rows]
 
 
 def body(target: Target, stream: bool) -> dict[str, Any]:
     messages = MESSAGES
-    if target.unique:
-        n = next(_QUESTIONS)
-        text = (
-            f"Question {n}: what is {n} times {n + 7}, and why is it {'odd' if n % 2 else 'even'}?"
-        )
-        messages = [{"role": "user", "content": text}]
+    if target.questions is not None:
+        messages = [{"role": "user", "content": next(target.questions)}]
     req: dict[str, Any] = {"model": target.model, "messages": messages, "max_tokens": 32}
     if stream:
         req["stream"] = True
@@ -200,8 +217,18 @@ def goals(lat: dict[str, Any], tput: dict[str, Any]) -> dict[str, Any]:
     rps = tput["tiergate"]["requests_per_s"] / tput["litellm"]["requests_per_s"]
     torch_embedder = tput.get("tiergate-cache-torch", {}).get("cpu_ms_per_request")
     reference = {"cache_torch_embedder_cpu_share": share(torch_embedder, cpu_l)}  # no goal
+    reworded = {
+        f"cache_cpu_per_request_share_{name.removeprefix('tiergate-cache-')}_reworded": (
+            common.goal(
+                share(row["cpu_ms_per_request"], cpu_l), GOALS["cache_cpu_per_request_share"], False
+            )
+        )
+        for name, row in tput.items()
+        if name.startswith("tiergate-cache-") and name != "tiergate-cache-torch"
+    }
     return {
         **(reference if torch_embedder else {}),
+        **reworded,
         "cache_cpu_per_request_share": common.goal(
             share(cpu_cache, cpu_l), GOALS["cache_cpu_per_request_share"], False
         ),
@@ -223,6 +250,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="fewer requests")
     p.add_argument("--skip-litellm", action="store_true", help="no LiteLLM proxy baseline")
     p.add_argument("--no-install", action="store_true", help="skip LiteLLM if not installed")
+    p.add_argument(
+        "--verifier-model",
+        nargs="*",
+        default=[],
+        help="also a cached gateway per verifier model, asked rewordings of stored questions",
+    )
     p.add_argument(
         "--torch-embedder",
         action="store_true",
@@ -248,17 +281,50 @@ async def measure(targets: list[Target], n_latency: int, n_tput: int) -> dict[st
 
 
 def start_cached(
-    stack: contextlib.ExitStack, work: Path, stub_port: int, env: dict[str, str], embedder: str
+    stack: contextlib.ExitStack,
+    work: Path,
+    stub_port: int,
+    env: dict[str, str],
+    name: str,
+    settings: str = "",
+    embedder: str = "auto",
 ) -> Target:
-    """Our gateway with the cache on (embedded store), its embedder on `embedder`."""
+    """Our gateway with the cache on (embedded store, plus `settings`: more cache keys)."""
     port = free_port()
-    policy = work / f"policy-cache-{embedder}.yaml"
-    store = f"{{enabled: true, path: {work / f'cache-{embedder}.sqlite3'}}}"
+    policy = work / f"policy-{name}.yaml"
+    store = f"{{enabled: true, path: {work / f'{name}.sqlite3'}{settings}}}"
     policy.write_text(tiergate_policy(stub_port, port, store, embedder))
-    log = work / f"tg-cache-{embedder}.log"
+    log = work / f"{name}.log"
     pid = stack.enter_context(session_process(tiergate_serve(policy, port), log, env))
-    name = "tiergate-cache" if embedder == "auto" else f"tiergate-cache-{embedder}"
-    return Target(name, f"http://127.0.0.1:{port}/v1", "auto", pid, unique=True)
+    return Target(name, f"http://127.0.0.1:{port}/v1", "auto", pid, unique_questions())
+
+
+async def store_first(target: Target, questions: list[str], concurrency: int = 16) -> None:
+    """Ask each question once, so the measured requests find them stored."""
+    queue = iter(questions)
+
+    async def worker(session: aiohttp.ClientSession) -> None:
+        for text in queue:
+            messages = [{"role": "user", "content": text}]
+            req = {"model": target.model, "messages": messages, "max_tokens": 32}
+            async with session.post(f"{target.url}/chat/completions", json=req) as r:
+                if r.status != 200:
+                    raise RuntimeError(f"{target.name}: HTTP {r.status}: {await r.text()}")
+
+    async with new_session(concurrency) as session:
+        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
+
+
+def start_reworded(
+    stack: contextlib.ExitStack, work: Path, stub_port: int, env: dict[str, str], model: str
+) -> Target:
+    """A cached gateway with `cache.verifier_model: model`, asked rewordings of what it holds
+    (the stored questions are sent by `run` once the gateway is up)."""
+    target = start_cached(
+        stack, work, stub_port, env, f"tiergate-cache-{model}", f", verifier_model: {model}"
+    )
+    target.questions = itertools.cycle(reworded_pairs()[1])
+    return target
 
 
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
@@ -279,10 +345,13 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         targets = [
             Target("direct", f"http://127.0.0.1:{stub_port}/v1", "stub-model", None),
             Target("tiergate", f"http://127.0.0.1:{tg_port}/v1", "auto", tg_pid),
-            start_cached(stack, work, stub_port, env, "auto"),
+            start_cached(stack, work, stub_port, env, "tiergate-cache"),
         ]
         if args.torch_embedder:  # the same cache path on the reference embedder
-            targets.append(start_cached(stack, work, stub_port, env, "torch"))
+            torch = start_cached(stack, work, stub_port, env, "tiergate-cache-torch", "", "torch")
+            targets.append(torch)
+        reworded = [start_reworded(stack, work, stub_port, env, m) for m in args.verifier_model]
+        targets.extend(reworded)
         lite_cmd = litellm_cmd(venv, config, lite_port) if venv.python else None
         if lite_cmd:
             lite_pid = stack.enter_context(session_process(lite_cmd, work / "litellm.log", env))
@@ -297,6 +366,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                     raise  # our side must start; the baseline may be skipped with a reason
                 targets.remove(t)
                 lite_status = {"skipped": f"proxy did not start: {exc}"}
+        for t in reworded:
+            asyncio.run(store_first(t, reworded_pairs()[0]))
         figures = asyncio.run(measure(targets, n_latency, n_tput))
     return {
         "requests": {"latency_c1_each": n_latency, "throughput_c16": n_tput},
