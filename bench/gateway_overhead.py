@@ -25,7 +25,6 @@ import argparse
 import asyncio
 import contextlib
 import itertools
-import json
 import sys
 import tempfile
 import time
@@ -37,9 +36,9 @@ from typing import Any
 import aiohttp
 
 from bench import common
+from bench.reworded_traffic import reworded_pairs, store_first
 from bench.servers import tree_cpu_seconds, wait_ready
 from tests.servers import free_port, session_process, tiergate_serve
-from training.artifacts import REAL_PAIRS
 
 KEY = "sk-bench-0123456789"  # the same bearer key for both gateways
 GOALS = {
@@ -108,13 +107,6 @@ def unique_questions() -> Iterator[str]:
     for n in itertools.count():
         parity = "odd" if n % 2 else "even"
         yield f"Question {n}: what is {n} times {n + 7}, and why is it {parity}?"
-
-
-def reworded_pairs() -> tuple[list[str], list[str]]:
-    """The train pairs' stored questions and, in the same order, the questions asked."""
-    rows = [json.loads(line) for line in REAL_PAIRS.read_text().splitlines() if line.strip()]
-    rows = [r for r in rows if r["split"] == "train" and r["a"] != r["b"]]
-    return [r["b"] for r in rows], [r["a"] for r in rows]
 
 
 def body(target: Target, stream: bool) -> dict[str, Any]:
@@ -299,20 +291,9 @@ def start_cached(
     return Target(name, f"http://127.0.0.1:{port}/v1", "auto", pid, unique_questions())
 
 
-async def store_first(target: Target, questions: list[str], concurrency: int = 16) -> None:
-    """Ask each question once, so the measured requests find them stored."""
-    queue = iter(questions)
-
-    async def worker(session: aiohttp.ClientSession) -> None:
-        for text in queue:
-            messages = [{"role": "user", "content": text}]
-            req = {"model": target.model, "messages": messages, "max_tokens": 32}
-            async with session.post(f"{target.url}/chat/completions", json=req) as r:
-                if r.status != 200:
-                    raise RuntimeError(f"{target.name}: HTTP {r.status}: {await r.text()}")
-
-    async with new_session(concurrency) as session:
-        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
+async def store_reworded(target: Target) -> None:
+    async with new_session(16) as session:
+        await store_first(session, target.url, target.model, reworded_pairs()[0], 16)
 
 
 def start_reworded(
@@ -367,7 +348,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 targets.remove(t)
                 lite_status = {"skipped": f"proxy did not start: {exc}"}
         for t in reworded:
-            asyncio.run(store_first(t, reworded_pairs()[0]))
+            asyncio.run(store_reworded(t))
         figures = asyncio.run(measure(targets, n_latency, n_tput))
     return {
         "requests": {"latency_c1_each": n_latency, "throughput_c16": n_tput},
