@@ -97,13 +97,18 @@ def test_unknown_verifier_models_are_refused() -> None:
         load_verifier("cosine")
 
 
-def test_thresholds_and_the_dev_comparison_count_people_only() -> None:
+def test_thresholds_and_the_comparison_count_people_only() -> None:
     def row(i: int, hit: bool, source: str = "handwritten", cos: float = 0.9) -> dict:
         return {"id": str(i), "should_hit": hit, "source": source, "cos": cos}
 
     rows = [row(0, True), row(1, True), row(2, False), row(3, False), row(4, False, "rules")]
     scored = {"0": 0.9, "1": 0.5, "2": 0.7, "3": 0.0, "4": 0.99}
-    assert served_at_wrong(rows, scored, 0.6) == {"0_wrong": 0.5, "1_wrong": 1.0, "3_wrong": 1.0}
+    assert served_at_wrong(rows, scored, 0.6) == {
+        "0_wrong": 0.5,
+        "1_wrong": 1.0,
+        "2_wrong": 1.0,
+        "3_wrong": 1.0,
+    }
     probs = [scored[r["id"]] for r in rows]
     t = pick_thresholds(rows, probs, 0.6, negatives=2)
     assert t["strict"] == pytest.approx(0.7 + 1e-6)  # the rule-made 0.99 does not count

@@ -3,9 +3,9 @@ features and the word-piece alignment of the two questions (token_states.py).
 
 The rules (PairVerifier.decide, with the word statistics of verifier_model.json) settle
 what they can, as for `logistic`; every other pair is scored by a logistic model fitted on
-the fit part of the people's train pairs with the rule-made ones (`python -m training
-cache aligned`) over FEATURES plus TOKEN_FEATURES, shipped as aligned_model.json with its
-thresholds picked on the dev part.
+the people's train pairs with the rule-made ones (`python -m training cache aligned`) over
+FEATURES plus TOKEN_FEATURES, shipped as aligned_model.json with its thresholds picked out
+of fold.
 """
 
 import json

@@ -1,22 +1,28 @@
 """Fit the `aligned` verifier: a logistic model over the lexical and word-piece alignment
-features, on the people's train pairs and the rule-made ones; thresholds picked on dev.
+features, on the people's train pairs and the rule-made ones; thresholds picked out of fold.
 The `nli` verifier is fitted the same way over those features and the NLI model's.
 
     python -m training cache aligned [--l2 30]   # -> gateway/cache/aligned_model.json
     python -m training cache nli [--l2 10]       # -> gateway/cache/nli_model.json
 
-Data: training/data/cache_pairs_real/pairs.jsonl, `train` split only, cut by question
-group into `fit` and `dev` exactly as the pair model's (train_pair_model.fit_dev_split;
-`heldout` is never read). Pairs a rule decides (a veto, or the same words) are left out,
-as the gateway never asks the model about them. The people's pairs weigh PEOPLE_WEIGHT
-times a rule-made one: they are how people reword, the rule edits mostly what the
-features already see. Deterministic (Newton's method); seconds of fitting after ~1 min of
-embedding on one core. Thresholds: per strictness, the lowest probability whose share of
-the people's dev must-not pairs served (after the rules, at the policy's default floor)
-stays within TARGET_WRONG.
+Data: training/data/cache_pairs_real/pairs.jsonl, `train` split only (`heldout` is never
+read). Pairs a rule decides (a veto, or the same words) are left out, as the gateway never
+asks the model about them. The people's pairs weigh PEOPLE_WEIGHT times a rule-made one:
+they are how people reword, the rule edits mostly what the features already see.
+Deterministic (Newton's method); seconds of fitting after ~1 min of embedding on one core.
+
+Thresholds: the train pairs are cut into FOLDS by question group (no question in two
+folds); each fold is scored by a model fitted on the others, and per strictness the lowest
+probability whose share of the people's train must-not pairs served (out of fold, after the
+rules, at the policy's default floor) stays within TARGET_WRONG. The shipped model is then
+fitted on all the train pairs. Out of fold, every train pair is scored by a model that never
+saw it: 374 people's must-not pairs to set a threshold on, where the held-back dev part
+used before had 101 (its strict threshold for `nli`, 0 of 101 wrong, let 12 of the 374
+through out of fold).
 """
 
 import argparse
+import hashlib
 import json
 from pathlib import Path
 
@@ -24,19 +30,35 @@ import numpy as np
 
 from gateway.cache.aligned_verifier import AlignedVerifier
 from gateway.cache.nli_verifier import NliVerifier
-from gateway.cache.verifier import STRICTNESS, PairVerifier
+from gateway.cache.verifier import STRICTNESS, LogisticModel, PairVerifier
 from gateway.embedding.embedder import Embedder
 from gateway.policy import CacheSettings
 from training.artifacts import ALIGNED_MODEL, NLI_MODEL, REAL_PAIRS, write_artifact
-from training.cache.train_pair_model import fit_dev_split, load_rows
+from training.cache.real_pairs import groups_of
+from training.cache.sharegpt_repeats import normal_key
+from training.cache.train_pair_model import LEFT_OUT, load_rows
 from training.cache.train_verifier import fit_logistic
 
-# chosen on dev: aligned among 3, 10, 30; nli among 3, 10, 30, 100 (docs/cache.md)
+# chosen on the dev part (before thresholds were picked out of fold): aligned among 3, 10,
+# 30; nli among 3, 10, 30, 100 (docs/cache.md)
 L2 = {"aligned": 30.0, "nli": 10.0}
-ARTIFACTS = {"aligned": ALIGNED_MODEL, "nli": NLI_MODEL}
 PEOPLE_WEIGHT = 3.0
-TARGET_WRONG = {"strict": 0.0, "balanced": 0.01, "lenient": 0.03}
+ARTIFACTS = {"aligned": ALIGNED_MODEL, "nli": NLI_MODEL}
+FOLDS = 5
+# of the people's train must-not pairs, out of fold; strict: 1 of 374, so that the held-out
+# rate's 95% bound can stay under 2%
+TARGET_WRONG = {"strict": 0.003, "balanced": 0.01, "lenient": 0.03}
 FLOORS = (0.5, 0.6, 0.7, 0.8)
+
+
+def train_rows(rows: list[dict]) -> list[dict]:
+    """The train pairs the verifier is asked about, each with its fold."""
+    train = [r for r in rows if r["split"] == "train" and r["category"] not in LEFT_OUT]
+    group = groups_of(train)
+    for r in train:
+        root = group[normal_key(r["a"])]
+        r["fold"] = int(hashlib.sha256(f"fold:{root}".encode()).hexdigest()[:8], 16) % FOLDS
+    return train
 
 
 def cosines(rows: list[dict]) -> list[float]:
@@ -60,12 +82,13 @@ def open_rows(verifier: AlignedVerifier, rows: list[dict]) -> tuple[list[dict], 
     return out, decided
 
 
-def pick_thresholds(dev: list[dict], probs: list[float], floor: float, negatives: int) -> dict:
-    """`negatives`: the people's dev must-not pairs, vetoed ones included (the rate's base)."""
+def pick_thresholds(rows: list[dict], probs: list[float], floor: float, negatives: int) -> dict:
+    """`rows` the pairs the model was asked about, `probs` their out-of-fold probabilities;
+    `negatives`: the people's must-not pairs, vetoed ones included (the rate's base)."""
     served = sorted(
         (
             p
-            for r, p in zip(dev, probs, strict=True)
+            for r, p in zip(rows, probs, strict=True)
             if not r["should_hit"] and r["source"] != "rules" and r["cos"] >= floor
         ),
         reverse=True,
@@ -78,10 +101,10 @@ def pick_thresholds(dev: list[dict], probs: list[float], floor: float, negatives
     return out
 
 
-def dev_report(dev_all: list[dict], scored: dict[str, float], thresholds: dict) -> dict:
-    """The people's dev pairs served per strictness and floor (`scored`: every pair's
+def served_report(rows: list[dict], scored: dict[str, float], thresholds: dict) -> dict:
+    """The people's pairs served per strictness and floor (`scored`: every pair's
     probability by id, the rules' 0 or 1 included)."""
-    people = [r for r in dev_all if r["source"] != "rules"]
+    people = [r for r in rows if r["source"] != "rules"]
     pos = sum(r["should_hit"] for r in people)
     neg = len(people) - pos
     report = {}
@@ -97,14 +120,14 @@ def dev_report(dev_all: list[dict], scored: dict[str, float], thresholds: dict) 
     return report
 
 
-def served_at_wrong(dev_all: list[dict], scored: dict[str, float], floor: float) -> dict:
-    """The most should-hit people's dev pairs any threshold serves with k must-not served:
+def served_at_wrong(rows: list[dict], scored: dict[str, float], floor: float) -> dict:
+    """The most should-hit people's pairs any threshold serves with k must-not served:
     a comparison of two models that no threshold choice tilts."""
-    people = [r for r in dev_all if r["source"] != "rules" and r["cos"] >= floor]
-    pos = sum(r["should_hit"] for r in dev_all if r["source"] != "rules")
+    people = [r for r in rows if r["source"] != "rules" and r["cos"] >= floor]
+    pos = sum(r["should_hit"] for r in rows if r["source"] != "rules")
     wrong = sorted((scored[r["id"]] for r in people if not r["should_hit"]), reverse=True)
     out = {}
-    for k in (0, 1, 3):
+    for k in (0, 1, 2, 3):
         t = wrong[k] + 1e-9 if k < len(wrong) else 0.0
         t = max(t, 1e-9)  # a vetoed pair (0) is never served
         good = sum(1 for r in people if r["should_hit"] and scored[r["id"]] >= t)
@@ -119,55 +142,70 @@ def untrained(kind: str, rules: PairVerifier) -> AlignedVerifier:
     return verifier.assemble(rules.model, placeholder, rules.stats)
 
 
+def fit(rows: list[dict], l2: float) -> LogisticModel:
+    x = np.array([r["x"] for r in rows])
+    y = np.array([float(r["should_hit"]) for r in rows])
+    weight = np.array([1.0 if r["source"] == "rules" else PEOPLE_WEIGHT for r in rows])
+    return fit_logistic(x, y, weight, l2=l2)
+
+
+def out_of_fold(rows: list[dict], l2: float) -> list[float]:
+    """Each row's probability from a model fitted on the other folds."""
+    probs = [0.0] * len(rows)
+    for k in range(FOLDS):
+        model = fit([r for r in rows if r["fold"] != k], l2)
+        for i, r in enumerate(rows):
+            if r["fold"] == k:
+                probs[i] = model.probability(r["x"])
+    return probs
+
+
 def main(argv: list[str] | None = None, kind: str = "aligned") -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=Path, default=REAL_PAIRS)
     parser.add_argument("--out", type=Path, default=ARTIFACTS[kind])
     parser.add_argument("--l2", type=float, default=L2[kind])
     args = parser.parse_args(argv)
-    fit_all, dev_all = fit_dev_split(load_rows(args.pairs))
-    cos = cosines(fit_all + dev_all)
-    for r, c in zip(fit_all + dev_all, cos, strict=True):
+    train = train_rows(load_rows(args.pairs))
+    for r, c in zip(train, cosines(train), strict=True):
         r["cos"] = c
     rules = PairVerifier.load()
     verifier = untrained(kind, rules)
-    fit, _ = open_rows(verifier, fit_all)
-    dev, decided = open_rows(verifier, dev_all)
-    x = np.array([r["x"] for r in fit])
-    y = np.array([float(r["should_hit"]) for r in fit])
-    weight = np.array([1.0 if r["source"] == "rules" else PEOPLE_WEIGHT for r in fit])
-    verifier.model = fit_logistic(x, y, weight, l2=args.l2)
-    probs = [verifier.model.probability(r["x"]) for r in dev]
+    asked, decided = open_rows(verifier, train)
+    probs = out_of_fold(asked, args.l2)
     floor = CacheSettings().min_similarity
-    negatives = sum(1 for r in dev_all if not r["should_hit"] and r["source"] != "rules")
-    thresholds = pick_thresholds(dev, probs, floor, negatives)
-    scored = decided | {r["id"]: p for r, p in zip(dev, probs, strict=True)}
-    shipped = {r["id"]: rules.probability(r["a"], r["b"], r["cos"])[0] for r in dev_all}
+    negatives = sum(1 for r in train if not r["should_hit"] and r["source"] != "rules")
+    thresholds = pick_thresholds(asked, probs, floor, negatives)
+    scored = decided | {r["id"]: p for r, p in zip(asked, probs, strict=True)}
+    shipped = {r["id"]: rules.probability(r["a"], r["b"], r["cos"])[0] for r in train}
+    verifier.model = fit(asked, args.l2)
+    trained_on = {
+        "pairs": len(asked),
+        "folds": FOLDS,
+        "l2": args.l2,
+        "people_weight": PEOPLE_WEIGHT,
+    }
     figures = {
-        "dev_served_at_wrong": {
-            kind: served_at_wrong(dev_all, scored, floor),
-            "logistic (shipped, same run)": served_at_wrong(dev_all, shipped, floor),
+        "served_at_wrong_out_of_fold": {
+            kind: served_at_wrong(train, scored, floor),
+            "logistic (shipped, same run)": served_at_wrong(train, shipped, floor),
         },
         "thresholds": thresholds,
-        "target_wrong_dev": TARGET_WRONG,
+        "target_wrong_out_of_fold": TARGET_WRONG,
         "threshold_floor": floor,
-        "dev": dev_report(dev_all, scored, thresholds),
-        "trained_on": {
-            "fit_pairs": len(fit),
-            "dev_pairs": len(dev),
-            "l2": args.l2,
-            "people_weight": PEOPLE_WEIGHT,
-        },
+        "out_of_fold": served_report(train, scored, thresholds),
+        "trained_on": trained_on,
     }
     artifact = {
         "features": list(verifier.FEATURES),
         "model": verifier.model.__dict__,
         "thresholds": thresholds,
-        "trained_on": figures["trained_on"],
+        "trained_on": trained_on,
     }
     text = json.dumps(artifact, separators=(",", ":")) + "\n"
     sidecar = write_artifact(args.out, text, [args.pairs], figures)
-    print(json.dumps({k: figures[k] for k in ("dev_served_at_wrong", "thresholds")}, indent=1))
+    shown = ("served_at_wrong_out_of_fold", "thresholds")
+    print(json.dumps({k: figures[k] for k in shown}, indent=1))
     print(f"-> {args.out}, provenance -> {sidecar}")
     return 0
 
