@@ -14,7 +14,7 @@
     python -m training cache pair-model
     python -m training cache sharegpt-candidates [--limit N]
     python -m training cache real-pairs
-    python -m training cache heldout2-pairs
+    python -m training cache later-heldout --set heldout2|heldout3
     python -m training cache calibrate [--pairs FILE --target-wrong 0.01 --write ...]
 
 `python -m training GROUP STEP --help` shows a step's options.
@@ -70,9 +70,9 @@ STEPS: dict[str, dict[str, tuple[str, str]]] = {
             "training.cache.real_pairs",
             "the pairs written by people, with a fixed held-out split",
         ),
-        "heldout2-pairs": (
-            "training.cache.heldout2_pairs",
-            "the second hand-written held-out set, checked fresh against every seen pair",
+        "later-heldout": (
+            "training.cache.later_heldout",
+            "a held-out set written after the models (--set), checked against every seen pair",
         ),
         "calibrate": (
             "training.cache.calibrate_cli",

@@ -37,8 +37,9 @@ CACHE_PAIRS = DATA / "cache_pairs.jsonl"  # rule-made, the verifier's training s
 # Pairs written by people, with a held-out split (python -m training cache real-pairs).
 REAL_PAIRS_DIR = DATA / "cache_pairs_real"
 REAL_PAIRS = REAL_PAIRS_DIR / "pairs.jsonl"
-# A second held-out set, written after the models (python -m training cache heldout2-pairs).
+# Held-out sets written after the models (python -m training cache later-heldout --set NAME).
 REAL_PAIRS_HELDOUT2 = REAL_PAIRS_DIR / "pairs_heldout2.jsonl"
+REAL_PAIRS_HELDOUT3 = REAL_PAIRS_DIR / "pairs_heldout3.jsonl"
 
 
 def cpu_model() -> str:
