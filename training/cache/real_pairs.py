@@ -53,13 +53,18 @@ def groups_of(rows: list[dict]) -> dict[str, str]:
     return {x: find(x) for x in parent}
 
 
-def assign_splits(rows: list[dict]) -> list[dict]:
+def group_hashes(rows: list[dict], salt: str = "") -> list[int]:
+    """Each row's question-group hash (32 bits, `salt` before the group's key): the rows of
+    a group share it, so a cut by it puts no question on both sides."""
     group = groups_of(rows)
+    return [int(_hash(salt + group[normal_key(r["a"])])[:8], 16) for r in rows]
+
+
+def assign_splits(rows: list[dict]) -> list[dict]:
     cut = int(HELDOUT_SHARE * 16**8)
     out = []
-    for r in rows:
-        root = group[normal_key(r["a"])]
-        split = "heldout" if int(_hash(root)[:8], 16) < cut else "train"
+    for r, h in zip(rows, group_hashes(rows), strict=True):
+        split = "heldout" if h < cut else "train"
         out.append({"id": pair_id(r["a"], r["b"]), "split": split} | r)
     return out
 

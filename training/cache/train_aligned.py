@@ -22,7 +22,6 @@ through out of fold).
 """
 
 import argparse
-import hashlib
 import json
 from pathlib import Path
 
@@ -34,8 +33,7 @@ from gateway.cache.verifier import STRICTNESS, LogisticModel, PairVerifier
 from gateway.embedding.embedder import Embedder
 from gateway.policy import CacheSettings
 from training.artifacts import ALIGNED_MODEL, NLI_MODEL, REAL_PAIRS, write_artifact
-from training.cache.real_pairs import groups_of
-from training.cache.sharegpt_repeats import normal_key
+from training.cache.real_pairs import group_hashes
 from training.cache.train_pair_model import LEFT_OUT, load_rows
 from training.cache.train_verifier import fit_logistic
 
@@ -54,10 +52,8 @@ FLOORS = (0.5, 0.6, 0.7, 0.8)
 def train_rows(rows: list[dict]) -> list[dict]:
     """The train pairs the verifier is asked about, each with its fold."""
     train = [r for r in rows if r["split"] == "train" and r["category"] not in LEFT_OUT]
-    group = groups_of(train)
-    for r in train:
-        root = group[normal_key(r["a"])]
-        r["fold"] = int(hashlib.sha256(f"fold:{root}".encode()).hexdigest()[:8], 16) % FOLDS
+    for r, h in zip(train, group_hashes(train, "fold:"), strict=True):
+        r["fold"] = h % FOLDS
     return train
 
 

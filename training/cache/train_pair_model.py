@@ -22,7 +22,6 @@ and dev figures are the int8 model's.
 """
 
 import argparse
-import hashlib
 import json
 import random
 import time
@@ -38,8 +37,7 @@ from training.artifacts import (
     sha256_of,
     write_artifact,
 )
-from training.cache.real_pairs import groups_of
-from training.cache.sharegpt_repeats import normal_key
+from training.cache.real_pairs import group_hashes
 
 SEED = 0
 EPOCHS = 4
@@ -63,11 +61,8 @@ def load_rows(path: Path = REAL_PAIRS) -> list[dict]:
 def fit_dev_split(rows: list[dict]) -> tuple[list[dict], list[dict]]:
     """The train split's pairs cut by question group: no question in both parts."""
     train = [r for r in rows if r["split"] == "train" and r["category"] not in LEFT_OUT]
-    group = groups_of(train)
     fit, dev = [], []
-    for r in train:
-        root = group[normal_key(r["a"])]
-        h = int(hashlib.sha256(f"dev:{root}".encode()).hexdigest()[:8], 16)
+    for r, h in zip(train, group_hashes(train, "dev:"), strict=True):
         (dev if h < DEV_SHARE * 16**8 else fit).append(r)
     return fit, dev
 
