@@ -27,36 +27,29 @@ import contextlib
 import itertools
 import sys
 import tempfile
-import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
 from bench import common
-from bench.reworded_traffic import reworded_pairs, store_first
-from bench.servers import tree_cpu_seconds, wait_ready
+from bench.gateway_load import (
+    KEY,
+    Target,
+    latencies_interleaved,
+    reworded_pairs,
+    store_first,
+    throughput,
+    unique_questions,
+)
+from bench.servers import wait_ready
 from tests.servers import free_port, session_process, tiergate_serve
 
-KEY = "sk-bench-0123456789"  # the same bearer key for both gateways
 GOALS = {
     "added_p50_share": 1 / 3,
     "cpu_per_request_share": 1 / 3,
     "rps_ratio": 3.0,
     "cache_cpu_per_request_share": 1.0,
 }
-MESSAGES = [{"role": "user", "content": "Say hello in one short sentence."}]
-
-
-@dataclass
-class Target:
-    name: str
-    url: str  # base URL ending in /v1
-    model: str
-    pid: int | None  # the server process whose CPU time is counted (None: not a gateway)
-    questions: Iterator[str] | None = None  # one per request; None: always MESSAGES
 
 
 # ---------------------------------------------------------------- configs
@@ -96,84 +89,6 @@ model_list:
 general_settings:
   master_key: {KEY}
 """
-
-
-# ---------------------------------------------------------------- load
-
-
-def unique_questions() -> Iterator[str]:
-    """A new question each request: every one a cache miss (a number veto decides any
-    neighbour, so the verifier's model is rarely asked)."""
-    for n in itertools.count():
-        parity = "odd" if n % 2 else "even"
-        yield f"Question {n}: what is {n} times {n + 7}, and why is it {parity}?"
-
-
-def body(target: Target, stream: bool) -> dict[str, Any]:
-    messages = MESSAGES
-    if target.questions is not None:
-        messages = [{"role": "user", "content": next(target.questions)}]
-    req: dict[str, Any] = {"model": target.model, "messages": messages, "max_tokens": 32}
-    if stream:
-        req["stream"] = True
-    return req
-
-
-async def one_request(session: aiohttp.ClientSession, target: Target, stream: bool) -> float:
-    """Seconds to the full answer (last byte of the stream); raises on a non-200."""
-    start = time.perf_counter()
-    async with session.post(f"{target.url}/chat/completions", json=body(target, stream)) as r:
-        data = await r.read()
-        if r.status != 200:
-            raise RuntimeError(f"{target.name}: HTTP {r.status}: {data[:300]!r}")
-        if stream and b"[DONE]" not in data:
-            raise RuntimeError(f"{target.name}: stream ended without [DONE]")
-    return time.perf_counter() - start
-
-
-def new_session(concurrency: int) -> aiohttp.ClientSession:
-    connector = aiohttp.TCPConnector(limit=concurrency, force_close=False)
-    headers = {"Authorization": f"Bearer {KEY}"}
-    timeout = aiohttp.ClientTimeout(total=60)
-    return aiohttp.ClientSession(connector=connector, headers=headers, timeout=timeout)
-
-
-async def latencies_interleaved(
-    targets: list[Target], count: int, stream: bool
-) -> dict[str, list[float]]:
-    """Concurrency 1, targets taken in turn: drift on the shared machine hits all alike."""
-    out: dict[str, list[float]] = {t.name: [] for t in targets}
-    async with new_session(1) as session:
-        for t in targets:  # warm the connection and the gateway's first-call paths
-            for _ in range(5):
-                await one_request(session, t, stream)
-        for _ in range(count):
-            for t in targets:
-                out[t.name].append(await one_request(session, t, stream))
-    return out
-
-
-async def throughput(target: Target, count: int, concurrency: int) -> dict[str, float]:
-    """Requests/s with `concurrency` clients in flight, and the server's CPU per request."""
-    queue = iter(range(count))
-
-    async def worker(session: aiohttp.ClientSession) -> None:
-        for _ in queue:
-            await one_request(session, target, stream=False)
-
-    async with new_session(concurrency) as session:
-        await asyncio.gather(*(one_request(session, target, False) for _ in range(concurrency)))
-        cpu0 = tree_cpu_seconds(target.pid) if target.pid else 0.0
-        start = time.perf_counter()
-        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
-        seconds = time.perf_counter() - start
-        cpu = tree_cpu_seconds(target.pid) - cpu0 if target.pid else 0.0
-    return {
-        "requests": count,
-        "seconds": round(seconds, 3),
-        "requests_per_s": round(count / seconds, 1),
-        "cpu_ms_per_request": round(cpu / count * 1000, 3) if target.pid else None,
-    }
 
 
 # ---------------------------------------------------------------- report
@@ -291,21 +206,20 @@ def start_cached(
     return Target(name, f"http://127.0.0.1:{port}/v1", "auto", pid, unique_questions())
 
 
-async def store_reworded(target: Target) -> None:
-    async with new_session(16) as session:
-        await store_first(session, target.url, target.model, reworded_pairs()[0], 16)
-
-
 def start_reworded(
-    stack: contextlib.ExitStack, work: Path, stub_port: int, env: dict[str, str], model: str
+    stack: contextlib.ExitStack,
+    work: Path,
+    stub_port: int,
+    env: dict[str, str],
+    model: str,
+    asked: list[str],
 ) -> Target:
-    """A cached gateway with `cache.verifier_model: model`, asked rewordings of what it holds
-    (the stored questions are sent by `run` once the gateway is up)."""
+    """A cached gateway with `cache.verifier_model: model`, asked `asked` in turn (the
+    questions they reword are stored by `run` once the gateway is up)."""
     target = start_cached(
         stack, work, stub_port, env, f"tiergate-cache-{model}", f", verifier_model: {model}"
     )
-    target.questions = itertools.cycle(reworded_pairs()[1])
-    return target
+    return replace(target, questions=itertools.cycle(asked))
 
 
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
@@ -331,7 +245,10 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         if args.torch_embedder:  # the same cache path on the reference embedder
             torch = start_cached(stack, work, stub_port, env, "tiergate-cache-torch", "", "torch")
             targets.append(torch)
-        reworded = [start_reworded(stack, work, stub_port, env, m) for m in args.verifier_model]
+        stored, asked = reworded_pairs() if args.verifier_model else ([], [])
+        reworded = [
+            start_reworded(stack, work, stub_port, env, m, asked) for m in args.verifier_model
+        ]
         targets.extend(reworded)
         lite_cmd = litellm_cmd(venv, config, lite_port) if venv.python else None
         if lite_cmd:
@@ -348,7 +265,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 targets.remove(t)
                 lite_status = {"skipped": f"proxy did not start: {exc}"}
         for t in reworded:
-            asyncio.run(store_reworded(t))
+            asyncio.run(store_first(t, stored))
         figures = asyncio.run(measure(targets, n_latency, n_tput))
     return {
         "requests": {"latency_c1_each": n_latency, "throughput_c16": n_tput},
