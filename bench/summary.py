@@ -90,9 +90,10 @@ LATER_SETS = (
     ("served_heldout2", "heldout2 (written after the models)"),
     ("served_combined", "held-out + heldout2"),
     ("served_heldout3", "heldout3 (written after 2026-12-03's models)"),
-    ("served_all", "all three held-out sets"),
+    ("served_heldout4", "heldout4 (written beside train2, after the models of 2026-12-03)"),
+    ("served_all", "all held-out sets"),
 )
-PER_CATEGORY = ("served_heldout2", "served_heldout3")
+PER_CATEGORY = ("served_heldout2", "served_heldout3", "served_heldout4")
 
 
 def _later_set_rows(tag: str, ours: dict[str, Any], base: dict[str, Any]) -> list[Row]:
@@ -257,7 +258,8 @@ ROWS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
 NOTES: dict[str, str] = {
     "cache_eval": "Held-out split of the pairs written by people (never trained or tuned on), "
     "heldout2 (hand-written after the 2026-12-02 models were fixed) and, from 2026-12-03 on, "
-    "heldout3 (hand-written after that day's models were fixed), each pair in its own scope; "
+    "heldout3 (hand-written after that day's models were fixed) and heldout4 (written beside "
+    "train2, the extra train pairs of the models it judges), each pair in its own scope; "
     "baseline: the old default, the logistic verifier at the 0.8 floor.",
     "embedder_compare": "Pairs written by people (train split only; the held-out split is "
     "never scored here).",

@@ -14,7 +14,7 @@
     python -m training cache pair-model
     python -m training cache sharegpt-candidates [--limit N]
     python -m training cache real-pairs
-    python -m training cache later-heldout --set heldout2|heldout3
+    python -m training cache later-set --set train2|heldout2|heldout3|heldout4
     python -m training cache calibrate [--pairs FILE --target-wrong 0.01 --write ...]
 
 `python -m training GROUP STEP --help` shows a step's options.
@@ -70,8 +70,8 @@ STEPS: dict[str, dict[str, tuple[str, str]]] = {
             "training.cache.real_pairs",
             "the pairs written by people, with a fixed held-out split",
         ),
-        "later-heldout": (
-            "training.cache.later_heldout",
+        "later-set": (
+            "training.cache.later_sets",
             "a held-out set written after the models (--set), checked against every seen pair",
         ),
         "calibrate": (

@@ -37,9 +37,12 @@ CACHE_PAIRS = DATA / "cache_pairs.jsonl"  # rule-made, the verifier's training s
 # Pairs written by people, with a held-out split (python -m training cache real-pairs).
 REAL_PAIRS_DIR = DATA / "cache_pairs_real"
 REAL_PAIRS = REAL_PAIRS_DIR / "pairs.jsonl"
-# Held-out sets written after the models (python -m training cache later-heldout --set NAME).
+# Sets written after the first models (python -m training cache later-set --set NAME): more
+# train pairs, and held-out sets written after the models they judge.
+REAL_PAIRS_TRAIN2 = REAL_PAIRS_DIR / "pairs_train2.jsonl"
 REAL_PAIRS_HELDOUT2 = REAL_PAIRS_DIR / "pairs_heldout2.jsonl"
 REAL_PAIRS_HELDOUT3 = REAL_PAIRS_DIR / "pairs_heldout3.jsonl"
+REAL_PAIRS_HELDOUT4 = REAL_PAIRS_DIR / "pairs_heldout4.jsonl"
 
 
 def cpu_model() -> str:

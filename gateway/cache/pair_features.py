@@ -10,6 +10,7 @@ features.
 
 import math
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from gateway.cache import lexicon as lx
@@ -185,31 +186,35 @@ def _case_differs(a: PairText, b: PairText) -> bool:
 
 def veto(a: PairText, b: PairText, al: Alignment, stats: WordStats) -> str | None:
     """Why the two cannot share an answer, or None when no hard rule says so."""
+    return next(vetoes(a, b, al, stats), None)
+
+
+def vetoes(a: PairText, b: PairText, al: Alignment, stats: WordStats) -> Iterator[str]:
+    """Every rule that says the two cannot share an answer, in the order veto() checks."""
     if a.numbers != b.numbers:
-        return "numbers differ"
+        yield "numbers differ"
     if a.units and b.units and a.units != b.units:
-        return "units differ"  # one side alone ("a day" vs "daily") is left to the model
+        yield "units differ"  # one side alone ("a day" vs "daily") is left to the model
     if a.dates != b.dates:
-        return "dates differ"
+        yield "dates differ"
     if _quoted_missing(a, b, stats) or _quoted_missing(b, a, stats):
-        return "quoted term"
+        yield "quoted term"
     if (a.asks_case or b.asks_case) and (_case_differs(a, b) or _case_differs(b, a)):
-        return "letter case"
+        yield "letter case"
     if a.negations != b.negations:
-        return "negation"
+        yield "negation"
     if has_antonym(a, b):
-        return "antonym"
+        yield "antonym"
     if direction_swapped(a, b):
-        return "direction"
+        yield "direction"
     unmatched = set(al.only_a.values()) | set(al.only_b.values())
     if (a.entities | b.entities) & unmatched:
-        return "entity"
+        yield "entity"
     if any(_is_scope(w) for w in unmatched):
-        return "scope"
+        yield "scope"
     qa, qb = a.asks, b.asks
     if qa - qb and qb - qa and (qa ^ qb) & lx.DISTINCT_QUESTION_WORDS:
-        return "question word"
-    return None
+        yield "question word"
 
 
 def features(

@@ -18,9 +18,12 @@ from training.artifacts import CACHE_PAIRS, REAL_PAIRS_DIR
 from training.cache.build_pairs import read_groups
 
 HANDWRITTEN = REAL_PAIRS_DIR / "handwritten.txt"
-# Written after the models and thresholds were fixed; all held out (later_heldout.py).
+# Written after the first models (later_sets.py): held-out sets, each after the models it
+# judges were fixed, and train2, more train pairs in free rewordings.
 HANDWRITTEN2 = REAL_PAIRS_DIR / "handwritten_heldout2.txt"
 HANDWRITTEN3 = REAL_PAIRS_DIR / "handwritten_heldout3.txt"
+HANDWRITTEN4 = REAL_PAIRS_DIR / "handwritten_heldout4.txt"
+HANDWRITTEN_TRAIN2 = REAL_PAIRS_DIR / "handwritten_train2.txt"
 SHAREGPT_REVIEWED = REAL_PAIRS_DIR / "sharegpt_reviewed.txt"
 
 SHOULD_HIT = ("paraphrase", "near_repeat", "exact_repeat")

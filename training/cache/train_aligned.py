@@ -6,8 +6,9 @@ The `nli` verifier is fitted the same way over those features and the NLI model'
     python -m training cache nli [--l2 10]       # -> gateway/cache/nli_model.json
 
 Data: training/data/cache_pairs_real/pairs.jsonl, `train` split only (`heldout` is never
-read). Pairs a rule decides (a veto, or the same words) are left out, as the gateway never
-asks the model about them. The people's pairs weigh PEOPLE_WEIGHT times a rule-made one:
+read), and pairs_train2.jsonl (more train pairs, in free rewordings; later_sets.py). Pairs
+a rule decides (a veto, or the same words) are left out, as the gateway never asks the
+model about them. The people's pairs weigh PEOPLE_WEIGHT times a rule-made one:
 they are how people reword, the rule edits mostly what the features already see.
 Deterministic (Newton's method); seconds of fitting after ~1 min of embedding on one core.
 
@@ -32,7 +33,13 @@ from gateway.cache.nli_verifier import NliVerifier
 from gateway.cache.verifier import STRICTNESS, LogisticModel, PairVerifier
 from gateway.embedding.embedder import Embedder
 from gateway.policy import CacheSettings
-from training.artifacts import ALIGNED_MODEL, NLI_MODEL, REAL_PAIRS, write_artifact
+from training.artifacts import (
+    ALIGNED_MODEL,
+    NLI_MODEL,
+    REAL_PAIRS,
+    REAL_PAIRS_TRAIN2,
+    write_artifact,
+)
 from training.cache.real_pairs import group_hashes
 from training.cache.train_pair_model import LEFT_OUT, load_rows
 from training.cache.train_verifier import fit_logistic
@@ -159,10 +166,11 @@ def out_of_fold(rows: list[dict], l2: float) -> list[float]:
 def main(argv: list[str] | None = None, kind: str = "aligned") -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=Path, default=REAL_PAIRS)
+    parser.add_argument("--more-pairs", type=Path, nargs="*", default=[REAL_PAIRS_TRAIN2])
     parser.add_argument("--out", type=Path, default=ARTIFACTS[kind])
     parser.add_argument("--l2", type=float, default=L2[kind])
     args = parser.parse_args(argv)
-    train = train_rows(load_rows(args.pairs))
+    train = train_rows(load_rows(args.pairs) + [r for p in args.more_pairs for r in load_rows(p)])
     for r, c in zip(train, cosines(train), strict=True):
         r["cos"] = c
     rules = PairVerifier.load()
@@ -199,7 +207,7 @@ def main(argv: list[str] | None = None, kind: str = "aligned") -> int:
         "trained_on": trained_on,
     }
     text = json.dumps(artifact, separators=(",", ":")) + "\n"
-    sidecar = write_artifact(args.out, text, [args.pairs], figures)
+    sidecar = write_artifact(args.out, text, [args.pairs, *args.more_pairs], figures)
     shown = ("served_at_wrong_out_of_fold", "thresholds")
     print(json.dumps({k: figures[k] for k in shown}, indent=1))
     print(f"-> {args.out}, provenance -> {sidecar}")
