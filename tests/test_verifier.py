@@ -97,6 +97,19 @@ NOT_VETOED = [
     ("How do I undo the last commit in git?", "How can I revert my most recent git commit?"),
     ("How do I make a bulleted list in Markdown?", "How can I create bullet points in Markdown?"),
     ("Give me a synonym for happy", "another word for happy?"),
+    # numbers and operators in words, contractions typed without the apostrophe, other names
+    ("What is seven times eight?", "7 x 8 = ?"),
+    ("Is ninety-one a prime?", "is 91 prime"),
+    ("solve x squared minus 4 equals 0", "solve x^2 - 4 = 0"),
+    ("my package hasnt shipped", "my package hasn't shipped"),
+    ("make soup w/o a blender", "make soup without a blender"),
+    ("How do I scale a k8s deployment?", "How do I scale a Kubernetes deployment?"),
+    ("best pizza in NYC", "best pizza in New York City"),
+    ("js sort an array of numbers", "JavaScript sort an array of numbers"),
+    ("read a file in node js", "read a file in Node.js"),
+    ("When did World War 2 start?", "When did WWII start?"),
+    ("write a short poem about rain", "write a brief poem about rain"),
+    ("What's your favourite colour?", "What's your favorite color?"),
 ]
 STILL_VETOED = [
     ("How do I sort a list in Java?", "How do I sort a list in JavaScript?", "entity"),
@@ -107,6 +120,11 @@ STILL_VETOED = [
     ("How long is the Nile?", "How long is the Nile for kids?", "scope"),
     ("Summarise the plot of Hamlet", "Explain the plot of Hamlet in detail", "scope"),
     ("What is the best laptop for coding?", "What is the cheapest laptop for coding?", "scope"),
+    ("What is 7 times 8?", "What is 7 plus 8?", "numbers differ"),
+    ("Is ninety-one a prime?", "Is 19 a prime?", "numbers differ"),
+    ("Why did World War 2 start?", "Why did World War I start?", "numbers differ"),
+    ("js sort an array of numbers", "TS sort an array of numbers", "entity"),
+    ("my package has shipped", "my package hasnt shipped", "negation"),
 ]
 
 

@@ -68,6 +68,12 @@ CONTRACTIONS = {
     "there's": "there is",
     "it's": "it is",
     "let's": "let us",
+    # typed without the apostrophe; not "cant", "wont", "shant": words of their own
+    **{
+        f"{verb}nt": f"{verb} not"
+        for verb in _words("is are was were has have had do does did would should could must need")
+    },
+    "w/o": "without",
 }
 
 # Pairs of opposites; either order. Prefix opposites (enable/disable, install/uninstall)
@@ -208,6 +214,22 @@ usa america
 uk britain
 macos mac osx
 latest newest last
+short brief
+all every
+colour color
+favourite favorite
+centre center
+metre meter
+kilometre kilometer
+litre liter
+organise organize
+realise realize
+analyse analyze
+behaviour behavior
+neighbour neighbor
+grey gray
+theatre theater
+licence license
 """.strip().splitlines()
 SYNONYMS: dict[str, str] = {}
 for _line in _SYNONYM_GROUPS:
@@ -337,6 +359,8 @@ NUMBER_WORDS = {
     "tenth": "#10",
     "last": "#-1",
 }
+# The number words that spell whole numbers, with their values ("ninety-one": 90 + 1).
+CARDINALS = {w: int(v) for w, v in NUMBER_WORDS.items() if v.isdigit() and w not in ("dozen",)}
 # "one" is usually a pronoun ("which one"); counted as a number only next to a noun-less
 # context is guesswork, so it is left to alignment instead.
 WEAK_NUMBER_WORDS = frozenset({"one", "second", "once", "double", "last"})

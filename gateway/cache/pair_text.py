@@ -27,9 +27,29 @@ CASE_ASK = re.compile(
 # Maths between numbers or variables ("2+2" vs "2*2", "5x + 6" vs "5x - 6"): the operator
 # is part of the question. A letter counts as a variable alone ("a + b") or after a
 # coefficient ("5x"), so hyphenated words ("top-5", "covid-19") are not maths.
+_CARDINAL = "(?:" + "|".join(lx.CARDINALS) + ")"
 OPERATOR = re.compile(
-    r"(?:(?<=\d)|(?<=\d[a-z])|(?<=\W[a-z])|(?<=^[a-z]))\s*([-+*/x×÷^%=<>])\s*(?=\d|[a-z]\b)"
+    r"(?:(?<=\d)|(?<=\d[a-z])|(?<=\W[a-z])|(?<=^[a-z]))\s*([-−+*/x×÷^%=<>])\s*"
+    rf"(?=\d|[a-z]\b|{_CARDINAL}\b)"
 )
+# Operators in words between numbers ("7 times 8", "x squared minus 5x"): the operator, so
+# that "7 times 8" and "7 x 8" ask one thing.
+_OPERAND = rf"(?:\d+[a-z]?|(?![ai]\b)[a-z]|{_CARDINAL})"  # not the article "a", nor "I"
+OPERATOR_WORDS = tuple(
+    (re.compile(rf"\b({_OPERAND})\s+{words}\s+(?={_OPERAND}\b)", re.IGNORECASE), op)
+    for words, op in (
+        ("plus", r"\1 + "),
+        ("minus", r"\1 - "),
+        ("(?:times|multiplied by)", r"\1 * "),
+        ("(?:divided by|over)", r"\1 / "),
+        ("equals", r"\1 = "),
+    )
+)
+HYPHENATED_NUMBER = re.compile(rf"\b({_CARDINAL})-({_CARDINAL})\b", re.IGNORECASE)
+# An operator after a number word ("two + two" once the words above are rewritten).
+OPERATOR_AFTER_WORD = re.compile(rf"\b{_CARDINAL}\s*([-+*/=^])\s*(?=\d|{_CARDINAL}\b|[a-z]\b)")
+POWER_WORDS = re.compile(rf"\b({_OPERAND})\s+(squared|cubed)\b", re.IGNORECASE)
+SAME_OPERATOR = {"x": "*", "×": "*", "÷": "/", "−": "-"}
 QUOTED = re.compile(
     r"\"([^\"]{1,80})\"|“([^”]{1,80})”|`([^`]{1,80})`|(?:^|\s)'([^']{1,80})'(?=$|[\s.,;:?!])"
 )
@@ -71,7 +91,14 @@ NAME_ALIASES = (
     (re.compile(r"\b(?:the )?united states(?: of america)?\b|\bu\.s\.(?:a\.)?", re.I), "USA"),
     (re.compile(r"\bUS\b"), "USA"),
     (re.compile(r"\b(?:the )?united kingdom\b|\bgreat britain\b", re.I), "UK"),
-    (re.compile(r"\bnode\.?js\b", re.I), "nodejs"),
+    (re.compile(r"\bnode(?:\.| )?js\b", re.I), "nodejs"),
+    (re.compile(r"\bjs\b", re.I), "javascript"),
+    (re.compile(r"\bTS\b"), "typescript"),
+    (re.compile(r"\bk8s\b", re.I), "kubernetes"),
+    (re.compile(r"\b(?:in|with|using) Go\b"), "in golang"),  # "Go" alone is a verb
+    (re.compile(r"\b(?:new york city|nyc)\b", re.I), "NYC"),
+    (re.compile(r"\b(?:world war (?:two|2|ii)|ww ?2|wwii|second world war)\b", re.I), "WW2"),
+    (re.compile(r"\b(?:world war (?:one|1|i)|ww ?1|wwi|first world war)\b", re.I), "WW1"),
 )
 # Scope words inside a set phrase that narrows nothing: "how long" asks a duration, "short
 # for" an expansion, "a web page" is a page of the web; "in short" asks for a summary.
@@ -223,11 +250,55 @@ def _numbers(lower: str, tokens: list[Token]) -> tuple[str, ...]:
         if "." in raw:
             raw = raw.rstrip("0").rstrip(".")
         found.append(raw.lstrip("0") or "0")
-    for t in tokens:
-        if t.lower in lx.NUMBER_WORDS and t.lower not in lx.WEAK_NUMBER_WORDS:
-            found.append(lx.NUMBER_WORDS[t.lower].lstrip("#x"))
-    found += ["op" + op for op in OPERATOR.findall(lower)]
+    for run in _number_word_runs(tokens):
+        if len(run) > 1:
+            found.append(str(_cardinal_value(run)))  # "ninety-one", "one hundred forty four"
+        elif run[0] not in lx.WEAK_NUMBER_WORDS:
+            found.append(lx.NUMBER_WORDS[run[0]].lstrip("#x"))
+    operators = OPERATOR.findall(lower) + OPERATOR_AFTER_WORD.findall(lower)
+    found += ["op" + SAME_OPERATOR.get(op, op) for op in operators]
     return tuple(sorted(found))
+
+
+def _number_word_runs(tokens: list[Token]) -> list[list[str]]:
+    """Number words, those in a row that spell one number joined ("ninety one", "one hundred
+    and five"; not "two two")."""
+    runs: list[list[str]] = []
+    end = -2  # the token index of the last run's last word
+    for i, t in enumerate(tokens):
+        if t.lower not in lx.NUMBER_WORDS:
+            continue
+        gap = [x.lower for x in tokens[end + 1 : i]]
+        adjacent = gap in ([], ["and"]) and end >= 0
+        if runs and adjacent and _continues(runs[-1][-1], t.lower):
+            runs[-1].append(t.lower)
+        else:
+            runs.append([t.lower])
+        end = i
+    return runs
+
+
+def _continues(previous: str, word: str) -> bool:
+    """`word` after `previous` goes on spelling the same number."""
+    if previous not in lx.CARDINALS or word not in lx.CARDINALS:
+        return False
+    p, w = lx.CARDINALS[previous], lx.CARDINALS[word]
+    tens = 20 <= p < 100 and p % 10 == 0
+    return w >= 100 > p or (p >= 100 and w < 100) or (tens and 0 < w < 10)
+
+
+def _cardinal_value(run: list[str]) -> int:
+    total = current = 0
+    for w in run:
+        value = lx.CARDINALS[w]
+        if value == 100:
+            current = max(current, 1) * 100
+        elif value >= 1000:
+            total += max(current, 1) * value
+            current = 0
+        else:
+            current += value
+    return total + current
 
 
 def _units(tokens: list[Token]) -> frozenset[str]:
@@ -274,6 +345,10 @@ def rewrite_phrases(text: str) -> str:
     text = WHO_PHRASES.sub("who", text)
     for pattern, replacement in (*NAME_ALIASES, *SET_PHRASES):
         text = pattern.sub(replacement, text)
+    text = HYPHENATED_NUMBER.sub(r"\1 \2", text)  # "ninety-one" is no subtraction
+    text = POWER_WORDS.sub(lambda m: m[1] + ("^2" if m[2].lower() == "squared" else "^3"), text)
+    for pattern, operator in OPERATOR_WORDS:
+        text = pattern.sub(operator, text)
     return STEP_BY_STEP.sub("stepwise", text)  # asks for another answer; "steps" alone not
 
 
