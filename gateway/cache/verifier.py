@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.cache.pair_features import FEATURES, align, features, veto
+from gateway.cache.pair_features import FEATURES, align, features, vetoes
 from gateway.cache.pair_text import WordStats, analyse
 
 DEFAULT_ARTIFACT = Path(__file__).with_name("verifier_model.json")
@@ -57,6 +57,9 @@ def logit(p: float) -> float:
 
 
 class PairVerifier:
+    # Vetoes left to the model as features (their flags), not refusals; none for `logistic`.
+    SOFT_VETOES: tuple[str, ...] = ()
+
     def __init__(self, model: LogisticModel, thresholds: dict[str, float], stats: WordStats):
         missing = set(STRICTNESS) - set(thresholds)
         if missing:
@@ -95,7 +98,8 @@ class PairVerifier:
             same = " ".join(query.split()) == " ".join(candidate.split())  # case too: code
             return (1.0, "") if same else (0.0, "too long to compare")
         a, b = analyse(query, self.stats), analyse(candidate, self.stats)
-        reason = veto(a, b, align(a, b, self.stats), self.stats)
+        fired = vetoes(a, b, align(a, b, self.stats), self.stats)
+        reason = next((r for r in fired if r not in self.SOFT_VETOES), None)
         if reason:
             return 0.0, reason
         if a.normalised == b.normalised:
