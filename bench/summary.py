@@ -90,7 +90,7 @@ LATER_SETS = (
     ("served_heldout2", "heldout2 (written after the models)"),
     ("served_combined", "held-out + heldout2"),
     ("served_heldout3", "heldout3 (written after 2026-12-03's models)"),
-    ("served_heldout4", "heldout4 (written beside train2, after the models of 2026-12-03)"),
+    ("served_heldout4", "heldout4 (written beside train2 on 2026-12-03)"),
     ("served_all", "all held-out sets"),
 )
 PER_CATEGORY = ("served_heldout2", "served_heldout3", "served_heldout4")
