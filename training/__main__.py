@@ -72,7 +72,8 @@ STEPS: dict[str, dict[str, tuple[str, str]]] = {
         ),
         "later-set": (
             "training.cache.later_sets",
-            "a held-out set written after the models (--set), checked against every seen pair",
+            "a pair set written after the first models (--set: train2 or a held-out set), "
+            "checked against every seen pair",
         ),
         "calibrate": (
             "training.cache.calibrate_cli",
