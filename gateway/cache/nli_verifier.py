@@ -3,7 +3,7 @@ inference model's reading of the pair in both directions (nli_scores.py).
 
 Fitted as `aligned` is (`python -m training cache nli`: the people's train pairs with the
 rule-made ones, thresholds picked out of fold), shipped as
-nli_model.json. Costs two passes of the NLI model per pair no veto decides (~15 ms of one
+nli_model.json. Costs two passes of the NLI model per pair no veto decides (~11 ms of one
 core each for short questions) on top of `aligned`'s: opt-in, for deployments that trade
 lookup time for served rewordings (docs/cache.md).
 """

@@ -1,0 +1,64 @@
+"""The NLI graph's rewrite (nli_graph.py) changes no score: every logit bit for bit as the
+package's graph with its width opened gives it, from the shortest pair to the widest the
+scores ever pass; a graph it does not know is refused, not guessed at."""
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from gateway.cache.nli_graph import fast_graph, open_width, trim_position_rows
+from gateway.cache.nli_scores import ASKED, MAX_TOKENS, NliScores, package_dir
+from gateway.embedding.onnx_backend import one_core_session
+
+PAIRS = [
+    ("Why?", "How?"),
+    ("How do I center a div in CSS?", "How can I center a div using CSS?"),
+    (
+        "What are the main differences between PostgreSQL and MySQL for a write-heavy app?",
+        "For an application with many writes, how do PostgreSQL and MySQL compare?",
+    ),
+    ("a much longer question " * 40, "and another one, also long " * 30),  # cut to the width
+]
+
+
+def _open_width_only(source: Path, target: Path) -> None:
+    model = onnx.load(str(source))
+    open_width(model.graph)
+    onnx.save(model, str(target))
+
+
+def test_the_rewritten_graph_gives_every_logit_bit_for_bit(tmp_path: Path) -> None:
+    source = package_dir() / "policy_nli_int8.onnx"
+    _open_width_only(source, tmp_path / "open.onnx")
+    fast_graph(source, tmp_path / "fast.onnx")
+    reference = one_core_session(tmp_path / "open.onnx")
+    fast = one_core_session(tmp_path / "fast.onnx")
+    tokenizer = NliScores()._tokenizer
+    widths = []
+    for premise, hypothesis in PAIRS + [(b, a) for a, b in PAIRS]:
+        ids = np.array([tokenizer.encode(ASKED.format(premise), ASKED.format(hypothesis)).ids])
+        feed = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+        widths.append(ids.shape[1])
+        assert np.array_equal(fast.run(None, feed)[0], reference.run(None, feed)[0])
+    assert min(widths) < 16 and max(widths) == MAX_TOKENS
+
+
+def test_each_attention_layer_reads_only_the_rows_it_gathers() -> None:
+    model = onnx.load(str(package_dir() / "policy_nli_int8.onnx"))
+    # two gathers a layer (content to position, position to content), twelve layers
+    assert trim_position_rows(model.graph) == 24
+    slices = [n for n in model.graph.node if n.op_type == "Slice" and "/trim" in n.name]
+    assert len(slices) == 24
+
+
+def test_a_gather_of_another_shape_is_refused() -> None:
+    data = helper.make_tensor_value_info("data", TensorProto.FLOAT, [2, 3])
+    index = helper.make_tensor_value_info("index", TensorProto.INT64, [2, 3])
+    out = helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, 3])
+    gather = helper.make_node("GatherElements", ["data", "index"], ["out"], axis=1)
+    graph = helper.make_graph([gather], "plain", [data, index], [out])
+    with pytest.raises(ValueError, match="not a gather of a product"):
+        trim_position_rows(graph)
