@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gateway.cache import nli_scores
-from gateway.cache.nli_scores import NLI_FEATURES, NliScores, NliUnavailable
+from gateway.cache.nli_scores import MARGIN_RANGE, NLI_FEATURES, NliScores, NliUnavailable
 from gateway.cache.nli_verifier import ALL_FEATURES, NliVerifier
 from gateway.cache.verifier import STRICTNESS, PairVerifier
 from gateway.cache.verifiers import VERIFIER_MODELS, load_verifier
@@ -109,15 +109,13 @@ async def test_through_a_real_cache(tmp_path: Path, embedder: Embedder) -> None:
     assert miss.outcome == "miss"
 
 
-def test_one_direction_can_rule_a_pair_out_without_changing_a_verdict(
-    embedder: Embedder,
-) -> None:
-    """The early exit skips the second NLI pass only where the full score falls short too;
+def test_skipped_passes_never_change_a_verdict(embedder: Embedder) -> None:
+    """Passes are skipped (both, or the second) only where the full score falls short too;
     the pairs are the train split's people's pairs that no veto decides."""
     rows = [json.loads(line) for line in PAIRS.read_text().splitlines()]
     rows = [r for r in rows if r["split"] == "train" and r["source"] == "handwritten"]
     full, early = NliVerifier.load(), NliVerifier.load()
-    skipped = compared = 0
+    passes = {0: 0, 1: 0, 2: 0}
     for r in rows[:120]:
         if full.decide(r["a"], r["b"]) is not None:
             continue
@@ -128,6 +126,23 @@ def test_one_direction_can_rule_a_pair_out_without_changing_a_verdict(
             verdict = early.verify(r["a"], r["b"], cos, strictness)
             assert verdict.accept == (exact >= early.thresholds[strictness]), r
             assert verdict.probability >= exact - 1e-9  # an upper bound where it stopped
-        compared += 1
-        skipped += early.nli.passes - before == 1
-    assert compared >= 30 and 0 < skipped < compared
+        passes[early.nli.passes - before] += 1
+    assert sum(passes.values()) >= 30 and all(passes.values()), passes
+
+
+def test_the_highest_train_margin_bounds_a_pass_not_read(tmp_path: Path) -> None:
+    artifact = json.loads(NliVerifier.ARTIFACT.read_text())
+    verifier = NliVerifier.load()
+    assert verifier.margin_seen == artifact["margin_seen"] < MARGIN_RANGE[1]
+    older = {k: v for k, v in artifact.items() if k != "margin_seen"}
+    (tmp_path / "older.json").write_text(json.dumps(older))
+    assert NliVerifier.load(tmp_path / "older.json").margin_seen == MARGIN_RANGE[1]
+
+
+def test_a_hopeless_pair_costs_no_pass(verifier: NliVerifier, embedder: Embedder) -> None:
+    """Few words shared, no veto: even the highest margins seen leave it short."""
+    a, b = "Why do cats purr when they sleep?", "What makes a sourdough starter rise?"
+    assert verifier.decide(a, b) is None
+    before = verifier.nli.passes
+    verdict = verifier.verify(a, b, cosine(embedder, a, b), "lenient")
+    assert not verdict.accept and verifier.nli.passes == before

@@ -24,6 +24,7 @@ through out of fold).
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -138,6 +139,15 @@ def served_at_wrong(rows: list[dict], scored: dict[str, float], floor: float) ->
     return out
 
 
+def highest_margin(rows: list[dict]) -> float:
+    """nli: the highest NLI margin of any direction of the pairs its model is fitted on
+    (from nli_min and nli_mean: the other direction is 2 mean - min). The verifier runs
+    no pass that could not reach a threshold below it."""
+    low, mean = NliVerifier.FEATURES.index("nli_min"), NliVerifier.FEATURES.index("nli_mean")
+    highest = max(max(r["x"][low], 2 * r["x"][mean] - r["x"][low]) for r in rows)
+    return math.ceil(highest * 1e4) / 1e4  # rounded up: the bound holds for that pair too
+
+
 def untrained(kind: str, rules: PairVerifier) -> AlignedVerifier:
     """A verifier of `kind` with the shipped vetoes (`rules`), its model still to fit."""
     placeholder = {name: 0.5 for name in STRICTNESS}
@@ -206,6 +216,8 @@ def main(argv: list[str] | None = None, kind: str = "aligned") -> int:
         "thresholds": thresholds,
         "trained_on": trained_on,
     }
+    if kind == "nli":
+        artifact["margin_seen"] = highest_margin(asked)
     text = json.dumps(artifact, separators=(",", ":")) + "\n"
     sidecar = write_artifact(args.out, text, [args.pairs, *args.more_pairs], figures)
     shown = ("served_at_wrong_out_of_fold", "thresholds")
