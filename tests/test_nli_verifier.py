@@ -140,8 +140,10 @@ def test_the_highest_train_margin_bounds_a_pass_not_read(tmp_path: Path) -> None
 
 
 def test_a_hopeless_pair_costs_no_pass(verifier: NliVerifier, embedder: Embedder) -> None:
-    """Few words shared, no veto: even the highest margins seen leave it short."""
-    a, b = "Why do cats purr when they sleep?", "What makes a sourdough starter rise?"
+    """The stored question asks much more, no veto fires: even the highest margins seen
+    leave the pair short."""
+    a = "How do I center a div in CSS?"
+    b = "How do I center a div in CSS grid with flexbox fallback for old browsers?"
     assert verifier.decide(a, b) is None
     before = verifier.nli.passes
     verdict = verifier.verify(a, b, cosine(embedder, a, b), "lenient")
