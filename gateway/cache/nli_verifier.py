@@ -1,14 +1,17 @@
 """The `nli` verifier: the `aligned` verifier's vetoes and features, plus a natural-language
-inference model's reading of the pair in both directions (nli_scores.py).
+inference model's reading of the pair in both directions (nli_scores.py): its own margin,
+and a head of ours over the state its classifier reads (the pooled pair).
 
 Fitted as `aligned` is (`python -m training cache nli`: the people's train pairs with the
-rule-made ones, thresholds picked out of fold), shipped as
-nli_model.json. Costs two passes of the NLI model per pair no veto decides (~11 ms of one
-core each for short questions) on top of `aligned`'s: opt-in, for deployments that trade
+rule-made ones, thresholds picked out of fold), with the head fitted first and stacked out
+of fold (training/cache/nli_head.py); shipped as nli_model.json. Costs two passes of the
+NLI model per pair no veto decides (~11 ms of one core each for short questions), fewer
+where the passes cannot matter, on top of `aligned`'s: opt-in, for deployments that trade
 lookup time for served rewordings (docs/cache.md).
 """
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.cache.aligned_verifier import ALL_FEATURES as ALIGNED_FEATURES
@@ -25,7 +28,32 @@ NLI_MODEL = Path(__file__).with_name("nli_model.json")
 # train pairs (479 people's must-not pairs) this served 48.0 / 61.6 / 65.2% of the people's
 # should-hit pairs at 0 / 1 / 2 wrong, against 45.7 / 60.7 / 61.0% with the scope veto.
 LEFT_TO_THE_MODEL = ("scope",)
-ALL_FEATURES = (*ALIGNED_FEATURES, *(f"{v} veto" for v in LEFT_TO_THE_MODEL), *NLI_FEATURES)
+HEAD_FEATURES = (
+    "head_min",  # the weaker direction's head logit
+    "head_mean",
+)
+ALL_FEATURES = (
+    *ALIGNED_FEATURES,
+    *(f"{v} veto" for v in LEFT_TO_THE_MODEL),
+    *NLI_FEATURES,
+    *HEAD_FEATURES,
+)
+# Before a shipped artifact says otherwise: the ranges that bound what a pass can add
+UNBOUNDED = {"margin": MARGIN_RANGE, "head": (-1e6, 1e6)}
+NO_HEAD = LogisticModel([0.0], [1.0], [0.0], 0.0)  # a placeholder until training fits one
+
+
+@dataclass(frozen=True)
+class Direction:
+    """One direction of a pair: the NLI model's margin and our head's logit."""
+
+    margin: float
+    head: float
+
+
+def direction_features(ab: Direction, ba: Direction) -> list[float]:
+    """NLI_FEATURES and HEAD_FEATURES of a pair's two directions."""
+    return [*nli_features(ab.margin, ba.margin), min(ab.head, ba.head), (ab.head + ba.head) / 2]
 
 
 class NliVerifier(AlignedVerifier):
@@ -43,15 +71,18 @@ class NliVerifier(AlignedVerifier):
     ):
         super().__init__(model, thresholds, stats, states)
         self.nli = nli
-        # the highest margin any train pair's direction reached (nli_model.json): what a
-        # direction not read yet is taken to reach at most
-        self.margin_seen = MARGIN_RANGE[1]
+        self.head = NO_HEAD
+        # the lowest and highest margin and head logit of any train pair's direction
+        # (nli_model.json): what a direction not read yet is taken to reach
+        self.seen = dict(UNBOUNDED)
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> "NliVerifier":
         verifier = super().load(path)
         artifact = json.loads(Path(path or cls.ARTIFACT).read_text())
-        verifier.margin_seen = float(artifact.get("margin_seen", MARGIN_RANGE[1]))
+        head = artifact["head"]
+        verifier.head = LogisticModel(head["mean"], head["scale"], head["weights"], head["bias"])
+        verifier.seen = {k: tuple(v) for k, v in artifact["seen"].items()}
         return verifier
 
     @classmethod
@@ -62,7 +93,14 @@ class NliVerifier(AlignedVerifier):
 
     def pair_features(self, query: str, candidate: str, cosine: float) -> list[float]:
         """ALL_FEATURES of a pair (what training fits on, for pairs no rule decides)."""
-        return self._before_nli(query, candidate, cosine) + self.nli.features(query, candidate)
+        ab, ba = self.direction(query, candidate), self.direction(candidate, query)
+        return self._before_nli(query, candidate, cosine) + direction_features(ab, ba)
+
+    def direction(self, premise: str, hypothesis: str) -> Direction:
+        """One NLI pass (or its LRU entry), read by the model and by our head."""
+        reading = self.nli.read(premise, hypothesis)
+        pooled = reading.pooled.tolist() if self.head is not NO_HEAD else [0.0]
+        return Direction(reading.margin, self.head.logit(pooled))
 
     def _before_nli(self, query: str, candidate: str, cosine: float) -> list[float]:
         """The aligned verifier's features and the soft vetoes' flags."""
@@ -75,11 +113,9 @@ class NliVerifier(AlignedVerifier):
         self, query: str, candidate: str, cosine: float, needed: float
     ) -> tuple[float, str]:
         """The pair's probability, with NLI passes skipped where they cannot matter: when
-        even margins as high as the train pairs ever reached leave the pair short of
-        `needed`, no pass is run (9-20% of the train pairs no veto decides, by strictness);
-        after one direction, the second is skipped the same way (about a third). A skip
-        can only refuse, never serve: the best it could reach is returned, below `needed`.
-        """
+        even directions as strong as any train pair's leave the pair short of `needed`, no
+        pass is run; after one direction, the second is skipped the same way. A skip can
+        only refuse, never serve: the best it could reach is returned, below `needed`."""
         decided = self.decide(query, candidate)
         if decided is not None:
             return decided
@@ -87,21 +123,30 @@ class NliVerifier(AlignedVerifier):
         best = self._best_logit(rest, None)
         if best < logit(needed):
             return sigmoid(best), ""
-        first = self.nli.margin(query, candidate)
+        first = self.direction(query, candidate)
         best = self._best_logit(rest, first)
         if best < logit(needed):
             return sigmoid(best), ""
-        x = rest + nli_features(first, self.nli.margin(candidate, query))
+        x = rest + direction_features(first, self.direction(candidate, query))
         return self.model.probability(x), ""
 
-    def _best_logit(self, rest: list[float], first: float | None) -> float:
-        """The highest logit the margins not read yet can give, each within the lowest
-        margin the features hold and the highest a train pair reached. The logit is linear
-        in (min, mean), so its best lies at an end of the range, or where the two margins
-        are equal."""
-        low, high = MARGIN_RANGE[0], self.margin_seen
-        if first is None:
-            ends = [(low, low), (high, high), (low, high)]
-        else:
-            ends = [(first, low), (first, high), (first, first)]
-        return max(self.model.logit(rest + nli_features(ab, ba)) for ab, ba in ends)
+    def _best_logit(self, rest: list[float], first: Direction | None) -> float:
+        """The highest logit a direction not read yet can give, its margin and head logit
+        each within the range the train pairs' directions reached. The logit is linear in
+        each (min, mean), so its best lies at an end of a range, or where the two
+        directions are equal."""
+        margins = _ends(self.seen["margin"], None if first is None else first.margin)
+        heads = _ends(self.seen["head"], None if first is None else first.head)
+        return max(
+            self.model.logit(rest + direction_features(Direction(m1, h1), Direction(m2, h2)))
+            for (m1, m2) in margins
+            for (h1, h2) in heads
+        )
+
+
+def _ends(seen: tuple[float, float], first: float | None) -> list[tuple[float, float]]:
+    """Where (this direction, the other) can reach its best: both unread, or one read."""
+    low, high = seen
+    if first is None:
+        return [(low, low), (high, high), (low, high)]
+    return [(first, low), (first, high), (first, first)]

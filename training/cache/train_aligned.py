@@ -24,7 +24,6 @@ through out of fold).
 
 import argparse
 import json
-import math
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +39,13 @@ from training.artifacts import (
     REAL_PAIRS,
     REAL_PAIRS_TRAIN2,
     write_artifact,
+)
+from training.cache.nli_head import (
+    fit_head,
+    ranges_seen,
+    read_pooled,
+    with_columns,
+    with_oof_columns,
 )
 from training.cache.real_pairs import group_hashes
 from training.cache.train_pair_model import LEFT_OUT, load_rows
@@ -58,10 +64,11 @@ FLOORS = (0.5, 0.6, 0.7, 0.8)
 
 
 def train_rows(rows: list[dict]) -> list[dict]:
-    """The train pairs the verifier is asked about, each with its fold."""
+    """The train pairs the verifier is asked about, each with its fold and weight."""
     train = [r for r in rows if r["split"] == "train" and r["category"] not in LEFT_OUT]
     for r, h in zip(train, group_hashes(train, "fold:"), strict=True):
         r["fold"] = h % FOLDS
+        r["weight"] = 1.0 if r["source"] == "rules" else PEOPLE_WEIGHT
     return train
 
 
@@ -139,15 +146,6 @@ def served_at_wrong(rows: list[dict], scored: dict[str, float], floor: float) ->
     return out
 
 
-def highest_margin(rows: list[dict]) -> float:
-    """nli: the highest NLI margin of any direction of the pairs its model is fitted on
-    (from nli_min and nli_mean: the other direction is 2 mean - min). The verifier runs
-    no pass that could not reach a threshold below it."""
-    low, mean = NliVerifier.FEATURES.index("nli_min"), NliVerifier.FEATURES.index("nli_mean")
-    highest = max(max(r["x"][low], 2 * r["x"][mean] - r["x"][low]) for r in rows)
-    return math.ceil(highest * 1e4) / 1e4  # rounded up: the bound holds for that pair too
-
-
 def untrained(kind: str, rules: PairVerifier) -> AlignedVerifier:
     """A verifier of `kind` with the shipped vetoes (`rules`), its model still to fit."""
     placeholder = {name: 0.5 for name in STRICTNESS}
@@ -158,18 +156,22 @@ def untrained(kind: str, rules: PairVerifier) -> AlignedVerifier:
 def fit(rows: list[dict], l2: float) -> LogisticModel:
     x = np.array([r["x"] for r in rows])
     y = np.array([float(r["should_hit"]) for r in rows])
-    weight = np.array([1.0 if r["source"] == "rules" else PEOPLE_WEIGHT for r in rows])
-    return fit_logistic(x, y, weight, l2=l2)
+    return fit_logistic(x, y, np.array([r["weight"] for r in rows]), l2=l2)
 
 
-def out_of_fold(rows: list[dict], l2: float) -> list[float]:
-    """Each row's probability from a model fitted on the other folds."""
+def out_of_fold(rows: list[dict], l2: float, stacked: bool = False) -> list[float]:
+    """Each row's probability from a model fitted on the other folds; `stacked` (nli): the
+    head too, and the model on the head logits the other folds gave each other."""
     probs = [0.0] * len(rows)
     for k in range(FOLDS):
-        model = fit([r for r in rows if r["fold"] != k], l2)
-        for i, r in enumerate(rows):
-            if r["fold"] == k:
-                probs[i] = model.probability(r["x"])
+        inside = [i for i, r in enumerate(rows) if r["fold"] == k]
+        train = [r for r in rows if r["fold"] != k]
+        test = [rows[i] for i in inside]
+        if stacked:
+            train, test = with_oof_columns(train), with_columns(test, fit_head(train))
+        model = fit(train, l2)
+        for i, r in zip(inside, test, strict=True):
+            probs[i] = model.probability(r["x"])
     return probs
 
 
@@ -186,12 +188,18 @@ def main(argv: list[str] | None = None, kind: str = "aligned") -> int:
     rules = PairVerifier.load()
     verifier = untrained(kind, rules)
     asked, decided = open_rows(verifier, train)
-    probs = out_of_fold(asked, args.l2)
+    stacked = kind == "nli"
+    if stacked:
+        read_pooled(verifier, asked)
+    probs = out_of_fold(asked, args.l2, stacked)
     floor = CacheSettings().min_similarity
     negatives = sum(1 for r in train if not r["should_hit"] and r["source"] != "rules")
     thresholds = pick_thresholds(asked, probs, floor, negatives)
     scored = decided | {r["id"]: p for r, p in zip(asked, probs, strict=True)}
     shipped = {r["id"]: rules.probability(r["a"], r["b"], r["cos"])[0] for r in train}
+    if stacked:
+        verifier.head = fit_head(asked)
+        asked = with_oof_columns(asked)
     verifier.model = fit(asked, args.l2)
     trained_on = {
         "pairs": len(asked),
@@ -216,8 +224,9 @@ def main(argv: list[str] | None = None, kind: str = "aligned") -> int:
         "thresholds": thresholds,
         "trained_on": trained_on,
     }
-    if kind == "nli":
-        artifact["margin_seen"] = highest_margin(asked)
+    if stacked:
+        artifact["head"] = verifier.head.__dict__
+        artifact["seen"] = ranges_seen(asked, verifier.head)
     text = json.dumps(artifact, separators=(",", ":")) + "\n"
     sidecar = write_artifact(args.out, text, [args.pairs, *args.more_pairs], figures)
     shown = ("served_at_wrong_out_of_fold", "thresholds")
