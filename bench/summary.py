@@ -91,9 +91,10 @@ LATER_SETS = (
     ("served_combined", "held-out + heldout2"),
     ("served_heldout3", "heldout3 (written after 2026-12-03's models)"),
     ("served_heldout4", "heldout4 (written beside train2 on 2026-12-03)"),
+    ("served_heldout5", "heldout5 (written beside train3 on 2026-12-04)"),
     ("served_all", "all held-out sets"),
 )
-PER_CATEGORY = ("served_heldout2", "served_heldout3", "served_heldout4")
+PER_CATEGORY = ("served_heldout2", "served_heldout3", "served_heldout4", "served_heldout5")
 
 
 def _later_set_rows(tag: str, ours: dict[str, Any], base: dict[str, Any]) -> list[Row]:
@@ -274,8 +275,10 @@ NOTES: dict[str, str] = {
     "cache_eval": "Held-out split of the pairs written by people (never trained or tuned on), "
     "heldout2 (hand-written after the 2026-12-02 models were fixed) and, from 2026-12-03 on, "
     "heldout3 (hand-written after that day's models were fixed) and heldout4 (written beside "
-    "train2, the extra train pairs of the models it judges), each pair in its own scope; "
-    "baseline: the old default, the logistic verifier at the 0.8 floor.",
+    "train2, the extra train pairs of the models it judges), from 2026-12-04 15:00 on "
+    'heldout5 (written beside train3), each pair in its own scope; "all held-out sets" '
+    "holds every set of its run; baseline: the old default, the logistic verifier at the "
+    "0.8 floor.",
     "nli_graph": "Both directions of the people's train pairs as the nli verifier reads "
     "them; the two graphs alternate pass by pass on one core: only the ratio counts.",
     "embedder_compare": "Pairs written by people (train split only; the held-out split is "

@@ -41,10 +41,17 @@ def test_the_check_catches_a_seen_question(later: LaterSet) -> None:
 
 @pytest.mark.parametrize(
     ("name", "earlier"),
-    [("heldout3", "heldout2"), ("train2", "heldout3"), ("heldout4", "train2")],
+    [
+        ("heldout3", "heldout2"),
+        ("train2", "heldout3"),
+        ("heldout4", "train2"),
+        ("train3", "heldout4"),
+        ("heldout5", "train3"),
+    ],
 )
 def test_a_set_may_not_share_a_question_with_an_earlier_one(name: str, earlier: str) -> None:
-    """Nor may train2 share one with a held-out set, nor heldout4 with the train2 it judges."""
+    """Nor may a train set share one with a held-out set, nor a held-out set with the train
+    set it judges."""
     first = shipped(SETS[earlier])[0]
     reused = [{"a": first["b"].lower(), "b": "fresh words here"}]
     assert later_sets.stale(reused, later_sets.seen_questions(SETS[name]))

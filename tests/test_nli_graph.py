@@ -1,6 +1,6 @@
 """The NLI graph's rewrite (nli_graph.py) changes no score: every logit bit for bit as the
 package's graph with its width opened gives it, from the shortest pair to the widest the
-scores ever pass, beside the pooled state as a second output; a graph it does not know is
+scores ever pass, beside the states our head reads as two more outputs; a graph it does not know is
 refused, not guessed at."""
 
 from pathlib import Path
@@ -43,9 +43,10 @@ def test_the_rewritten_graph_gives_every_logit_bit_for_bit(tmp_path: Path) -> No
         ids = np.array([tokenizer.encode(ASKED.format(premise), ASKED.format(hypothesis)).ids])
         feed = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
         widths.append(ids.shape[1])
-        logits, pooled = fast.run(None, feed)
+        logits, pooled, tokens_mean = fast.run(None, feed)
         assert np.array_equal(logits, reference.run(None, feed)[0])
-        assert pooled.shape == (1, 384) and np.isfinite(pooled).all()
+        assert pooled.shape == tokens_mean.shape == (1, 384)
+        assert np.isfinite(pooled).all() and np.isfinite(tokens_mean).all()
     assert min(widths) < 16 and max(widths) == MAX_TOKENS
 
 

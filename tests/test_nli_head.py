@@ -1,5 +1,5 @@
 """The nli verifier's head and its stacking (training/cache/nli_head.py), on generated
-pooled states (unit tests of the mechanics, not figures): a row's head columns never come
+states (unit tests of the mechanics, not figures): a row's head columns never come
 from a head that saw its fold, so the stacked out-of-fold probabilities stay at chance on
 labels the states do not predict; the ranges cover every direction."""
 
@@ -18,7 +18,7 @@ def rows(n: int, seed: int, informative: bool) -> list[dict]:
     for i in range(n):
         should_hit = bool(i % 2)
         shift = (1.0 if should_hit else -1.0) if informative else 0.0
-        pooled = tuple(rng.normal(size=384) + shift * (np.arange(384) < 8) for _ in (0, 1))
+        states = tuple(rng.normal(size=768) + shift * (np.arange(768) < 8) for _ in (0, 1))
         x = list(rng.normal(size=len(ALL_FEATURES)))
         out.append(
             {
@@ -27,7 +27,7 @@ def rows(n: int, seed: int, informative: bool) -> list[dict]:
                 "weight": 1.0,
                 "should_hit": should_hit,
                 "source": "handwritten",
-                "pooled": pooled,
+                "states": states,
                 "x": x,
             }
         )
@@ -51,7 +51,7 @@ def test_a_rows_head_columns_come_from_the_other_folds() -> None:
 
 
 def test_stacked_probabilities_stay_at_chance_on_noise() -> None:
-    """384 noisy numbers per direction for 200 pairs: a head fitted on them all separates
+    """768 noisy numbers per direction for 200 pairs: a head fitted on them all separates
     its own rows; out of fold, the stacked model must not."""
     data = rows(200, seed=2, informative=False)
     labels = [r["should_hit"] for r in data]
@@ -70,7 +70,7 @@ def test_the_ranges_cover_every_direction() -> None:
     data = rows(60, seed=4, informative=True)
     head = fit_head(data)
     seen = ranges_seen(data, head)
-    logits = [head.logit(p.tolist()) for r in data for p in r["pooled"]]
+    logits = [head.logit(p.tolist()) for r in data for p in r["states"]]
     low, high = seen["head"]
     assert low <= min(logits) and max(logits) <= high and high - max(logits) < 1e-4
     nli_min, nli_mean = ALL_FEATURES.index("nli_min"), ALL_FEATURES.index("nli_mean")

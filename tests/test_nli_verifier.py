@@ -110,12 +110,12 @@ async def test_through_a_real_cache(tmp_path: Path, embedder: Embedder) -> None:
 
 
 def test_skipped_passes_never_change_a_verdict(embedder: Embedder) -> None:
-    """Passes are skipped (both, or the second) only where the full score falls short too;
-    the pairs are the train split's people's pairs that no veto decides."""
+    """The second pass is skipped only where the full score falls short too; the pairs
+    are the train split's people's pairs that no veto decides."""
     rows = [json.loads(line) for line in PAIRS.read_text().splitlines()]
     rows = [r for r in rows if r["split"] == "train" and r["source"] == "handwritten"]
     full, early = NliVerifier.load(), NliVerifier.load()
-    passes = {0: 0, 1: 0, 2: 0}
+    passes = {1: 0, 2: 0}
     for r in rows[:120]:
         if full.decide(r["a"], r["b"]) is not None:
             continue
@@ -127,7 +127,7 @@ def test_skipped_passes_never_change_a_verdict(embedder: Embedder) -> None:
             assert verdict.accept == (exact >= early.thresholds[strictness]), r
             assert verdict.probability >= exact - 1e-9  # an upper bound where it stopped
         passes[early.nli.passes - before] += 1
-    assert sum(passes.values()) >= 30 and passes[1] and passes[2], passes
+    assert sum(passes.values()) >= 30 and all(passes.values()), passes
 
 
 def test_the_ranges_seen_in_training_bound_a_pass_not_read() -> None:
@@ -142,13 +142,3 @@ def test_the_head_reads_a_rewording_above_another_aspect(verifier: NliVerifier) 
     rewording = [verifier.direction(*REWORDING), verifier.direction(*reversed(REWORDING))]
     narrower = [verifier.direction(*NARROWER), verifier.direction(*reversed(NARROWER))]
     assert min(d.head for d in rewording) > 0 > min(d.head for d in narrower)
-
-
-def test_a_hopeless_pair_costs_no_pass(verifier: NliVerifier, embedder: Embedder) -> None:
-    """Another aspect of the same word (a train pair): even directions as strong as any
-    train pair's leave it short of strict."""
-    a, b = "What is the past tense of mouse?", "What is the plural of mouse?"
-    assert verifier.decide(a, b) is None
-    before = verifier.nli.passes
-    verdict = verifier.verify(a, b, cosine(embedder, a, b), "strict")
-    assert not verdict.accept and verifier.nli.passes == before

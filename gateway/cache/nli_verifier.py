@@ -1,6 +1,7 @@
 """The `nli` verifier: the `aligned` verifier's vetoes and features, plus a natural-language
 inference model's reading of the pair in both directions (nli_scores.py): its own margin,
-and a head of ours over the state its classifier reads (the pooled pair).
+and a head of ours over the states behind it (the pooled pair its classifier reads, and
+the last layer's states averaged over word pieces).
 
 Fitted as `aligned` is (`python -m training cache nli`: the people's train pairs with the
 rule-made ones, thresholds picked out of fold), with the head fitted first and stacked out
@@ -99,8 +100,8 @@ class NliVerifier(AlignedVerifier):
     def direction(self, premise: str, hypothesis: str) -> Direction:
         """One NLI pass (or its LRU entry), read by the model and by our head."""
         reading = self.nli.read(premise, hypothesis)
-        pooled = reading.pooled.tolist() if self.head is not NO_HEAD else [0.0]
-        return Direction(reading.margin, self.head.logit(pooled))
+        states = reading.states.tolist() if self.head is not NO_HEAD else [0.0]
+        return Direction(reading.margin, self.head.logit(states))
 
     def _before_nli(self, query: str, candidate: str, cosine: float) -> list[float]:
         """The aligned verifier's features and the soft vetoes' flags."""
@@ -112,17 +113,14 @@ class NliVerifier(AlignedVerifier):
     def probability_against(
         self, query: str, candidate: str, cosine: float, needed: float
     ) -> tuple[float, str]:
-        """The pair's probability, with NLI passes skipped where they cannot matter: when
-        even directions as strong as any train pair's leave the pair short of `needed`, no
-        pass is run; after one direction, the second is skipped the same way. A skip can
-        only refuse, never serve: the best it could reach is returned, below `needed`."""
+        """The pair read (new, stored) first: when even a second direction as strong as
+        any train pair's leaves it short of `needed`, the second pass is skipped. A skip
+        can only refuse, never serve: the best it could reach is returned, below `needed`.
+        """
         decided = self.decide(query, candidate)
         if decided is not None:
             return decided
         rest = self._before_nli(query, candidate, cosine)
-        best = self._best_logit(rest, None)
-        if best < logit(needed):
-            return sigmoid(best), ""
         first = self.direction(query, candidate)
         best = self._best_logit(rest, first)
         if best < logit(needed):
@@ -130,23 +128,14 @@ class NliVerifier(AlignedVerifier):
         x = rest + direction_features(first, self.direction(candidate, query))
         return self.model.probability(x), ""
 
-    def _best_logit(self, rest: list[float], first: Direction | None) -> float:
-        """The highest logit a direction not read yet can give, its margin and head logit
-        each within the range the train pairs' directions reached. The logit is linear in
-        each (min, mean), so its best lies at an end of a range, or where the two
-        directions are equal."""
-        margins = _ends(self.seen["margin"], None if first is None else first.margin)
-        heads = _ends(self.seen["head"], None if first is None else first.head)
+    def _best_logit(self, rest: list[float], first: Direction) -> float:
+        """The highest logit the other direction can give, its margin and head logit each
+        within the range the train pairs' directions reached. The logit is linear in each
+        (min, mean), so its best lies at an end of a range, or where the two directions
+        are equal."""
+        (low, high), (head_low, head_high) = self.seen["margin"], self.seen["head"]
         return max(
-            self.model.logit(rest + direction_features(Direction(m1, h1), Direction(m2, h2)))
-            for (m1, m2) in margins
-            for (h1, h2) in heads
+            self.model.logit(rest + direction_features(first, Direction(margin, head)))
+            for margin in (low, high, first.margin)
+            for head in (head_low, head_high, first.head)
         )
-
-
-def _ends(seen: tuple[float, float], first: float | None) -> list[tuple[float, float]]:
-    """Where (this direction, the other) can reach its best: both unread, or one read."""
-    low, high = seen
-    if first is None:
-        return [(low, low), (high, high), (low, high)]
-    return [(first, low), (first, high), (first, first)]

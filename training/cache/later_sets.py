@@ -5,6 +5,8 @@ of hand-written pairs no model has seen.
     python -m training cache later-set --set heldout2   # -> pairs_heldout2.jsonl
     python -m training cache later-set --set heldout3   # -> pairs_heldout3.jsonl
     python -m training cache later-set --set heldout4   # -> pairs_heldout4.jsonl
+    python -m training cache later-set --set train3     # -> pairs_train3.jsonl
+    python -m training cache later-set --set heldout5   # -> pairs_heldout5.jsonl
                                                         #    (and .provenance.json beside)
 
 The first held-out split (real_pairs.py) has too few must-not pairs to show a 1% wrong-hit
@@ -14,7 +16,9 @@ models and thresholds of 2026-12-02 were fixed; it too was looked at while the v
 the vetoes or word lists, after the models of that day were fixed. train2 holds more train
 pairs in free rewordings (split `train`: aligned and nli fit on it with pairs.jsonl's train
 split); heldout4 was written beside it, by another writer, as the set that judges the models
-fitted on it. Each set's rows are in pairs.jsonl's row schema, all in one split. The build
+fitted on it. train3 and heldout5 (2026-12-04) were written the same way, side by side, by
+two more writers, after heldout4 had been scored twice. Each set's rows are in
+pairs.jsonl's row schema, all in one split. The build
 refuses a question (after case and punctuation) that a model or an earlier set could have
 seen: one in pairs.jsonl (either split), in the rule-made cache_pairs.jsonl the first
 verifier was trained on, or in an earlier later set.
@@ -32,7 +36,9 @@ from training.artifacts import (
     REAL_PAIRS_HELDOUT2,
     REAL_PAIRS_HELDOUT3,
     REAL_PAIRS_HELDOUT4,
+    REAL_PAIRS_HELDOUT5,
     REAL_PAIRS_TRAIN2,
+    REAL_PAIRS_TRAIN3,
     write_artifact,
 )
 from training.cache import real_sources
@@ -49,6 +55,14 @@ class LaterSet:
     seen: tuple[Path, ...]  # pair files whose questions it must not share
 
 
+_BEFORE_TRAIN3 = (
+    REAL_PAIRS,
+    CACHE_PAIRS,
+    REAL_PAIRS_HELDOUT2,
+    REAL_PAIRS_HELDOUT3,
+    REAL_PAIRS_TRAIN2,
+    REAL_PAIRS_HELDOUT4,
+)
 SETS = {
     "heldout2": LaterSet(
         "heldout2",
@@ -77,6 +91,20 @@ SETS = {
         real_sources.HANDWRITTEN4,
         REAL_PAIRS_HELDOUT4,
         (REAL_PAIRS, CACHE_PAIRS, REAL_PAIRS_HELDOUT2, REAL_PAIRS_HELDOUT3, REAL_PAIRS_TRAIN2),
+    ),
+    "train3": LaterSet(
+        "train",
+        "handwritten_train3",
+        real_sources.HANDWRITTEN_TRAIN3,
+        REAL_PAIRS_TRAIN3,
+        _BEFORE_TRAIN3,
+    ),
+    "heldout5": LaterSet(
+        "heldout5",
+        "handwritten5",
+        real_sources.HANDWRITTEN5,
+        REAL_PAIRS_HELDOUT5,
+        (*_BEFORE_TRAIN3, REAL_PAIRS_TRAIN3),
     ),
 }
 

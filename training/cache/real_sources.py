@@ -24,6 +24,8 @@ HANDWRITTEN2 = REAL_PAIRS_DIR / "handwritten_heldout2.txt"
 HANDWRITTEN3 = REAL_PAIRS_DIR / "handwritten_heldout3.txt"
 HANDWRITTEN4 = REAL_PAIRS_DIR / "handwritten_heldout4.txt"
 HANDWRITTEN_TRAIN2 = REAL_PAIRS_DIR / "handwritten_train2.txt"
+HANDWRITTEN_TRAIN3 = REAL_PAIRS_DIR / "handwritten_train3.txt"
+HANDWRITTEN5 = REAL_PAIRS_DIR / "handwritten_heldout5.txt"
 SHAREGPT_REVIEWED = REAL_PAIRS_DIR / "sharegpt_reviewed.txt"
 
 SHOULD_HIT = ("paraphrase", "near_repeat", "exact_repeat")

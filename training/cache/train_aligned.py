@@ -1,13 +1,14 @@
 """Fit the `aligned` verifier: a logistic model over the lexical and word-piece alignment
 features, on the people's train pairs and the rule-made ones; thresholds picked out of fold.
 The `nli` verifier is fitted the same way over those features and the NLI model's, with
-its head over the NLI model's pooled state fitted first and stacked (nli_head.py).
+its head over the NLI model's states fitted first and stacked (nli_head.py).
 
     python -m training cache aligned [--l2 30]   # -> gateway/cache/aligned_model.json
     python -m training cache nli [--l2 10]       # -> gateway/cache/nli_model.json
 
 Data: training/data/cache_pairs_real/pairs.jsonl, `train` split only (`heldout` is never
-read), and pairs_train2.jsonl (more train pairs, in free rewordings; later_sets.py). Pairs
+read), and pairs_train2.jsonl and pairs_train3.jsonl (more train pairs, in free
+rewordings; later_sets.py). Pairs
 a rule decides (a veto, or the same words) are left out, as the gateway never asks the
 model about them. The people's pairs weigh PEOPLE_WEIGHT times a rule-made one:
 they are how people reword, the rule edits mostly what the features already see.
@@ -39,12 +40,13 @@ from training.artifacts import (
     NLI_MODEL,
     REAL_PAIRS,
     REAL_PAIRS_TRAIN2,
+    REAL_PAIRS_TRAIN3,
     write_artifact,
 )
 from training.cache.nli_head import (
     fit_head,
     ranges_seen,
-    read_pooled,
+    read_states,
     with_columns,
     with_oof_columns,
 )
@@ -179,7 +181,9 @@ def out_of_fold(rows: list[dict], l2: float, stacked: bool = False) -> list[floa
 def main(argv: list[str] | None = None, kind: str = "aligned") -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=Path, default=REAL_PAIRS)
-    parser.add_argument("--more-pairs", type=Path, nargs="*", default=[REAL_PAIRS_TRAIN2])
+    parser.add_argument(
+        "--more-pairs", type=Path, nargs="*", default=[REAL_PAIRS_TRAIN2, REAL_PAIRS_TRAIN3]
+    )
     parser.add_argument("--out", type=Path, default=ARTIFACTS[kind])
     parser.add_argument("--l2", type=float, default=L2[kind])
     args = parser.parse_args(argv)
@@ -191,7 +195,7 @@ def main(argv: list[str] | None = None, kind: str = "aligned") -> int:
     asked, decided = open_rows(verifier, train)
     stacked = kind == "nli"
     if stacked:
-        read_pooled(verifier, asked)
+        read_states(verifier, asked)
     probs = out_of_fold(asked, args.l2, stacked)
     floor = CacheSettings().min_similarity
     negatives = sum(1 for r in train if not r["should_hit"] and r["source"] != "rules")
