@@ -69,9 +69,9 @@ def test_every_pair_has_its_split_and_label(later: LaterSet) -> None:
 
 def test_the_set_is_large_and_varied_enough(later: LaterSet) -> None:
     counts = Counter(p["category"] for p in shipped(later))
-    held_out = later.split != "train"  # train2 is mostly rewordings, what the models lacked
+    held_out = later.split != "train"  # train sets are mostly rewordings, what models lacked
     assert sum(counts[c] for c in MUST_NOT) >= (140 if held_out else 100)
-    assert counts["paraphrase"] + counts["near_repeat"] >= (80 if held_out else 200)
+    assert counts["paraphrase"] + counts["near_repeat"] >= (80 if held_out else 150)
     assert min(counts[c] for c in MUST_NOT) >= 20
     assert len({p["domain"] for p in shipped(later)}) == 7
 
