@@ -94,8 +94,8 @@ def trim_position_rows(graph: Any) -> int:
             raise ValueError(f"{gather.name}: gathers another axis than the rows'")
         row_axis = list(_attribute(transpose, "perm"))[-1]
         feeder = transpose
-        while producer[feeder.input[0]].op_type in _ROW_PRESERVING:
-            feeder = producer[feeder.input[0]]
+        while (above := producer.get(feeder.input[0])) and above.op_type in _ROW_PRESERVING:
+            feeder = above
         if feeder.name in inserted:
             raise ValueError(f"{gather.name}: its position rows feed another gather too")
         name = f"{gather.name}/trim"
