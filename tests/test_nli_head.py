@@ -1,13 +1,17 @@
 """The nli verifier's head and its stacking (training/cache/nli_head.py), on generated
 states (unit tests of the mechanics, not figures): a row's head columns never come
 from a head that saw its fold, so the stacked out-of-fold probabilities stay at chance on
-labels the states do not predict; the ranges cover every direction."""
+labels the states do not predict; the ranges cover every direction; a feature with almost
+no spread cannot make a logit infinite."""
+
+import math
 
 import numpy as np
 
 from gateway.cache.nli_verifier import ALL_FEATURES, HEAD_FEATURES
 from training.cache.nli_head import fit_head, ranges_seen, with_columns, with_oof_columns
 from training.cache.train_aligned import FOLDS, out_of_fold
+from training.cache.train_verifier import fit_logistic
 
 HEAD_AT = [ALL_FEATURES.index(name) for name in HEAD_FEATURES]
 
@@ -76,3 +80,12 @@ def test_the_ranges_cover_every_direction() -> None:
     nli_min, nli_mean = ALL_FEATURES.index("nli_min"), ALL_FEATURES.index("nli_mean")
     margins = [m for r in data for m in (r["x"][nli_min], 2 * r["x"][nli_mean] - r["x"][nli_min])]
     assert seen["margin"][0] <= min(margins) and max(margins) <= seen["margin"][1]
+
+
+def test_a_feature_with_almost_no_spread_stays_finite() -> None:
+    """The artifact keeps 6 decimals: a spread rounded to 0 must not become a divisor."""
+    rng = np.random.default_rng(5)
+    x = np.column_stack([rng.normal(size=80), 0.5 + 1e-8 * rng.normal(size=80)])
+    y = (x[:, 0] > 0).astype(float)
+    model = fit_logistic(x, y, np.ones(80), l2=1.0)
+    assert min(model.scale) > 0 and math.isfinite(model.logit([0.3, 0.7]))

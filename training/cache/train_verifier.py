@@ -62,7 +62,9 @@ def fit_logistic(
 ) -> LogisticModel:
     """L2-regularised logistic regression by Newton's method; the classes weigh the same."""
     mean, scale = x.mean(axis=0), x.std(axis=0)
-    scale[scale < 1e-9] = 1.0
+    # a spread the artifact's 6 decimals would round to 0 counts as none: else a new value
+    # of that feature would be divided by 0
+    scale[scale < 1e-6] = 1.0
     z = np.hstack([(x - mean) / scale, np.ones((len(x), 1))])
     pos, neg = (sample * y).sum(), (sample * (1 - y)).sum()
     weight = sample * np.where(y == 1, 0.5 / max(pos, 1e-9), 0.5 / max(neg, 1e-9)) * len(y)
