@@ -17,6 +17,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -48,7 +49,7 @@ def word_pieces(limit: int) -> list[np.ndarray]:
     ]
 
 
-def cpu_ms(session, ids: np.ndarray) -> tuple[float, np.ndarray]:
+def cpu_ms(session: Any, ids: np.ndarray) -> tuple[float, np.ndarray]:
     start = time.process_time()
     logits = session.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})[0]
     return (time.process_time() - start) * 1000, logits

@@ -10,7 +10,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from gateway.cache.nli_graph import POOLED, expose, fast_graph, open_width, trim_position_rows
+from bench.nli_graph import open_width_graph
+from gateway.cache.nli_graph import POOLED, expose, fast_graph, trim_position_rows
 from gateway.cache.nli_scores import ASKED, MAX_TOKENS, NliScores, package_dir
 from gateway.embedding.onnx_backend import one_core_session
 
@@ -25,15 +26,9 @@ PAIRS = [
 ]
 
 
-def _open_width_only(source: Path, target: Path) -> None:
-    model = onnx.load(str(source))
-    open_width(model.graph)
-    onnx.save(model, str(target))
-
-
 def test_the_rewritten_graph_gives_every_logit_bit_for_bit(tmp_path: Path) -> None:
     source = package_dir() / "policy_nli_int8.onnx"
-    _open_width_only(source, tmp_path / "open.onnx")
+    open_width_graph(source, tmp_path / "open.onnx")
     fast_graph(source, tmp_path / "fast.onnx")
     reference = one_core_session(tmp_path / "open.onnx")
     fast = one_core_session(tmp_path / "fast.onnx")

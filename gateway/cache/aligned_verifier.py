@@ -37,7 +37,11 @@ class AlignedVerifier(PairVerifier):
     @classmethod
     def load(cls, path: str | Path | None = None) -> "AlignedVerifier":
         """The fitted model and thresholds of `path` (default: the class's ARTIFACT)."""
-        artifact = json.loads(Path(path or cls.ARTIFACT).read_text())
+        return cls.from_artifact(json.loads(Path(path or cls.ARTIFACT).read_text()))
+
+    @classmethod
+    def from_artifact(cls, artifact: dict) -> "AlignedVerifier":
+        """The verifier an artifact's JSON describes."""
         if tuple(artifact["features"]) != cls.FEATURES:
             raise ValueError(f"{cls.ARTIFACT.name} has other features: retrain it")
         m = artifact["model"]

@@ -111,10 +111,6 @@ class NliScores:
         hypothesis follows from the premise."""
         return self.read(premise, hypothesis).margin
 
-    def features(self, a: str, b: str) -> list[float]:
-        """NLI_FEATURES of a pair, both directions."""
-        return nli_features(self.margin(a, b), self.margin(b, a))
-
 
 def nli_features(ab: float, ba: float) -> list[float]:
     """NLI_FEATURES from the two directions' margins, each held within MARGIN_RANGE."""

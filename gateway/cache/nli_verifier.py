@@ -11,7 +11,6 @@ where the passes cannot matter, on top of `aligned`'s: opt-in, for deployments t
 lookup time for served rewordings (docs/cache.md).
 """
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,11 +77,9 @@ class NliVerifier(AlignedVerifier):
         self.seen = dict(UNBOUNDED)
 
     @classmethod
-    def load(cls, path: str | Path | None = None) -> "NliVerifier":
-        verifier = super().load(path)
-        artifact = json.loads(Path(path or cls.ARTIFACT).read_text())
-        head = artifact["head"]
-        verifier.head = LogisticModel(head["mean"], head["scale"], head["weights"], head["bias"])
+    def from_artifact(cls, artifact: dict) -> "NliVerifier":
+        verifier = super().from_artifact(artifact)
+        verifier.head = LogisticModel(**artifact["head"])
         verifier.seen = {k: tuple(v) for k, v in artifact["seen"].items()}
         return verifier
 
