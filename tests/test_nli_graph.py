@@ -1,7 +1,8 @@
 """The NLI graph's rewrite (nli_graph.py) changes no score: every logit bit for bit as the
 package's graph with its width opened gives it, from the shortest pair to the widest the
-scores ever pass, beside the states our head reads as two more outputs; a graph it does not know is
-refused, not guessed at."""
+scores ever pass, beside the states our head reads as two more outputs; cut by length
+(length_split.py), every output bit for bit as the whole rewritten graph's; a graph it does
+not know is refused, not guessed at."""
 
 from pathlib import Path
 
@@ -11,7 +12,15 @@ import pytest
 from onnx import TensorProto, helper
 
 from bench.nli_graph import open_width_graph
-from gateway.cache.nli_graph import POOLED, expose, fast_graph, trim_position_rows
+from gateway.cache.length_split import LengthSplitSession
+from gateway.cache.nli_graph import (
+    LENGTH_ONLY,
+    POOLED,
+    expose,
+    fast_graph,
+    split_graph,
+    trim_position_rows,
+)
 from gateway.cache.nli_scores import ASKED, MAX_TOKENS, NliScores, package_dir
 from gateway.embedding.onnx_backend import one_core_session
 
@@ -43,6 +52,24 @@ def test_the_rewritten_graph_gives_every_logit_bit_for_bit(tmp_path: Path) -> No
         assert pooled.shape == tokens_mean.shape == (1, 384)
         assert np.isfinite(pooled).all() and np.isfinite(tokens_mean).all()
     assert min(widths) < 16 and max(widths) == MAX_TOKENS
+
+
+def test_the_graph_cut_by_length_gives_every_output_bit_for_bit(tmp_path: Path) -> None:
+    """What the verifier runs (length_split.py) against the rewritten whole graph: the
+    three outputs at lengths from 3 to the width, word pieces drawn at random. A value the
+    cut took as a constant from three lengths would show here at any other."""
+    source = package_dir() / "policy_nli_int8.onnx"
+    fast_graph(source, tmp_path / "fast.onnx")
+    split_graph(source, tmp_path / "prelude.onnx", tmp_path / "data.onnx")
+    whole = one_core_session(tmp_path / "fast.onnx")
+    split = LengthSplitSession(tmp_path / "prelude.onnx", tmp_path / "data.onnx", LENGTH_ONLY)
+    rng = np.random.default_rng(7)
+    for length in [*range(3, MAX_TOKENS, 9), MAX_TOKENS]:
+        ids = rng.integers(3, 120_000, size=(1, length), dtype=np.int64)
+        ids[0, 0], ids[0, -1] = 1, 2  # [CLS] ... [SEP], as the tokenizer frames a pair
+        feed = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+        for got, want in zip(split.run(feed), whole.run(None, feed), strict=True):
+            assert np.array_equal(got, want), length
 
 
 def test_each_attention_layer_reads_only_the_rows_it_gathers() -> None:

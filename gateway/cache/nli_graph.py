@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from engine.cache_files import atomic_path
+from gateway.cache.length_split import split_by_length
 
 # Ops that repeat or broadcast the position rows without moving their row axis: the slice
 # goes above them, so that they copy the kept rows only.
@@ -31,11 +32,22 @@ POOLED = "/m/pooler/Mul_1_output_0"
 # The last encoder layer's states, [batch, word pieces, 384], and their mean over pieces.
 LAST_STATES = "/m/deberta/encoder/layer.11/output/LayerNorm/Add_1_output_0"
 TOKENS_MEAN = "tiergate/tokens_mean"
+# The mask is all ones (one pair a pass, no padding): it follows from the length.
+LENGTH_ONLY = ("attention_mask",)
+WORD_ROWS = "m.deberta.embeddings.word_embeddings.weight_quantized"
 
 
 def fast_graph(source: Path, target: Path) -> None:
-    """The package's graph at `source`, sequence width open and position rows trimmed,
-    written to `target`."""
+    """The package's graph at `source`, rewritten, written to `target`."""
+    import onnx
+
+    with atomic_path(target) as tmp:
+        onnx.save(rewritten(source), tmp)
+
+
+def rewritten(source: Path) -> Any:
+    """The package's graph at `source` with its width open, position rows trimmed and the
+    head's states shown."""
     import onnx
 
     model = onnx.load(str(source))
@@ -43,8 +55,7 @@ def fast_graph(source: Path, target: Path) -> None:
     trim_position_rows(model.graph)
     expose(model.graph, POOLED)
     expose_mean(model.graph, LAST_STATES, TOKENS_MEAN)
-    with atomic_path(target) as tmp:
-        onnx.save(model, tmp)
+    return model
 
 
 def open_width(graph: Any) -> None:
@@ -145,3 +156,29 @@ def _attribute(node: Any, name: str) -> Any:
         if attribute.name == name:
             return helper.get_attribute_value(attribute)
     return None
+
+
+def split_graph(source: Path, prelude: Path, data: Path) -> None:
+    """The package's graph at `source`, rewritten as fast_graph does, then cut in two
+    (length_split.py): what a pass computes from its length alone, and the rest."""
+    import onnx
+
+    first, rest = split_by_length(rewritten(source), LENGTH_ONLY)
+    _first_row_only(first.graph, WORD_ROWS)
+    for part, target in ((first, prelude), (rest, data)):
+        with atomic_path(target) as tmp:
+            onnx.save(part, tmp)
+
+
+def _first_row_only(graph: Any, name: str) -> None:
+    """The word-piece table cut to its first row: the prelude reads word piece 0 only, and
+    what it gives does not depend on which (49 MB less to hold)."""
+    from onnx import numpy_helper
+
+    for i, weight in enumerate(graph.initializer):
+        if weight.name == name:
+            graph.initializer[i].CopyFrom(
+                numpy_helper.from_array(numpy_helper.to_array(weight)[:1], name)
+            )
+            return
+    raise ValueError(f"the NLI graph has no weight {name}: the package changed")

