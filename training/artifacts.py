@@ -45,6 +45,8 @@ REAL_PAIRS_HELDOUT3 = REAL_PAIRS_DIR / "pairs_heldout3.jsonl"
 REAL_PAIRS_HELDOUT4 = REAL_PAIRS_DIR / "pairs_heldout4.jsonl"
 REAL_PAIRS_TRAIN3 = REAL_PAIRS_DIR / "pairs_train3.jsonl"
 REAL_PAIRS_HELDOUT5 = REAL_PAIRS_DIR / "pairs_heldout5.jsonl"
+REAL_PAIRS_TRAIN4 = REAL_PAIRS_DIR / "pairs_train4.jsonl"
+REAL_PAIRS_HELDOUT6 = REAL_PAIRS_DIR / "pairs_heldout6.jsonl"
 
 
 def cpu_model() -> str:

@@ -7,6 +7,8 @@ of hand-written pairs no model has seen.
     python -m training cache later-set --set heldout4   # -> pairs_heldout4.jsonl
     python -m training cache later-set --set train3     # -> pairs_train3.jsonl
     python -m training cache later-set --set heldout5   # -> pairs_heldout5.jsonl
+    python -m training cache later-set --set train4     # -> pairs_train4.jsonl
+    python -m training cache later-set --set heldout6   # -> pairs_heldout6.jsonl
                                                         #    (and .provenance.json beside)
 
 The first held-out split (real_pairs.py) has too few must-not pairs to show a 1% wrong-hit
@@ -17,7 +19,8 @@ the vetoes or word lists, after the models of that day were fixed. train2 holds 
 pairs in free rewordings (split `train`: aligned and nli fit on it with pairs.jsonl's train
 split); heldout4 was written beside it, by another writer, as the set that judges the models
 fitted on it. train3 and heldout5 (2026-12-04) were written the same way, side by side, by
-two more writers, after heldout4 had been scored twice. Each set's rows are in
+two more writers, after heldout4 had been scored twice; train4 and heldout6 likewise, by
+two more, after heldout5 had been scored once. Each set's rows are in
 pairs.jsonl's row schema, all in one split. The build
 refuses a question (after case and punctuation) that a model or an earlier set could have
 seen: one in pairs.jsonl (either split), in the rule-made cache_pairs.jsonl the first
@@ -37,8 +40,10 @@ from training.artifacts import (
     REAL_PAIRS_HELDOUT3,
     REAL_PAIRS_HELDOUT4,
     REAL_PAIRS_HELDOUT5,
+    REAL_PAIRS_HELDOUT6,
     REAL_PAIRS_TRAIN2,
     REAL_PAIRS_TRAIN3,
+    REAL_PAIRS_TRAIN4,
     write_artifact,
 )
 from training.cache import real_sources
@@ -105,6 +110,20 @@ SETS = {
         real_sources.HANDWRITTEN5,
         REAL_PAIRS_HELDOUT5,
         (*_BEFORE_TRAIN3, REAL_PAIRS_TRAIN3),
+    ),
+    "train4": LaterSet(
+        "train",
+        "handwritten_train4",
+        real_sources.HANDWRITTEN_TRAIN4,
+        REAL_PAIRS_TRAIN4,
+        (*_BEFORE_TRAIN3, REAL_PAIRS_TRAIN3, REAL_PAIRS_HELDOUT5),
+    ),
+    "heldout6": LaterSet(
+        "heldout6",
+        "handwritten6",
+        real_sources.HANDWRITTEN6,
+        REAL_PAIRS_HELDOUT6,
+        (*_BEFORE_TRAIN3, REAL_PAIRS_TRAIN3, REAL_PAIRS_HELDOUT5, REAL_PAIRS_TRAIN4),
     ),
 }
 

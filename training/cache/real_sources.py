@@ -26,6 +26,8 @@ HANDWRITTEN4 = REAL_PAIRS_DIR / "handwritten_heldout4.txt"
 HANDWRITTEN_TRAIN2 = REAL_PAIRS_DIR / "handwritten_train2.txt"
 HANDWRITTEN_TRAIN3 = REAL_PAIRS_DIR / "handwritten_train3.txt"
 HANDWRITTEN5 = REAL_PAIRS_DIR / "handwritten_heldout5.txt"
+HANDWRITTEN_TRAIN4 = REAL_PAIRS_DIR / "handwritten_train4.txt"
+HANDWRITTEN6 = REAL_PAIRS_DIR / "handwritten_heldout6.txt"
 SHAREGPT_REVIEWED = REAL_PAIRS_DIR / "sharegpt_reviewed.txt"
 
 SHOULD_HIT = ("paraphrase", "near_repeat", "exact_repeat")

@@ -7,7 +7,7 @@ its head over the NLI model's states fitted first and stacked (nli_head.py).
     python -m training cache nli [--l2 10]       # -> gateway/cache/nli_model.json
 
 Data: training/data/cache_pairs_real/pairs.jsonl, `train` split only (`heldout` is never
-read), and pairs_train2.jsonl and pairs_train3.jsonl (more train pairs, in free
+read), and pairs_train2.jsonl, pairs_train3.jsonl and pairs_train4.jsonl (more train pairs, in free
 rewordings; later_sets.py). Pairs a rule decides (a veto, or the same words) are left out,
 as the gateway never asks the model about them. The people's pairs weigh PEOPLE_WEIGHT
 times a rule-made one: they are how people reword, the rule edits mostly what the features
@@ -41,6 +41,7 @@ from training.artifacts import (
     REAL_PAIRS,
     REAL_PAIRS_TRAIN2,
     REAL_PAIRS_TRAIN3,
+    REAL_PAIRS_TRAIN4,
     write_artifact,
 )
 from training.cache.nli_head import (
@@ -182,7 +183,10 @@ def main(argv: list[str] | None = None, kind: str = "aligned") -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=Path, default=REAL_PAIRS)
     parser.add_argument(
-        "--more-pairs", type=Path, nargs="*", default=[REAL_PAIRS_TRAIN2, REAL_PAIRS_TRAIN3]
+        "--more-pairs",
+        type=Path,
+        nargs="*",
+        default=[REAL_PAIRS_TRAIN2, REAL_PAIRS_TRAIN3, REAL_PAIRS_TRAIN4],
     )
     parser.add_argument("--out", type=Path, default=ARTIFACTS[kind])
     parser.add_argument("--l2", type=float, default=L2[kind])
