@@ -87,7 +87,8 @@ def test_what_the_length_decides_leaves_the_data_graph(tmp_path: Path) -> None:
 def test_recent_lengths_are_kept_and_no_more(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(length_split, "LENGTHS_KEPT", 2)
+    # positions (4 bytes a word piece) and the mask (4 more): 3 and 5 fit in 64 bytes, not 4
+    monkeypatch.setattr(length_split, "BYTES_KEPT", 64)
     _, prelude, data = split_files(tmp_path)
     split = LengthSplitSession(prelude, data, ("mask",))
     for length in (3, 4, 3, 5):

@@ -11,7 +11,8 @@ make), keeps the tensors where they meet the rest, and writes two graphs:
 - the data graph: the rest, reading them as inputs. A value the same at every probed
   length is written into it as a constant instead, so ONNX Runtime fuses around it as it
   does in the whole graph.
-`LengthSplitSession` runs the pair and keeps the prelude's outputs of recent lengths.
+`LengthSplitSession` runs the pair and keeps the prelude's outputs of recent lengths
+(BYTES_KEPT).
 The same kernels see the same numbers, so the outputs are bit for bit the whole graph's
 (tests/test_length_split.py); where ONNX Runtime would fuse differently (a scale it can
 now see), that fusion is disabled on the data graph.
@@ -32,7 +33,9 @@ DISABLED_FUSIONS = ("MatMulScaleFusion",)
 # the product they feed (transposed GEMM) as it does in the whole graph.
 LAYOUT_OPS = ("Transpose",)
 PROBE_LENGTHS = (12, 41, 160)  # a value equal at all of them is taken as a constant
-LENGTHS_KEPT = 32  # prelude outputs kept, most recent lengths first
+# Prelude outputs kept, most recent lengths first, up to this many bytes (the NLI graph's:
+# ~1.9 MB at 26 word pieces, ~13 MB at 160); the latest length is always kept.
+BYTES_KEPT = 48 * 2**20
 _DTYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(float)": np.float32}
 
 
@@ -251,7 +254,8 @@ class LengthSplitSession:
         self._fed = {arg.name for arg in self._data.get_inputs()} - {
             arg.name for arg in self._prelude.get_inputs()
         }
-        self._by_length: OrderedDict[int, dict[str, Any]] = OrderedDict()
+        self._by_length: OrderedDict[int, tuple[dict[str, Any], int]] = OrderedDict()
+        self._bytes = 0
         self._lock = threading.Lock()
 
     def run(self, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -269,24 +273,30 @@ class LengthSplitSession:
         with self._lock:
             if length in self._by_length:
                 self._by_length.move_to_end(length)
-                return self._by_length[length]
-        values = self._run_prelude(length)
+                return self._by_length[length][0]
+        values, size = self._run_prelude(length)
         with self._lock:
-            self._by_length[length] = values
-            if len(self._by_length) > LENGTHS_KEPT:
-                self._by_length.popitem(last=False)
+            if length not in self._by_length:
+                self._by_length[length] = (values, size)
+                self._bytes += size
+            while self._bytes > BYTES_KEPT and len(self._by_length) > 1:
+                self._bytes -= self._by_length.popitem(last=False)[1][1]
         return values
 
-    def _run_prelude(self, length: int) -> dict[str, Any]:
-        """The fed values of one length; equal arrays share one copy (each layer's gather
-        index is the same)."""
+    def _run_prelude(self, length: int) -> tuple[dict[str, Any], int]:
+        """The fed values of one length, and their bytes; equal arrays share one copy
+        (each layer's gather index is the same)."""
         import onnxruntime as ort
 
         names = sorted(self._fed)
         feed = prelude_feed(self._prelude, length, self._length_only)
         shared: dict[tuple, Any] = {}
         values = {}
+        size = 0
         for name, array in zip(names, self._prelude.run(names, feed), strict=True):
             key = (array.dtype.str, array.shape, array.tobytes())
-            values[name] = shared.setdefault(key, ort.OrtValue.ortvalue_from_numpy(array))
-        return values
+            if key not in shared:
+                shared[key] = ort.OrtValue.ortvalue_from_numpy(array)
+                size += array.nbytes
+            values[name] = shared[key]
+        return values, size
