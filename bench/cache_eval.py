@@ -8,11 +8,12 @@ pairs_heldout2.jsonl (hand-written after the models of 2026-12-02 were fixed) an
 pairs_heldout3.jsonl (hand-written on 2026-12-03 after that day's models were fixed, by a
 writer who had not read the vetoes) and pairs_heldout4.jsonl (written beside
 pairs_train2.jsonl, the train pairs of the models it judges, by another writer) and
-pairs_heldout5.jsonl (written beside pairs_train3.jsonl the same way), each pair in a scope
-of its own: the stored question `b`, then the new question `a`. Each set has its own tables
-(`served`, `served_heldout2` ... `served_heldout5`), the first two together one more
+pairs_heldout5.jsonl (written beside pairs_train3.jsonl the same way) and
+pairs_heldout6.jsonl (beside pairs_train4.jsonl), each pair in a scope of its own: the
+stored question `b`, then the new question `a`. Each set has its own tables (`served`,
+`served_heldout2` ... `served_heldout6`), the first two together one more
 (`served_combined`: enough must-not pairs for a 1% bound to be shown), and all of them one
-more (`served_all`: four sets until 2026-12-04 15:00, five since).
+more (`served_all`: four sets until 2026-12-04 15:00, five until 18:30, six since).
 Settings in the same run: the baseline (the old default: the vetoes and the logistic model
 at the 0.8 floor), the default policy's, and each `verifier_model` (logistic, aligned: with
 the word-piece alignment, nli: aligned's and an NLI model's features, pair: the
@@ -45,6 +46,7 @@ from training.artifacts import (
     REAL_PAIRS_HELDOUT3,
     REAL_PAIRS_HELDOUT4,
     REAL_PAIRS_HELDOUT5,
+    REAL_PAIRS_HELDOUT6,
 )
 from training.bounds import upper_bound
 from training.cache.pair_scores import score_pairs, verifier_for
@@ -63,7 +65,8 @@ SETS = {
     "served_heldout3": ("heldout3",),
     "served_heldout4": ("heldout4",),
     "served_heldout5": ("heldout5",),
-    "served_all": ("heldout", "heldout2", "heldout3", "heldout4", "heldout5"),
+    "served_heldout6": ("heldout6",),
+    "served_all": ("heldout", "heldout2", "heldout3", "heldout4", "heldout5", "heldout6"),
 }
 
 
@@ -228,6 +231,7 @@ def main() -> None:
     parser.add_argument("--pairs3", type=Path, default=REAL_PAIRS_HELDOUT3)
     parser.add_argument("--pairs4", type=Path, default=REAL_PAIRS_HELDOUT4)
     parser.add_argument("--pairs5", type=Path, default=REAL_PAIRS_HELDOUT5)
+    parser.add_argument("--pairs6", type=Path, default=REAL_PAIRS_HELDOUT6)
     parser.add_argument("--limit", type=int, default=None, help="the first N pairs of each set")
     args = parser.parse_args()
     rows = held_out(args.pairs, "heldout", args.limit)
@@ -235,6 +239,7 @@ def main() -> None:
     rows += held_out(args.pairs3, "heldout3", args.limit)
     rows += held_out(args.pairs4, "heldout4", args.limit)
     rows += held_out(args.pairs5, "heldout5", args.limit)
+    rows += held_out(args.pairs6, "heldout6", args.limit)
     embedder = Embedder()
     cos = live_cosines(embedder, rows)
     queries, stored = [r["a"] for r in rows], [r["b"] for r in rows]
@@ -253,6 +258,7 @@ def main() -> None:
         "heldout3_pairs": sum(r["split"] == "heldout3" for r in rows),
         "heldout4_pairs": sum(r["split"] == "heldout4" for r in rows),
         "heldout5_pairs": sum(r["split"] == "heldout5" for r in rows),
+        "heldout6_pairs": sum(r["split"] == "heldout6" for r in rows),
         "embedder_backend": embedder.backend,
         "thresholds": thresholds,
         "offline": offline(rows, cos, scores, thresholds),

@@ -92,9 +92,16 @@ LATER_SETS = (
     ("served_heldout3", "heldout3 (written after 2026-12-03's models)"),
     ("served_heldout4", "heldout4 (written beside train2 on 2026-12-03)"),
     ("served_heldout5", "heldout5 (written beside train3 on 2026-12-04)"),
+    ("served_heldout6", "heldout6 (written beside train4 on 2026-12-04)"),
     ("served_all", "all held-out sets"),
 )
-PER_CATEGORY = ("served_heldout2", "served_heldout3", "served_heldout4", "served_heldout5")
+PER_CATEGORY = (
+    "served_heldout2",
+    "served_heldout3",
+    "served_heldout4",
+    "served_heldout5",
+    "served_heldout6",
+)
 
 
 def _later_set_rows(tag: str, ours: dict[str, Any], base: dict[str, Any]) -> list[Row]:
@@ -282,7 +289,8 @@ NOTES: dict[str, str] = {
     "heldout2 (hand-written after the 2026-12-02 models were fixed) and, from 2026-12-03 on, "
     "heldout3 (hand-written after that day's models were fixed) and heldout4 (written beside "
     "train2, the extra train pairs of the models it judges), from 2026-12-04 15:00 on "
-    'heldout5 (written beside train3), each pair in its own scope; "all held-out sets" '
+    "heldout5 (written beside train3), from 18:30 on heldout6 (written beside train4), "
+    'each pair in its own scope; "all held-out sets" '
     "holds every set of its run; baseline: the old default, the logistic verifier at the "
     "0.8 floor.",
     "nli_graph": "Both directions of the people's train pairs as the nli verifier reads "

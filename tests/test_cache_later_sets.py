@@ -47,6 +47,8 @@ def test_the_check_catches_a_seen_question(later: LaterSet) -> None:
         ("heldout4", "train2"),
         ("train3", "heldout4"),
         ("heldout5", "train3"),
+        ("train4", "heldout5"),
+        ("heldout6", "train4"),
     ],
 )
 def test_a_set_may_not_share_a_question_with_an_earlier_one(name: str, earlier: str) -> None:
