@@ -43,9 +43,32 @@ ALL_FEATURES = (
     *NLI_FEATURES,
     *HEAD_FEATURES,
 )
+# The features read before any pass: what the gate reads (Gate)
+REST_FEATURES = len(ALIGNED_FEATURES) + len(LEFT_TO_THE_MODEL)
 # Before a shipped artifact says otherwise: the ranges that bound what a pass can add
 UNBOUNDED = {"margin": MARGIN_RANGE, "head": (-1e6, 1e6)}
 NO_HEAD = LogisticModel([0.0], [1.0], [0.0], 0.0)  # a placeholder until training fits one
+
+
+@dataclass(frozen=True)
+class Gate:
+    """A model over the features read before any pass: a pair it scores below `threshold`
+    is refused without one, wherever the threshold asked for is `from_threshold` or
+    higher (training/cache/nli_gate.py)."""
+
+    model: LogisticModel
+    threshold: float
+    from_threshold: float
+
+    def refuses(self, rest: list[float], needed: float) -> float | None:
+        """The gate's probability when it refuses the pair; None when the passes decide."""
+        if needed < self.from_threshold:
+            return None
+        p = self.model.probability(rest)
+        return p if p < self.threshold else None
+
+
+NO_GATE = Gate(LogisticModel([0.0], [1.0], [0.0], 0.0), 0.0, 1.0)  # refuses nothing
 
 
 @dataclass(frozen=True)
@@ -80,12 +103,18 @@ class NliVerifier(AlignedVerifier):
         # the lowest and highest margin and head logit of any train pair's direction
         # (nli_model.json): what a direction not read yet is taken to reach
         self.seen = dict(UNBOUNDED)
+        self.gate = NO_GATE
 
     @classmethod
     def from_artifact(cls, artifact: dict) -> "NliVerifier":
         verifier = super().from_artifact(artifact)
         verifier.head = LogisticModel(**artifact["head"])
         verifier.seen = {k: tuple(v) for k, v in artifact["seen"].items()}
+        if "gate" in artifact:
+            gate = artifact["gate"]
+            verifier.gate = Gate(
+                LogisticModel(**gate["model"]), gate["threshold"], gate["from_threshold"]
+            )
         return verifier
 
     @classmethod
@@ -115,14 +144,17 @@ class NliVerifier(AlignedVerifier):
     def probability_against(
         self, query: str, candidate: str, cosine: float, needed: float
     ) -> tuple[float, str]:
-        """The pair read (new, stored) first: when even a second direction as strong as
-        any train pair's leaves it short of `needed`, the second pass is skipped. A skip
-        can only refuse, never serve: the best it could reach is returned, below `needed`.
+        """The gate first (no pass where it refuses); then the pair read (new, stored):
+        when even a second direction as strong as any train pair's leaves it short of
+        `needed`, the second pass is skipped. A skip can only refuse, never serve: the best
+        it could reach is returned, below `needed`.
         """
         decided = self.decide(query, candidate)
         if decided is not None:
             return decided
         rest = self._before_nli(query, candidate, cosine)
+        if (gated := self.gate.refuses(rest, needed)) is not None:
+            return gated, ""
         first = self.direction(query, candidate)
         best = self._best_logit(rest, first)
         if best < logit(needed):

@@ -26,6 +26,7 @@ through out of fold).
 
 import argparse
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +45,7 @@ from training.artifacts import (
     REAL_PAIRS_TRAIN4,
     write_artifact,
 )
+from training.cache.nli_gate import gate_artifact, gate_rows, pick_gate
 from training.cache.nli_head import (
     fit_head,
     ranges_seen,
@@ -207,6 +209,9 @@ def main(argv: list[str] | None = None, kind: str = "aligned") -> int:
     scored = decided | {r["id"]: p for r, p in zip(asked, probs, strict=True)}
     shipped = {r["id"]: rules.probability(r["a"], r["b"], r["cos"])[0] for r in train}
     if stacked:
+        gated = gate_rows(asked)
+        gate = pick_gate(asked, out_of_fold(gated, args.l2), probs, thresholds["lenient"])
+        gate_model = fit(gated, args.l2)
         verifier.head = fit_head(asked)
         asked = with_oof_columns(asked)
     verifier.model = fit(asked, args.l2)
@@ -234,12 +239,14 @@ def main(argv: list[str] | None = None, kind: str = "aligned") -> int:
         "trained_on": trained_on,
     }
     if stacked:
+        figures["gate_out_of_fold"] = asdict(gate)
+        artifact["gate"] = gate_artifact(gate_model, gate, thresholds["lenient"])
         artifact["head"] = verifier.head.__dict__
         artifact["seen"] = ranges_seen(asked, verifier.head)
     text = json.dumps(artifact, separators=(",", ":")) + "\n"
     sidecar = write_artifact(args.out, text, [args.pairs, *args.more_pairs], figures)
-    shown = ("served_at_wrong_out_of_fold", "thresholds")
-    print(json.dumps({k: figures[k] for k in shown}, indent=1))
+    shown = ("served_at_wrong_out_of_fold", "thresholds", "gate_out_of_fold")
+    print(json.dumps({k: figures[k] for k in shown if k in figures}, indent=1))
     print(f"-> {args.out}, provenance -> {sidecar}")
     return 0
 
