@@ -41,7 +41,7 @@ def cache_eval_rows(result: dict[str, Any]) -> list[Row]:
     verifier at the 0.8 floor), same run, same held-out pairs."""
     rows: list[Row] = []
     base = result["baseline"]
-    for name in ("default", "aligned", "nli", "pair_model"):
+    for name in ("default", "aligned", "nli", "nli_balanced", "pair_model"):
         if name in result:  # runs before a model was added have none
             rows += _cache_rows(name, result[name], base)
     return rows
