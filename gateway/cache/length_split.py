@@ -34,8 +34,11 @@ DISABLED_FUSIONS = ("MatMulScaleFusion",)
 LAYOUT_OPS = ("Transpose",)
 PROBE_LENGTHS = (12, 41, 160)  # a value equal at all of them is taken as a constant
 # Prelude outputs kept, most recent lengths first, up to this many bytes (the NLI graph's:
-# ~1.9 MB at 26 word pieces, ~13 MB at 160); the latest length is always kept.
-BYTES_KEPT = 48 * 2**20
+# ~1.9 MB at 26 word pieces, ~13 MB at 160: every length up to ~65 fits); the latest
+# length is always kept. A length not kept costs a prelude run (~25 ms of CPU for the NLI
+# graph, over two passes): at 48 MB, 100 of 800 passes of the gateway benchmark's traffic
+# (59 lengths) ran one.
+BYTES_KEPT = 160 * 2**20
 _DTYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(float)": np.float32}
 
 
@@ -257,6 +260,11 @@ class LengthSplitSession:
         self._by_length: OrderedDict[int, tuple[dict[str, Any], int]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
+
+    def warm(self, lengths: Iterable[int]) -> None:
+        """Run the prelude for `lengths` ahead of any pass (a background thread's work)."""
+        for length in lengths:
+            self._length_values(length)
 
     def run(self, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
         """The whole graph's outputs for `inputs` ([1, length] each)."""
