@@ -38,6 +38,34 @@ async def test_concurrent_requests_share_one_batch(embedder: Embedder) -> None:
     assert np.allclose(np.stack(vectors), embedder.embed_many(texts), atol=1e-5)
 
 
+async def test_a_lone_request_runs_at_once_and_a_crowd_waits_for_company() -> None:
+    """The window opens only after requests came together: one at a time, none waits."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gateway.embedding.micro_batch import MicroBatcher
+
+    sizes: list[int] = []
+
+    def run(items: list[int]) -> list[int]:
+        sizes.append(len(items))
+        return [i * 2 for i in items]
+
+    batcher = MicroBatcher(run, ThreadPoolExecutor(1), batch_size=8, max_wait_s=0.05)
+    for i in range(3):
+        assert await batcher.submit([i]) == [i * 2]
+    assert batcher.waits == 0 and sizes == [1, 1, 1]
+    await asyncio.gather(*(batcher.submit([i]) for i in range(4)))  # together: one batch
+    late = [asyncio.create_task(batcher.submit([10]))]
+    await asyncio.sleep(0.01)  # within the window the crowd opened
+    late.append(asyncio.create_task(batcher.submit([11])))
+    assert [r for t in late for r in await t] == [20, 22]
+    assert batcher.waits == 1 and sizes[3:] == [4, 2]
+    assert await batcher.submit([5]) == [10]  # company came: the window still open once
+    assert await batcher.submit([6]) == [12]  # a lone one ran alone: at once again
+    assert batcher.waits == 2
+    await batcher.close()
+
+
 async def test_event_loop_keeps_running_while_embedding(embedder: Embedder) -> None:
     ticks = 0
 

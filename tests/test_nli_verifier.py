@@ -5,6 +5,7 @@ features, a missing model package is a clear error, and through a real cache a r
 is served while another aspect is not. Pairs from the train split, or new ones."""
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -148,6 +149,7 @@ def test_skipped_passes_never_change_a_verdict(embedder: Embedder) -> None:
     rows = [r for r in rows if r["split"] == "train" and r["source"] == "handwritten"]
     full, early = NliVerifier.load(), NliVerifier.load()
     early.gate = NO_GATE  # the gate may refuse what the passes would serve: tested below
+    early.other_direction = None  # in turn, as on one core: where a pass can be skipped
     passes = {1: 0, 2: 0}
     for r in rows[:120]:
         if full.decide(r["a"], r["b"]) is not None:
@@ -161,6 +163,29 @@ def test_skipped_passes_never_change_a_verdict(embedder: Embedder) -> None:
             assert verdict.probability >= exact - 1e-9  # an upper bound where it stopped
         passes[early.nli.passes - before] += 1
     assert sum(passes.values()) >= 30 and all(passes.values()), passes
+
+
+def test_both_directions_at_once_give_the_verdicts_of_one_after_the_other(
+    embedder: Embedder,
+) -> None:
+    rows = [json.loads(line) for line in PAIRS.read_text().splitlines()]
+    rows = [r for r in rows if r["split"] == "train" and r["source"] == "handwritten"][:40]
+    at_once, in_turn = NliVerifier.load(), NliVerifier.load()
+    at_once.other_direction = ThreadPoolExecutor(1)  # as where a core is spare
+    in_turn.other_direction = None
+    compared = 0
+    for r in rows:
+        cos = cosine(embedder, r["a"], r["b"])
+        for strictness in STRICTNESS:
+            ours, theirs = (v.verify(r["a"], r["b"], cos, strictness) for v in (at_once, in_turn))
+            assert ours.accept == theirs.accept, r
+        if in_turn.decide(r["a"], r["b"]) is None:  # no veto: the passes decide
+            exact, _ = in_turn.probability(r["a"], r["b"], cos)
+            p, _ = at_once.probability_against(r["a"], r["b"], cos, 0.0)  # no gate, no skip
+            assert p == pytest.approx(exact, abs=1e-9)
+            compared += 1
+    assert compared >= 15
+    at_once.other_direction.shutdown()
 
 
 def test_the_gate_refuses_few_pairs_the_passes_would_serve(embedder: Embedder) -> None:

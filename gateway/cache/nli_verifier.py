@@ -11,6 +11,8 @@ where the passes cannot matter, on top of `aligned`'s: opt-in, for deployments t
 lookup time for served rewordings (docs/cache.md).
 """
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +50,10 @@ REST_FEATURES = len(ALIGNED_FEATURES) + len(LEFT_TO_THE_MODEL)
 # Before a shipped artifact says otherwise: the ranges that bound what a pass can add
 UNBOUNDED = {"margin": MARGIN_RANGE, "head": (-1e6, 1e6)}
 NO_HEAD = LogisticModel([0.0], [1.0], [0.0], 0.0)  # a placeholder until training fits one
+# With a core to spare, the other direction is read on a thread of its own while this one
+# reads the first: a two-pass lookup waits for one pass (~9 ms) instead of two. On one
+# core the passes run in turn, and the second is skipped where the first rules a pair out.
+SPARE_CORE = len(os.sched_getaffinity(0)) > 1
 
 
 @dataclass(frozen=True)
@@ -104,6 +110,7 @@ class NliVerifier(AlignedVerifier):
         # (nli_model.json): what a direction not read yet is taken to reach
         self.seen = dict(UNBOUNDED)
         self.gate = NO_GATE
+        self.other_direction = ThreadPoolExecutor(1, "nli-other") if SPARE_CORE else None
 
     @classmethod
     def from_artifact(cls, artifact: dict) -> "NliVerifier":
@@ -146,7 +153,8 @@ class NliVerifier(AlignedVerifier):
     ) -> tuple[float, str]:
         """The gate first (no pass where it refuses); then the pair read (new, stored):
         when even a second direction as strong as any train pair's leaves it short of
-        `needed`, the second pass is skipped. A skip can only refuse, never serve: the best
+        `needed`, the second pass is skipped (on one core; with one to spare, both are
+        read at once). A skip can only refuse, never serve: the best
         it could reach is returned, below `needed`.
         """
         decided = self.decide(query, candidate)
@@ -155,6 +163,10 @@ class NliVerifier(AlignedVerifier):
         rest = self._before_nli(query, candidate, cosine)
         if (gated := self.gate.refuses(rest, needed)) is not None:
             return gated, ""
+        if self.other_direction is not None:
+            other = self.other_direction.submit(self.direction, candidate, query)
+            first = self.direction(query, candidate)
+            return self.model.probability(rest + direction_features(first, other.result())), ""
         first = self.direction(query, candidate)
         best = self._best_logit(rest, first)
         if best < logit(needed):
@@ -173,3 +185,7 @@ class NliVerifier(AlignedVerifier):
             for margin in (low, high, first.margin)
             for head in (head_low, head_high, first.head)
         )
+
+    async def close(self) -> None:
+        if self.other_direction is not None:
+            self.other_direction.shutdown(wait=False)

@@ -204,7 +204,7 @@ def _first(value: Any, default: Any) -> Any:
 class EmbedderSettings(StrictModel):
     model: str = "all-MiniLM-L6-v2"
     batch_size: int = 32
-    max_wait_ms: float = 2.0  # micro-batching window across concurrent requests
+    max_wait_ms: float = 2.0  # micro-batching window, open while requests come together
     backend: Literal["auto", "onnx", "torch"] = "auto"  # auto: ONNX Runtime, else torch
     # Padded tokens per forward pass (rows x longest): bounds one bulk request's memory.
     max_batch_tokens: int = 2048
