@@ -1,17 +1,22 @@
-"""The `aligned` verifier: the int8 word-piece states agree with the torch model, the
-shipped artifact matches the features, the vetoes decide before any forward pass, a
-lookup's query is run once for all its candidates, and through a real cache a rewording
-is served while a changed piece of the question is not. Pairs from the train split."""
+"""The `aligned` verifier: the word-piece states agree with the torch model and come with
+a lookup's embeddings, the shipped artifact matches the features, the vetoes decide before
+any forward pass, a lookup's query is run once for all its candidates, and through a real
+cache a rewording is served while a changed piece of the question is not. Pairs from the
+train split."""
 
 from pathlib import Path
 
 import numpy as np
 import pytest
+from tokenizers import Tokenizer
 
 from gateway.cache.aligned_verifier import ALL_FEATURES, AlignedVerifier
-from gateway.cache.token_states import TOKEN_FEATURES, alignment
+from gateway.cache.entry import CachedAnswer
+from gateway.cache.semantic import CacheQuery, SemanticCache
+from gateway.cache.token_states import TOKEN_FEATURES, TokenStates, alignment
 from gateway.cache.verifiers import VERIFIER_MODELS, load_verifier
 from gateway.embedding.embedder import Embedder, default_model_path
+from gateway.policy import CacheSettings
 from tests.pair_verifiers import cached_lookups, check_shipped_artifact, cosine
 from training.cache.train_aligned import pick_thresholds, served_at_wrong
 
@@ -24,22 +29,51 @@ def verifier() -> AlignedVerifier:
     return AlignedVerifier.load()
 
 
-def test_int8_states_follow_the_torch_model(verifier: AlignedVerifier, one_torch_thread) -> None:
+def test_states_follow_the_torch_model(verifier: AlignedVerifier, one_torch_thread) -> None:
     import torch
     from transformers import AutoModel
 
     text = NARROWER[1]
     net = AutoModel.from_pretrained(str(default_model_path())).eval()
-    e = verifier.states._tokenizer.encode(text)
+    tokenizer = Tokenizer.from_file(str(default_model_path() / "tokenizer.json"))
+    tokenizer.no_padding()  # the file pads to 128
+    e = tokenizer.encode(text)
     ids = torch.tensor([e.ids])
     with torch.inference_mode():
         hidden = net(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state[0]
     keep = [i for i, t in enumerate(e.tokens) if t in ("reverse", "linked", "list", "python")]
     reference = hidden.numpy()[keep]
     reference /= np.linalg.norm(reference, axis=1, keepdims=True)
-    states = verifier.states.content_states(text)
+    states = TokenStates().content_states(text)
     assert states.shape == (4, reference.shape[1])  # stop words and [CLS]/[SEP]/"?" left out
-    assert (states * reference).sum(axis=1).min() > 0.95  # int8 weights: close, not equal
+    assert (states * reference).sum(axis=1).min() > 0.9999  # the embedder's own fp32 graph
+
+
+async def test_a_lookup_takes_its_texts_states_from_the_embedders_pass(
+    tmp_path: Path, embedder: Embedder
+) -> None:
+    settings = CacheSettings(
+        enabled=True, path=str(tmp_path / "c.sqlite3"), verifier_model="aligned"
+    )
+    verifier = load_verifier("aligned")
+    cache = await SemanticCache.open(settings, embedder, verifier)
+    stored, asked = REWORDING[1], REWORDING[0]
+    answer = CachedAnswer("the answer", "stop", 10, 5, "small", "m", None)
+
+    async def embed(text: str) -> np.ndarray:
+        return await embedder.embed(text)
+
+    def query(text: str) -> CacheQuery:
+        return CacheQuery("s", "t", "auto", text, None, 0.0)
+
+    await cache.store(query(stored), lambda: embed(stored), answer, None)
+    found = await cache.lookup(query(asked), lambda: embed(asked), settings.for_route(None))
+    assert found.outcome == "semantic"
+    assert verifier.states.passes == 0  # both texts' states came with their embeddings
+    own = TokenStates().content_states(asked)  # a pass of its own: the same states
+    assert np.allclose(verifier.states.content_states(asked), own, atol=1e-4)
+    await cache.close()
+    assert embedder.states_sink is None  # a closed cache takes no more
 
 
 def test_the_shipped_artifact_matches_the_features(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from gateway.cache.pair_features import FEATURES, align, features
 from gateway.cache.pair_text import WordStats, analyse
 from gateway.cache.token_states import TOKEN_FEATURES, TokenStates
 from gateway.cache.verifier import LogisticModel, PairVerifier
+from gateway.embedding.embedder import Embedder
 
 ALIGNED_MODEL = Path(__file__).with_name("aligned_model.json")
 ALL_FEATURES = (*FEATURES, *TOKEN_FEATURES)
@@ -54,6 +55,13 @@ class AlignedVerifier(PairVerifier):
     ) -> "AlignedVerifier":
         """The verifier around a fitted (or placeholder) model: its feature sources added."""
         return cls(model, thresholds, stats, TokenStates())
+
+    def serve(self, embedder: Embedder) -> None:
+        """Set up for a cache's lookups: the word-piece states of what `embedder` embeds."""
+        self.states.take_from(embedder)
+
+    async def close(self) -> None:
+        self.states.release()
 
     def pair_features(self, query: str, candidate: str, cosine: float) -> list[float]:
         """ALL_FEATURES of a pair (what training fits on, for pairs no rule decides)."""

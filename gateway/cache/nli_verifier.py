@@ -23,6 +23,7 @@ from gateway.cache.pair_features import align, vetoes
 from gateway.cache.pair_text import WordStats, analyse
 from gateway.cache.token_states import TokenStates
 from gateway.cache.verifier import LogisticModel, logit, sigmoid
+from gateway.embedding.embedder import Embedder
 
 NLI_MODEL = Path(__file__).with_name("nli_model.json")
 # Vetoes that are features here, not refusals: the NLI model reads whether the change
@@ -186,6 +187,13 @@ class NliVerifier(AlignedVerifier):
             for head in (head_low, head_high, first.head)
         )
 
+    def serve(self, embedder: Embedder) -> None:
+        """`aligned`'s, and the NLI lengths met most warmed in the background."""
+        super().serve(embedder)
+        self.nli.warm_in_background()
+
     async def close(self) -> None:
+        await super().close()
+        self.nli.close()
         if self.other_direction is not None:
             self.other_direction.shutdown(wait=False)

@@ -115,6 +115,9 @@ class SemanticCache:
     ) -> "SemanticCache":
         """Open the policy's store and load its entries; a store that is down is not fatal."""
         cache = cls(settings, store or _make_store(settings), embedder.dim, verifier)
+        serve = getattr(verifier, "serve", None)
+        if serve is not None:  # a verifier's own set-up for lookups (token_states, nli_scores)
+            serve(embedder)
         follow = getattr(cache._store, "follow", None)
         if not await cache._load() and follow is None:
             logger.warning("semantic cache bypassed until its store opens")

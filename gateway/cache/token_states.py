@@ -4,32 +4,26 @@ a match in the other: what the `aligned` verifier adds to the lexical features.
 A sentence embedding averages its word pieces, so one changed piece ("build an API" /
 "what is an API", "land" / "sea animal") moves it little. The last layer's state of each
 piece still says what that piece means in context: a piece of one question with no close
-piece in the other is a change of ask, whatever the cosine. all-MiniLM-L6-v2 (the
-embedder's own weights) is exported once to ONNX with its token states as the output,
-its weights quantised to int8 (fp32 took ~6 ms of a core per short question, twice per
-pair: past the lookup's budget), and kept in the cache dir, as the embedder's pooled graph
-is (onnx_backend.py). One text per pass: int8 activations are scaled per tensor, so a
-text's states would move with its neighbours in a batch. A text's states are kept in a
-small LRU, so a lookup's query is run once for all its candidates.
+piece in the other is a change of ask, whatever the cosine. The states are the embedder's
+own: its ONNX graph gives them beside the sentence vector (onnx_backend.py), so a text the
+request path embedded (the lookup's query; a stored question, when it was asked) hands its
+states over from that pass (`take_from`: ~1.5-4 ms of a core less per lookup). Any other
+text runs the same graph once (one text per pass). A text's content states are kept in an
+LRU bounded in bytes.
 """
 
 import threading
-import warnings
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from engine.cache_files import atomic_path, cache_path
 from gateway.cache.lexicon import STOPWORDS
-from gateway.embedding.embedder import default_model_path
-from gateway.embedding.onnx_backend import one_core_session, weights_file
+from gateway.embedding.embedder import MAX_CHARS, Embedder, default_model_path
+from gateway.embedding.onnx_backend import OnnxBackend, PieceStates
 
-_EXPORT_KIND = "embedder-tokens-int8-1"  # bump when the exported graph changes
-_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
-MAX_TOKENS = 128  # word pieces read per text; the verifier compares questions, not documents
-LRU_TEXTS = 1024
+# ~15 KB per short question (its content pieces x 384 floats); a long prompt's up to ~400 KB
+LRU_BYTES = 48 * 2**20
 TOKEN_FEATURES = (
     "tok_min_a",  # the piece of a whose best match in b is worst
     "tok_min_b",
@@ -41,51 +35,67 @@ TOKEN_FEATURES = (
 
 
 class TokenStates:
-    """One ONNX Runtime session (one thread) over the embedder's transformer; thread-safe."""
+    """Content states of texts, from the embedder's passes or a pass of the same graph;
+    thread-safe."""
 
     def __init__(self, model_dir: Path | None = None) -> None:
-        from tokenizers import Tokenizer
-
-        model_dir = model_dir or default_model_path()
-        self._tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-        self._tokenizer.enable_truncation(MAX_TOKENS)
-        self._tokenizer.no_padding()
-        path = cache_path(weights_file(model_dir), _EXPORT_KIND, ".onnx")
-        if not path.is_file():
-            export(model_dir, path)
-        self._session = one_core_session(path)
+        self.model_dir = model_dir or default_model_path()
+        self._backend: OnnxBackend | None = None  # opened at the first text not handed over
+        self._embedder: Embedder | None = None  # whose request path hands its states over
         self._lru: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._bytes = 0
         self._lock = threading.Lock()
-        self.passes = 0
+        self.passes = 0  # passes of our own, so tests can see the hand-over at work
+
+    def take_from(self, embedder: Embedder) -> None:
+        """Keep the states of what `embedder` embeds on the request path (and run misses on
+        its graph), where it is this model on ONNX Runtime."""
+        if embedder.model_dir == self.model_dir and embedder.onnx_backend is not None:
+            self._backend = embedder.onnx_backend
+            embedder.states_sink = self.remember
+            self._embedder = embedder
+
+    def release(self) -> None:
+        """Stop taking the embedder's states (its cache closed)."""
+        if self._embedder is not None and self._embedder.states_sink == self.remember:
+            self._embedder.states_sink = None
+        self._embedder = None
+
+    def remember(self, text: str, pieces: PieceStates) -> np.ndarray:
+        """Keep a text's content states (from a pass that read it); returns them."""
+        states = _content_states(pieces)
+        with self._lock:
+            if text not in self._lru:
+                self._lru[text] = states
+                self._bytes += states.nbytes
+            while self._bytes > LRU_BYTES and len(self._lru) > 1:
+                self._bytes -= self._lru.popitem(last=False)[1].nbytes
+        return states
 
     def content_states(self, text: str) -> np.ndarray:
         """Unit vectors of the text's content pieces (no [CLS]/[SEP], punctuation or
         stop word); all pieces when none is content."""
+        text = text[:MAX_CHARS]  # as the embedder reads it
         with self._lock:
             if text in self._lru:
                 self._lru.move_to_end(text)
                 return self._lru[text]
-        e = self._tokenizer.encode(text)
-        ids = np.array([e.ids], dtype=np.int64)
-        feed = {
-            "input_ids": ids,
-            "attention_mask": np.ones_like(ids),
-            "token_type_ids": np.zeros_like(ids),
-        }
-        (hidden,) = self._session.run(None, feed)
+            if self._backend is None:
+                self._backend = OnnxBackend(self.model_dir)
+            backend = self._backend
+        _, (pieces,) = backend.encode_with_states([text])
         self.passes += 1
-        keep = [i for i, t in enumerate(e.tokens) if _is_content(t)]
-        states = hidden[0][keep or list(range(len(e.ids)))]
-        states = states / np.maximum(np.linalg.norm(states, axis=1, keepdims=True), 1e-9)
-        with self._lock:
-            self._lru[text] = states
-            if len(self._lru) > LRU_TEXTS:
-                self._lru.popitem(last=False)
-        return states
+        return self.remember(text, pieces)
 
     def features(self, a: str, b: str) -> list[float]:
         """TOKEN_FEATURES of a pair, in that order."""
         return alignment(self.content_states(a), self.content_states(b))
+
+
+def _content_states(pieces: PieceStates) -> np.ndarray:
+    keep = [i for i, t in enumerate(pieces.pieces) if _is_content(t)]
+    states = pieces.states[keep or list(range(len(pieces.pieces)))]
+    return states / np.maximum(np.linalg.norm(states, axis=1, keepdims=True), 1e-9)
 
 
 def _is_content(piece: str) -> bool:
@@ -105,55 +115,3 @@ def alignment(sa: np.ndarray, sb: np.ndarray) -> list[float]:
         float(min(best_a.min(), best_b.min())),
         float(low2),
     ]
-
-
-def export(model_dir: Path, target: Path) -> None:
-    """Trace the transformer's last hidden state into an ONNX file with int8 weights
-    (torch, once)."""
-    import tempfile
-
-    import torch
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-    from transformers import AutoModel
-
-    net = _states_module(AutoModel.from_pretrained(str(model_dir))).eval()
-    ids = torch.tensor([[101, 2023, 2003, 1037, 3231, 102]])
-    args = (ids, torch.ones_like(ids), torch.zeros_like(ids))
-    with tempfile.TemporaryDirectory() as work, atomic_path(target) as tmp:
-        fp32 = str(Path(work) / "fp32.onnx")
-        with torch.inference_mode(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the tracer's shape warnings: axes stay dynamic
-            _trace(net, args, fp32)
-        quantize_dynamic(fp32, tmp, weight_type=QuantType.QInt8)
-
-
-def _trace(net: Any, args: tuple, path: str) -> None:
-    import torch
-
-    axes = {name: {0: "batch", 1: "tokens"} for name in (*_INPUTS, "states")}
-    torch.onnx.export(
-        net,
-        args,
-        path,
-        input_names=list(_INPUTS),
-        output_names=["states"],
-        dynamic_axes=axes,
-        opset_version=17,
-        dynamo=False,
-    )
-
-
-def _states_module(transformer: Any) -> Any:  # torch is imported on use only
-    import torch
-
-    class States(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.transformer = transformer
-
-        def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any) -> Any:
-            return self.transformer(
-                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
-            ).last_hidden_state
-
-    return States()

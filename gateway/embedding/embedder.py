@@ -22,7 +22,7 @@ import numpy as np
 
 from gateway.embedding.batches import TurnLock, plan_batches
 from gateway.embedding.micro_batch import MicroBatcher
-from gateway.embedding.onnx_backend import OnnxBackend, OnnxUnavailable
+from gateway.embedding.onnx_backend import OnnxBackend, OnnxUnavailable, PieceStates
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,7 @@ def _one_torch_thread() -> None:
 
 
 Turn = Callable[[], contextlib.AbstractContextManager]  # a turn of the embedder's lock
+StatesSink = Callable[[str, PieceStates], None]  # a text the request path embedded, its states
 
 
 @dataclass(frozen=True)
@@ -133,7 +134,11 @@ class Embedder:
         backend: str = "auto",
         max_batch_tokens: int = MAX_BATCH_TOKENS,
     ) -> None:
-        self._backend = load_backend(resolve_model_path(model), backend)
+        self.model_dir = resolve_model_path(model)
+        self._backend = load_backend(self.model_dir, backend)
+        # Where the request path's word-piece states go (a verifier that compares them:
+        # token_states.py), so that a lookup's texts need no pass of their own. ONNX only.
+        self.states_sink: StatesSink | None = None
         self.backend: str = self._backend.name
         self.dim: int = self._backend.dim
         self.batch_size = batch_size
@@ -176,12 +181,26 @@ class Embedder:
         lengths = self._token_counts(clipped, turn)
         for batch in plan_batches(lengths, self.max_batch_tokens):
             with turn():
-                vectors[batch] = self._backend.encode([clipped[i] for i in batch])
+                vectors[batch] = self._encode([clipped[i] for i in batch], urgent)
                 self.batches += 1
                 self.texts_embedded += len(batch)
                 width = max(lengths[i] for i in batch)
                 self.recent_batches.append(BatchShape(urgent, len(batch), width))
         return vectors, sum(lengths)
+
+    @property
+    def onnx_backend(self) -> OnnxBackend | None:
+        """The ONNX Runtime backend (thread-safe), None on torch."""
+        return self._backend if isinstance(self._backend, OnnxBackend) else None
+
+    def _encode(self, texts: list[str], urgent: bool) -> np.ndarray:
+        sink = self.states_sink
+        if not urgent or sink is None or not isinstance(self._backend, OnnxBackend):
+            return self._backend.encode(texts)
+        vectors, states = self._backend.encode_with_states(texts)
+        for text, one in zip(texts, states, strict=True):
+            sink(text, one)
+        return vectors
 
     def _token_counts(self, clipped: list[str], turn: Turn) -> list[int]:
         counts: list[int] = []

@@ -8,9 +8,11 @@ moving and re-`eval()`ing the whole module tree on every call; ONNX Runtime pack
 weights once when the session opens.
 
 The graph (BERT, mean pooling over the attention mask, L2 normalisation) is exported once
-from the torch model and kept under the cache dir, so later starts open it in ~0.3 s
-without loading torch's copy. Only mean-pooled, normalised sentence-transformers models are
-exported; anything else (or a missing onnxruntime / onnx) stays on torch.
+from the torch model, with the last layer's word-piece states as a second output (what the
+`aligned` and `nli` verifiers compare: token_states.py), and kept under the cache dir, so
+later starts open it in ~0.3 s without loading torch's copy. Only mean-pooled, normalised
+sentence-transformers models are exported; anything else (or a missing onnxruntime / onnx)
+stays on torch.
 """
 
 import json
@@ -26,7 +28,7 @@ from engine.cache_files import atomic_path, cache_path
 
 log = logging.getLogger(__name__)
 
-_EXPORT_KIND = "embedder-onnx-1"  # bump when the exported graph changes
+_EXPORT_KIND = "embedder-onnx-2"  # bump when the exported graph changes
 _INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
@@ -71,15 +73,16 @@ def export(model_dir: Path, target: Path) -> None:
             args,
             tmp,
             input_names=list(_INPUTS),
-            output_names=["embedding"],
-            dynamic_axes={**axes, "embedding": {0: "batch"}},
+            output_names=["embedding", "states"],
+            dynamic_axes={**axes, "embedding": {0: "batch"}, "states": {0: "batch", 1: "tokens"}},
             opset_version=17,
             dynamo=False,  # the TorchScript tracer: no onnxscript needed, ~2 s
         )
 
 
 def _pooled(transformer: Any) -> Any:  # torch types: torch is imported on use only
-    """The transformer followed by sentence-transformers' mean pooling and Normalize."""
+    """The transformer followed by sentence-transformers' mean pooling and Normalize; the
+    last layer's states too."""
     import torch
 
     class Pooled(torch.nn.Module):
@@ -93,7 +96,7 @@ def _pooled(transformer: Any) -> Any:  # torch types: torch is imported on use o
             ).last_hidden_state
             mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
             mean = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-            return torch.nn.functional.normalize(mean, dim=-1)
+            return torch.nn.functional.normalize(mean, dim=-1), hidden
 
     return Pooled()
 
@@ -102,6 +105,15 @@ def _pooled(transformer: Any) -> Any:  # torch types: torch is imported on use o
 class _Tokenized:
     arrays: dict[str, np.ndarray]
     lengths: list[int]
+    pieces: list[list[str]]
+
+
+@dataclass(frozen=True)
+class PieceStates:
+    """One text's word pieces and the last layer's state of each ([pieces, dim])."""
+
+    pieces: list[str]
+    states: np.ndarray
 
 
 class OnnxBackend:
@@ -130,8 +142,18 @@ class OnnxBackend:
 
     def encode(self, texts: list[str]) -> np.ndarray:
         arrays = self._tokenize(texts).arrays
-        (vectors,) = self._session.run(None, arrays)
+        (vectors,) = self._session.run(["embedding"], arrays)
         return np.ascontiguousarray(vectors, dtype=np.float32)
+
+    def encode_with_states(self, texts: list[str]) -> tuple[np.ndarray, list[PieceStates]]:
+        """`encode`'s vectors and each text's word-piece states, from the same pass."""
+        tokenized = self._tokenize(texts)
+        vectors, hidden = self._session.run(["embedding", "states"], tokenized.arrays)
+        states = [
+            PieceStates(pieces, hidden[row, : len(pieces)])
+            for row, pieces in enumerate(tokenized.pieces)
+        ]
+        return np.ascontiguousarray(vectors, dtype=np.float32), states
 
     def token_counts(self, texts: list[str]) -> list[int]:
         return self._tokenize(texts).lengths
@@ -146,7 +168,7 @@ class OnnxBackend:
             arrays["input_ids"][row, :n] = e.ids
             arrays["attention_mask"][row, :n] = 1
             arrays["token_type_ids"][row, :n] = e.type_ids
-        return _Tokenized(arrays, lengths)
+        return _Tokenized(arrays, lengths, [e.tokens for e in encodings])
 
 
 def one_core_session(path: Path) -> Any:
