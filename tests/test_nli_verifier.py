@@ -197,6 +197,25 @@ def test_both_directions_at_once_give_the_verdicts_of_one_after_the_other(
     at_once.other_direction.shutdown()
 
 
+def test_while_other_lookups_are_under_way_the_directions_are_read_in_turn(
+    embedder: Embedder,
+) -> None:
+    rows = [json.loads(line) for line in PAIRS.read_text().splitlines()]
+    rows = [r for r in rows if r["split"] == "train" and r["source"] == "handwritten"][:60]
+    crowded, idle = NliVerifier.load(), NliVerifier.load()
+    for v, busy in ((crowded, True), (idle, False)):
+        v.other_direction = ThreadPoolExecutor(1)  # as where a core is spare
+        v.crowded = lambda busy=busy: busy
+    for r in rows:
+        cos = cosine(embedder, r["a"], r["b"])
+        verdicts = [v.verify(r["a"], r["b"], cos, "strict").accept for v in (crowded, idle)]
+        assert verdicts[0] == verdicts[1], r
+    assert 0 < crowded.nli.passes < idle.nli.passes  # in turn, some second passes skipped
+    for v in (crowded, idle):
+        assert v.other_direction is not None
+        v.other_direction.shutdown()
+
+
 def test_the_gate_refuses_few_pairs_the_passes_would_serve(embedder: Embedder) -> None:
     """Over the train split's people's pairs no veto decides, the gate changes a verdict
     only from served to refused, and rarely (it is chosen to lose at most 0.5% of the

@@ -9,6 +9,7 @@ of fold.
 """
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from gateway.cache.pair_features import FEATURES, align, features
@@ -56,8 +57,9 @@ class AlignedVerifier(PairVerifier):
         """The verifier around a fitted (or placeholder) model: its feature sources added."""
         return cls(model, thresholds, stats, TokenStates())
 
-    def serve(self, embedder: Embedder) -> None:
-        """Set up for a cache's lookups: the word-piece states of what `embedder` embeds."""
+    def serve(self, embedder: Embedder, crowded: Callable[[], bool]) -> None:
+        """Set up for a cache's lookups: the word-piece states of what `embedder` embeds
+        (`crowded`: whether other lookups are under way, for verifiers that use two cores)."""
         self.states.take_from(embedder)
 
     async def close(self) -> None:

@@ -101,6 +101,7 @@ class SemanticCache:
         self._sweeper: asyncio.Task | None = None
         self._loaded = False
         self._touches: set[asyncio.Task] = set()
+        self._in_flight = 0  # lookups under way (crowded)
         # entry id -> the question its latest semantic hit answered: a wrong-hit report on
         # the entry then becomes a labelled pair (gateway/cache/reports.py). This replica's.
         self._hit_queries: OrderedDict[str, str] = OrderedDict()
@@ -117,7 +118,7 @@ class SemanticCache:
         cache = cls(settings, store or _make_store(settings), embedder.dim, verifier)
         serve = getattr(verifier, "serve", None)
         if serve is not None:  # a verifier's own set-up for lookups (token_states, nli_scores)
-            serve(embedder)
+            serve(embedder, cache.crowded)
         follow = getattr(cache._store, "follow", None)
         if not await cache._load() and follow is None:
             logger.warning("semantic cache bypassed until its store opens")
@@ -136,10 +137,17 @@ class SemanticCache:
             return Lookup("bypass", reason="disabled")
         if not self._store.healthy:
             return Lookup("bypass", reason="store_unavailable")
+        self._in_flight += 1
         try:
             return await self._lookup(query, embed, route_settings)
         except StoreUnavailable:
             return Lookup("bypass", reason="store_unavailable")
+        finally:
+            self._in_flight -= 1
+
+    def crowded(self) -> bool:
+        """Other lookups are under way: a verifier should not take a second core."""
+        return self._in_flight > 1
 
     async def _lookup(self, query: CacheQuery, embed: Embed, rs: RouteCacheSettings) -> Lookup:
         now = time.time()
