@@ -130,6 +130,27 @@ def test_padded_batch_equals_one_at_a_time(embedder: Embedder) -> None:
     assert np.allclose(embedder.embed_many(texts), one_by_one, atol=1e-5)
 
 
+def test_the_request_paths_states_come_with_its_vectors(embedder: Embedder) -> None:
+    """What a verifier takes from the embedder: each text's word-piece states, the same in
+    a padded batch as alone, and only for the request path's (urgent) batches."""
+    backend = embedder.onnx_backend
+    assert backend is not None
+    texts = ["a", "a much longer question about how paged attention shares KV pages", "b c"]
+    taken: dict[str, np.ndarray] = {}
+    embedder.states_sink = lambda text, pieces: taken.setdefault(text, pieces.states)
+    try:
+        embedder.embed_many(texts)  # bulk: nothing handed over
+        assert taken == {}
+        vectors = embedder.embed_many(texts, urgent=True)
+    finally:
+        embedder.states_sink = None
+    assert np.allclose(vectors, embedder.embed_many(texts), atol=1e-5)
+    for text in texts:
+        _, (alone,) = backend.encode_with_states([text])
+        assert alone.pieces[0] == "[CLS]" and taken[text].shape == alone.states.shape
+        assert np.allclose(taken[text], alone.states, atol=1e-4)
+
+
 def test_micro_batches_keep_the_budget_and_the_input_order(
     embedder: Embedder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
