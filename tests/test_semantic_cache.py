@@ -329,25 +329,6 @@ async def test_a_broken_store_file_is_bypassed_left_alone_and_retried(
     assert (await ask(cache, embeds, text)).outcome == "exact"
 
 
-async def test_the_cache_is_crowded_while_two_lookups_are_under_way(opened, embedder) -> None:
-    cache, embeds = await opened(verifier="off"), Embeds(embedder)
-    route = cache.settings.for_route(None)
-    release, seen = asyncio.Event(), []
-
-    async def held() -> np.ndarray:
-        seen.append(cache.crowded())
-        await release.wait()
-        return await embeds("Tell me the capital city of France")()
-
-    first = asyncio.create_task(cache.lookup(query("Capital of France?"), held, route))
-    await asyncio.sleep(0.01)
-    second = asyncio.create_task(cache.lookup(query("France's capital?"), held, route))
-    await asyncio.sleep(0.01)
-    release.set()
-    await asyncio.gather(first, second)
-    assert seen == [False, True] and not cache.crowded()
-
-
 async def test_a_failing_embedder_degrades_to_bypass(opened, embedder) -> None:
     cache, embeds = await opened(verifier="off"), Embeds(embedder)
     await put(cache, embeds, "What is the capital of France?")
