@@ -207,6 +207,17 @@ async def test_when_every_replica_is_down_they_are_tried_anyway() -> None:
     assert replicas[0].calls == 1
 
 
+async def test_a_replica_down_by_its_probe_is_tried_when_the_ready_one_refuses() -> None:
+    """A busy replica can miss a health probe while the other dies under a request: the
+    request then goes to the one the probe held down rather than failing with a 502."""
+    replicas = [Replica("dead", fail=True), Replica("busy")]
+    chain, keys = chain_of("ordered", replicas)
+    chain.balancer.mark(keys[1], False)
+    served = await chain.open(chat("s", "q"), "small")
+    await served.pieces.aclose()
+    assert [r.calls for r in replicas] == [1, 1]
+
+
 async def test_affinity_through_the_chain() -> None:
     replicas = [Replica("a"), Replica("b")]
     chain, _ = chain_of("prefix_affinity", replicas)

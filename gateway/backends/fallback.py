@@ -278,7 +278,10 @@ class FallbackChain:
             served, tried = await self._try_group(request, group, failures, refusals, prefixes)
             if served is not None:
                 return served
-            if tried:  # the cooling ones are for when no ready one could take it
+            # The cooling ones are for when no ready one could take it, or every one tried
+            # proved unwell (a refused connection): a busy replica that missed a health probe
+            # may still answer, where stopping here is a certain 502.
+            if tried and not all(f.deployment_fault for f in failures):
                 break
         # A timeout is the caller's answer, not a 400 from a tier that could never answer.
         raise all_failed(failures) if failures or not refusals else refusals[0]
