@@ -8,6 +8,7 @@ nobody listed, extra words of uncertain weight) is left to the classifier over t
 features.
 """
 
+import functools
 import math
 from collections import Counter
 from collections.abc import Iterator
@@ -108,20 +109,36 @@ def align(a: PairText, b: PairText, stats: WordStats) -> Alignment:
     return Alignment(only_a, only_b, len(keys_a & keys_b))
 
 
-def _opposite(x: str, y: str) -> bool:
-    if y in lx.ANTONYMS.get(x, ()):
-        return True
-    for p, q in lx.OPPOSITE_PREFIXES:
-        for u, v in ((x, y), (y, x)):
-            stem = u[len(p) :]
-            long_enough = len(stem) >= (3 if p else 4)  # not bug/debug
-            if long_enough and u.startswith(p) and v.startswith(q) and stem == v[len(q) :]:
-                return True
-    return any(
-        u.endswith(p) and v.endswith(q) and u[: -len(p)] == v[: -len(q)]
-        for p, q in lx.OPPOSITE_SUFFIXES
-        for u, v in ((x, y), (y, x))
-    )
+@functools.lru_cache(maxsize=65536)
+def _opposite_forms(word: str) -> tuple[frozenset[tuple], frozenset[tuple]]:
+    """The forms by which `word` can be one side of an opposite prefix or suffix pair:
+    (as the first side, as the second). Two words are opposites by affix when one's first
+    forms meet the other's second forms: a lookup per word instead of every word pair
+    against every affix pair (the verifier's hottest loop before)."""
+    first, second = set(), set()
+    for i, (p, q) in enumerate(lx.OPPOSITE_PREFIXES):
+        stem = word[len(p) :]
+        if word.startswith(p) and len(stem) >= (3 if p else 4):  # not bug/debug
+            first.add(("prefix", i, stem))
+        if word.startswith(q):
+            second.add(("prefix", i, word[len(q) :]))
+    for i, (p, q) in enumerate(lx.OPPOSITE_SUFFIXES):
+        if word.endswith(p):
+            first.add(("suffix", i, word[: -len(p)]))
+        if word.endswith(q):
+            second.add(("suffix", i, word[: -len(q)]))
+    return frozenset(first), frozenset(second)
+
+
+def _opposite_by_affix(only_a: set[str], only_b: set[str]) -> bool:
+    """Whether a word of `only_a` and one of `only_b` differ by an opposite affix pair."""
+    forms_a = [_opposite_forms(w) for w in only_a]
+    forms_b = [_opposite_forms(w) for w in only_b]
+    first_a = frozenset().union(*(f for f, _ in forms_a))
+    second_a = frozenset().union(*(s for _, s in forms_a))
+    first_b = frozenset().union(*(f for f, _ in forms_b))
+    second_b = frozenset().union(*(s for _, s in forms_b))
+    return bool(first_a & second_b or first_b & second_a)
 
 
 def _extra(a: PairText, b: PairText) -> set[str]:
@@ -136,7 +153,9 @@ def has_antonym(a: PairText, b: PairText) -> bool:
         for cx in lemma_candidates(x):
             if lx.ANTONYMS.get(cx, frozenset()) & forms_b:
                 return True
-    return any(_opposite(x, y) for x in only_a for y in only_b)
+    if any(lx.ANTONYMS.get(x, frozenset()) & only_b for x in only_a):
+        return True
+    return _opposite_by_affix(only_a, only_b)
 
 
 def _after(text: PairText, prep: str) -> set[str]:
