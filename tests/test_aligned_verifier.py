@@ -86,7 +86,9 @@ def test_alignment_sees_a_piece_without_a_match() -> None:
     assert alignment(same, same) == [1.0] * len(TOKEN_FEATURES)
     extra = np.vstack([same, np.array([[0.0, 0.0, 0.0]], dtype=np.float32)])
     feats = dict(zip(TOKEN_FEATURES, alignment(same, extra), strict=True))
-    assert feats["tok_min_a"] == 1.0 and feats["tok_min_b"] == 0.0 and feats["tok_min"] == 0.0
+    assert feats["tok_min"] == 0.0 and feats["tok_min_high"] == 1.0
+    assert feats["tok_mean_low"] == 0.75 and feats["tok_mean_high"] == 1.0
+    assert alignment(extra, same) == alignment(same, extra)  # the same either way round
 
 
 def test_vetoes_decide_before_any_forward_pass(verifier, embedder) -> None:

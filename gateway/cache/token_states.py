@@ -24,12 +24,15 @@ from gateway.embedding.onnx_backend import OnnxBackend, PieceStates
 
 # ~15 KB per short question (its content pieces x 384 floats); a long prompt's up to ~400 KB
 LRU_BYTES = 48 * 2**20
+# Each side's figure is read as the lower and the higher of the two, not as the query's
+# and the stored question's: which of two questions is stored first is chance, so a
+# verdict must not depend on it (the pair files always put the question first and its
+# rewording or edit second, and a model reading the sides apart learned that order).
 TOKEN_FEATURES = (
-    "tok_min_a",  # the piece of a whose best match in b is worst
-    "tok_min_b",
-    "tok_mean_a",  # the mean of a's pieces' best matches in b
-    "tok_mean_b",
-    "tok_min",  # the worse of the two minima
+    "tok_min",  # the piece, of either side, whose best match in the other is worst
+    "tok_min_high",  # the other side's worst-matched piece
+    "tok_mean_low",  # the lower of the two sides' means of their pieces' best matches
+    "tok_mean_high",
     "tok_low2",  # the mean of the two worst matches of either side
 )
 
@@ -104,14 +107,10 @@ def _is_content(piece: str) -> bool:
 
 
 def alignment(sa: np.ndarray, sb: np.ndarray) -> list[float]:
+    """TOKEN_FEATURES of two texts' content states: the same either way round."""
     sim = sa @ sb.T
     best_a, best_b = sim.max(axis=1), sim.max(axis=0)
     low2 = np.sort(np.concatenate([best_a, best_b]))[:2].mean()
-    return [
-        float(best_a.min()),
-        float(best_b.min()),
-        float(best_a.mean()),
-        float(best_b.mean()),
-        float(min(best_a.min(), best_b.min())),
-        float(low2),
-    ]
+    minima = sorted((float(best_a.min()), float(best_b.min())))
+    means = sorted((float(best_a.mean()), float(best_b.mean())))
+    return [*minima, *means, float(low2)]
