@@ -13,6 +13,7 @@ from gguf import GGMLQuantizationType as QT
 from engine.attention import build_context
 from engine.batch import SeqChunk
 from engine.config import EngineConfig
+from engine.cpu_features import cpu_features
 from engine.fused_decode import FusedDecode
 from engine.kv.pages import new_kv_pools
 from engine.layers.linear import Linear
@@ -21,6 +22,7 @@ from engine.ops import select_ops
 from engine.quantization import file_blocks
 from engine.quantization.block_weights import BlockWeight
 from engine.quantization.quant import Int8Weight
+from engine.quantization.w8a8 import w8a8_path
 from engine.runner import ModelRunner
 from engine.weights import load_model
 from tests.engine_steps import GREEDY, decode_logits
@@ -137,7 +139,8 @@ def test_blocks_engine_fused_decode_and_kernel_info() -> None:
     assert r.model.packed_head.type_counts() == {"q8_0": r.model_config.vocab_size}
     assert r.fused is not None, "blocks decode steps run fused too"
     info = r.kernel_info()
-    assert info["blocks_path"] == r.ops.w8a8_path and info["w8a8_path"] == "none"
+    # the blocks have no tile kernel: on an AMX CPU they run w8a8's VNNI path, not its "amx"
+    assert info["blocks_path"] == w8a8_path(cpu_features()) and info["w8a8_path"] == "none"
     assert info["weight_formats"] == f"blocks:{len(linears) + 1}"
     fused = decode_logits(r, "The capital of France is", fused=True)
     layer_by_layer = decode_logits(r, "The capital of France is", fused=False)
