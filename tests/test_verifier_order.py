@@ -5,12 +5,13 @@ order: docs/cache-runs.md). Pairs from the train split that no rule decides."""
 
 import pytest
 
+from gateway.cache.verifier import PairVerifier
 from gateway.cache.verifiers import load_verifier
 from training.artifacts import REAL_PAIRS
 from training.cache.train_pair_model import load_rows
 
 
-def open_pairs(verifier, n: int) -> list[dict]:
+def open_pairs(verifier: PairVerifier, n: int) -> list[dict]:
     rows = [r for r in load_rows(REAL_PAIRS) if r["split"] == "train" and r["a"] != r["b"]]
     return [r for r in rows if verifier.decide(r["a"], r["b"]) is None][:n]
 

@@ -153,8 +153,6 @@ def has_antonym(a: PairText, b: PairText) -> bool:
         for cx in lemma_candidates(x):
             if lx.ANTONYMS.get(cx, frozenset()) & forms_b:
                 return True
-    if any(lx.ANTONYMS.get(x, frozenset()) & only_b for x in only_a):
-        return True
     return _opposite_by_affix(only_a, only_b)
 
 
