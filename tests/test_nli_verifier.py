@@ -111,6 +111,10 @@ LEFT_TO_THE_MODEL = [
     ("What are the pros of remote work?", "What are the pros and cons of remote work?", "scope"),
     ("How do I reverse a list in Ruby?", "How do I reverse a list in Python?", "entity"),
     ("What is the population of Canada?", "What is the population of Australia?", "entity"),
+    ("Why does my code work?", "Why doesn't my code work?", "negation"),
+    ("Is Python a compiled language?", "Is Python not a compiled language?", "negation"),
+    ("How do I install Docker on Ubuntu?", "How do I uninstall Docker on Ubuntu?", "antonym"),
+    ("What is the largest planet?", "What is the smallest planet?", "antonym"),
 ]
 
 
