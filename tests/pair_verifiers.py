@@ -14,6 +14,7 @@ from gateway.cache.verifier import STRICTNESS
 from gateway.cache.verifiers import load_verifier
 from gateway.embedding.embedder import Embedder
 from gateway.policy import CacheSettings
+from gateway.policy.tiers import Strictness
 
 
 def cosine(embedder: Embedder, a: str, b: str) -> float:
@@ -22,11 +23,17 @@ def cosine(embedder: Embedder, a: str, b: str) -> float:
 
 
 async def cached_lookups(
-    tmp_path: Path, embedder: Embedder, model: str, stored: str, asked: list[str]
+    tmp_path: Path,
+    embedder: Embedder,
+    model: str,
+    stored: str,
+    asked: list[str],
+    strictness: Strictness = "strict",
 ) -> list[Lookup]:
-    """Through a real cache (SQLite, `verifier_model: model`): `stored` answered, then each
-    of `asked` looked up in the same scope."""
-    settings = CacheSettings(enabled=True, path=str(tmp_path / "c.sqlite3"), verifier_model=model)
+    """Through a real cache (SQLite, `verifier_model: model` at `strictness`): `stored`
+    answered, then each of `asked` looked up in the same scope."""
+    path = str(tmp_path / "c.sqlite3")
+    settings = CacheSettings(enabled=True, path=path, verifier_model=model, verifier=strictness)
     cache = await SemanticCache.open(settings, embedder, load_verifier(model))
     route = settings.for_route(None)
 
