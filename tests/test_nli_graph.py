@@ -13,6 +13,7 @@ from onnx import TensorProto, helper
 
 from bench.nli_graph import open_width_graph
 from gateway.cache.length_split import LengthSplitSession
+from gateway.cache.length_windows import REFERENCE_LENGTH
 from gateway.cache.nli_graph import (
     LENGTH_ONLY,
     POOLED,
@@ -70,6 +71,18 @@ def test_the_graph_cut_by_length_gives_every_output_bit_for_bit(tmp_path: Path) 
         feed = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
         for got, want in zip(split.run(feed), whole.run(None, feed), strict=True):
             assert np.array_equal(got, want), length
+
+
+def test_every_shorter_length_is_read_out_of_the_reference_lengths_outputs() -> None:
+    """Each prelude output of every length up to the reference is its window (or shape),
+    bit for bit: no part of the prelude runs for a new length there."""
+    split = NliScores()._session
+    assert set(split._windows) == split._fed and split._rest_prelude is None
+    for length in range(1, REFERENCE_LENGTH + 1):
+        read, whole = split._read_windows(length), split._whole_prelude(length)
+        for name, want in whole.items():
+            got = read[name]
+            assert got.dtype == want.dtype and np.array_equal(got, want), (length, name)
 
 
 def test_each_attention_layer_reads_only_the_rows_it_gathers() -> None:

@@ -12,7 +12,8 @@ make), keeps the tensors where they meet the rest, and writes two graphs:
   length is written into it as a constant instead, so ONNX Runtime fuses around it as it
   does in the whole graph.
 `LengthSplitSession` runs the pair and keeps the prelude's outputs of recent lengths
-(BYTES_KEPT).
+(BYTES_KEPT); a length's outputs that are windows of a longer length's are read out of
+those (length_windows.py) and only the rest of the prelude runs.
 The same kernels see the same numbers, so the outputs are bit for bit the whole graph's
 (tests/test_length_split.py); where ONNX Runtime would fuse differently (a scale it can
 now see), that fusion is disabled on the data graph.
@@ -26,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from gateway.cache.length_windows import REFERENCE_LENGTH, find_windows
+
 # Fusions the data graph must not get that the whole graph does not: with the attention's
 # scale now a constant, ONNX Runtime would fold it into the product (another rounding).
 DISABLED_FUSIONS = ("MatMulScaleFusion",)
@@ -35,9 +38,8 @@ LAYOUT_OPS = ("Transpose",)
 PROBE_LENGTHS = (12, 41, 160)  # a value equal at all of them is taken as a constant
 # Prelude outputs kept, most recent lengths first, up to this many bytes (the NLI graph's:
 # ~1.9 MB at 26 word pieces, ~13 MB at 160: every length up to ~65 fits); the latest
-# length is always kept. A length not kept costs a prelude run (~25 ms of CPU for the NLI
-# graph, over two passes): at 48 MB, 100 of 800 passes of the gateway benchmark's traffic
-# (59 lengths) ran one.
+# length is always kept. A length not kept is read out of the reference length's windows
+# (about a millisecond) or, past it, costs a prelude run (~45 ms of CPU at 120).
 BYTES_KEPT = 160 * 2**20
 _DTYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(float)": np.float32}
 
@@ -260,6 +262,9 @@ class LengthSplitSession:
         self._by_length: OrderedDict[int, tuple[dict[str, Any], int]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
+        self._windows, self._reference = find_windows(self._whole_prelude, self._fed)
+        rest = sorted(self._fed - set(self._windows))
+        self._rest_prelude = _session(_pruned(prelude, rest).SerializeToString()) if rest else None
 
     def warm(self, lengths: Iterable[int]) -> None:
         """Run the prelude for `lengths` ahead of any pass (a background thread's work)."""
@@ -296,15 +301,79 @@ class LengthSplitSession:
         (each layer's gather index is the same)."""
         import onnxruntime as ort
 
-        names = sorted(self._fed)
-        feed = prelude_feed(self._prelude, length, self._length_only)
+        arrays = (
+            self._read_windows(length)
+            if length <= REFERENCE_LENGTH
+            else self._whole_prelude(length)
+        )
         shared: dict[tuple, Any] = {}
+        by_identity: dict[int, Any] = {}  # windows read once for several names
         values = {}
         size = 0
-        for name, array in zip(names, self._prelude.run(names, feed), strict=True):
-            key = (array.dtype.str, array.shape, array.tobytes())
-            if key not in shared:
-                shared[key] = ort.OrtValue.ortvalue_from_numpy(array)
-                size += array.nbytes
-            values[name] = shared[key]
+        for name, array in arrays.items():
+            if id(array) not in by_identity:
+                key = (array.dtype.str, array.shape, array.tobytes())
+                if key not in shared:
+                    shared[key] = ort.OrtValue.ortvalue_from_numpy(array)
+                    size += array.nbytes
+                by_identity[id(array)] = shared[key]
+            values[name] = by_identity[id(array)]
         return values, size
+
+    def _whole_prelude(self, length: int) -> dict[str, np.ndarray]:
+        return _outputs(self._prelude, self._fed, length, self._length_only)
+
+    def _read_windows(self, length: int) -> dict[str, np.ndarray]:
+        """The fed values of a length up to the reference: windows, and the rest's run."""
+        read: dict[tuple[int, Any], np.ndarray] = {}
+        arrays = {}
+        for name, window in self._windows.items():
+            reference = self._reference[name]  # one array for names of equal values
+            key = (id(reference), window)
+            if key not in read:
+                read[key] = window.read(reference, length)
+            arrays[name] = read[key]
+        if self._rest_prelude is not None:
+            rest = self._fed - set(self._windows)
+            arrays |= _outputs(self._rest_prelude, rest, length, self._length_only)
+        return arrays
+
+
+def _outputs(
+    session: Any, names: Iterable[str], length: int, length_only: set[str]
+) -> dict[str, np.ndarray]:
+    """`names` of a prelude session run at `length`."""
+    names = sorted(names)
+    feed = prelude_feed(session, length, length_only)
+    return dict(zip(names, session.run(names, feed), strict=True))
+
+
+def _pruned(prelude: Path, outputs: list[str]) -> Any:
+    """The prelude with `outputs` only, and the nodes they need."""
+    import onnx
+
+    model = onnx.load(str(prelude))
+    graph = model.graph
+    needed = set(outputs)
+    kept: set[int] = set()
+    grew = True
+    while grew:  # the rewritten graph's nodes are not in order
+        grew = False
+        for i, node in enumerate(graph.node):
+            if i not in kept and needed & set(node.output):
+                kept.add(i)
+                needed |= {x for x in [*node.input, *_outer_names(node)] if x}
+                grew = True
+    nodes = [node for i, node in enumerate(graph.node) if i in kept]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    types = {v.name: v for v in graph.output}
+    del graph.output[:]
+    graph.output.extend(types[name] for name in outputs)
+    inputs = [i for i in graph.input if i.name in needed]
+    del graph.input[:]
+    graph.input.extend(inputs)
+    weights = [w for w in graph.initializer if w.name in needed]
+    del graph.initializer[:]
+    graph.initializer.extend(weights)
+    return model

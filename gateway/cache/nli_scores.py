@@ -33,10 +33,11 @@ _EXPORT_KIND = "nli-open-length-trimmed-states-split-1"  # bump when the rewritt
 ASKED = "Someone asks: {}"
 MAX_TOKENS = 160  # the graph's own width: both questions together, the longer cut first
 LRU_PAIRS = 4096
-# Lengths whose prelude runs in the background once a cache serves with this verifier
-# (length_split.py, NliVerifier.serve): a length met first costs ~25 ms of CPU more. On the
-# train pairs 80% of passes take 21-35 word pieces; these ~1 s of CPU and ~80 MB spare that
-# in a gateway's first minutes.
+# Lengths whose prelude outputs are made in the background once a cache serves with this
+# verifier (length_split.py, NliVerifier.serve): a length met first costs ~1.5 ms of CPU
+# more (read out of the reference length's windows; ~25 ms when it ran the prelude). On the
+# train pairs 80% of passes take 21-35 word pieces; these ~60 ms of CPU and ~80 MB spare
+# that in a gateway's first minutes.
 WARM_LENGTHS = range(12, 49)
 # The margins on the people's train pairs lie within -5.3..2.4; held within this range, a
 # pair's other direction is bounded, so one direction can rule a pair out (nli_verifier).
@@ -94,7 +95,7 @@ class NliScores:
 
     def warm_in_background(self) -> threading.Thread:
         """Run the prelude of WARM_LENGTHS on a thread of its own (a serving gateway's: not
-        a daemon, so an exit waits for the length in hand, at most ~25 ms after `close`)."""
+        a daemon, so an exit waits for the length in hand, a few ms after `close`)."""
 
         def warm() -> None:
             for length in WARM_LENGTHS:
