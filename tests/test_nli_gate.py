@@ -1,11 +1,9 @@
-"""The nli gate's thresholds (training/cache/nli_gate.py): per strictness, the highest that
-refuses at most GATE_LOSS of the should-hit pairs the model serves there, never above
-GATE_MAX or the threshold asked; and how the verifier applies them."""
+"""The nli gate's threshold (training/cache/nli_gate.py): the highest that refuses at most
+GATE_LOSS of the should-hit pairs the model serves at lenient, never above GATE_MAX or the
+lenient threshold."""
 
-from gateway.cache.nli_verifier import Gate
-from gateway.cache.verifier import LogisticModel
 from training.cache import nli_gate
-from training.cache.nli_gate import gate_artifact, pick_gate, pick_gates
+from training.cache.nli_gate import pick_gate
 
 
 def rows(n: int, should_hit: bool = True) -> list[dict]:
@@ -16,7 +14,7 @@ def test_the_threshold_refuses_at_most_the_allowed_share(monkeypatch) -> None:
     monkeypatch.setattr(nli_gate, "GATE_LOSS", 0.02)  # 2 of 100 served pairs
     gate = [i / 1000 for i in range(100)] + [0.0] * 50  # the 50 must-not: lowest of all
     probs = [0.9] * 100 + [0.9] * 50
-    fit = pick_gate(rows(100) + rows(50, False), gate, probs, asked=0.5)
+    fit = pick_gate(rows(100) + rows(50, False), gate, probs, lenient=0.5)
     assert fit.lost == 2 and fit.served == 100
     assert 0.001 < fit.threshold <= 0.002
     assert fit.refused_share == round(52 / 150, 4)
@@ -25,25 +23,11 @@ def test_the_threshold_refuses_at_most_the_allowed_share(monkeypatch) -> None:
 def test_pairs_the_model_does_not_serve_do_not_count() -> None:
     gate = [0.01, 0.2, 0.25]
     probs = [0.1, 0.9, 0.9]  # the first is refused by the model anyway
-    fit = pick_gate(rows(3), gate, probs, asked=0.5)
+    fit = pick_gate(rows(3), gate, probs, lenient=0.5)
     assert fit.lost == 0 and fit.served == 2 and fit.threshold < 0.2
 
 
 def test_the_threshold_stays_under_the_caps() -> None:
     gate, probs = [0.9] * 10, [0.99] * 10
-    assert pick_gate(rows(10), gate, probs, asked=0.5).threshold < nli_gate.GATE_MAX
-    assert pick_gate(rows(10), gate, probs, asked=0.2).threshold < 0.2
-
-
-def test_a_stricter_ask_gets_its_own_higher_threshold() -> None:
-    # the model serves all four at lenient (0.5), the last two at strict (0.9)
-    gate, probs = [0.1, 0.2, 0.6, 0.7], [0.6, 0.6, 0.95, 0.95]
-    thresholds = {"strict": 0.9, "lenient": 0.5}
-    fits = pick_gates(rows(4), gate, probs, thresholds)
-    assert fits["lenient"].threshold < 0.1 < 0.2 < fits["strict"].threshold < 0.6
-    artifact = gate_artifact(LogisticModel([0.0], [1.0], [0.0], 0.0), fits, thresholds)
-    steps = tuple(tuple(step) for step in artifact["steps"])
-    applied = Gate(LogisticModel(**artifact["model"]), steps)
-    assert applied.threshold_for(0.95) == applied.threshold_for(0.9) == fits["strict"].threshold
-    assert applied.threshold_for(0.7) == fits["lenient"].threshold
-    assert applied.threshold_for(0.3) == 0.0  # a calibrated threshold under every step
+    assert pick_gate(rows(10), gate, probs, lenient=0.5).threshold < nli_gate.GATE_MAX
+    assert pick_gate(rows(10), gate, probs, lenient=0.2).threshold < 0.2

@@ -98,9 +98,9 @@ def test_the_gate_refuses_another_question_without_a_pass(
     lenient = verifier.thresholds["lenient"]
     cos = cosine(embedder, *OTHER_QUESTION)
     p, reason = verifier.probability_against(*OTHER_QUESTION, cos, lenient)
-    assert p < verifier.gate.threshold_for(lenient) < lenient and reason == ""
+    assert p < verifier.gate.threshold < lenient and reason == ""
     assert verifier.nli.passes == before
-    below = lenient / 2  # a calibrated threshold under lenient's
+    below = verifier.gate.from_threshold / 2  # a calibrated threshold under lenient's
     verifier.probability_against(*OTHER_QUESTION, cos, below)
     assert verifier.nli.passes > before
 

@@ -72,28 +72,23 @@ SPARE_CORE = len(os.sched_getaffinity(0)) > 1
 
 @dataclass(frozen=True)
 class Gate:
-    """A model over the features read before any pass: a pair it scores below a step's
-    threshold is refused without one wherever the threshold asked for is the step's
-    `from_threshold` or higher (one step per strictness: training/cache/nli_gate.py)."""
+    """A model over the features read before any pass: a pair it scores below `threshold`
+    is refused without one, wherever the threshold asked for is `from_threshold` or
+    higher (training/cache/nli_gate.py)."""
 
     model: LogisticModel
-    steps: tuple[tuple[float, float], ...]  # (from_threshold, threshold)
-
-    def threshold_for(self, needed: float) -> float:
-        """The gate's threshold where `needed` is asked; 0 (refuses nothing) below every
-        step, as for a calibrated threshold under lenient's."""
-        return max((gate for start, gate in self.steps if needed >= start), default=0.0)
+    threshold: float
+    from_threshold: float
 
     def refuses(self, rest: list[float], needed: float) -> float | None:
         """The gate's probability when it refuses the pair; None when the passes decide."""
-        threshold = self.threshold_for(needed)
-        if threshold <= 0.0:
+        if needed < self.from_threshold:
             return None
         p = self.model.probability(rest)
-        return p if p < threshold else None
+        return p if p < self.threshold else None
 
 
-NO_GATE = Gate(LogisticModel([0.0], [1.0], [0.0], 0.0), ())  # refuses nothing
+NO_GATE = Gate(LogisticModel([0.0], [1.0], [0.0], 0.0), 0.0, 1.0)  # refuses nothing
 
 
 @dataclass(frozen=True)
@@ -139,8 +134,9 @@ class NliVerifier(AlignedVerifier):
         verifier.seen = {k: tuple(v) for k, v in artifact["seen"].items()}
         if "gate" in artifact:
             gate = artifact["gate"]
-            steps = tuple((start, threshold) for start, threshold in gate["steps"])
-            verifier.gate = Gate(LogisticModel(**gate["model"]), steps)
+            verifier.gate = Gate(
+                LogisticModel(**gate["model"]), gate["threshold"], gate["from_threshold"]
+            )
         return verifier
 
     @classmethod

@@ -5,14 +5,11 @@ which the cheap features already rule out: on the gateway benchmark's traffic (t
 pairs' rewordings and edits, bench/gateway_overhead.py) the NLI passes are most of the
 nli verifier's CPU per request.
 
-Chosen out of fold (train_aligned.py), one step per strictness: the gate's own
-probabilities out of fold, against the people's should-hit pairs the whole model serves
-out of fold at that strictness's threshold; the step's threshold is the highest that
-refuses at most GATE_LOSS of those, and at most GATE_MAX. A step applies where the
-threshold asked for is its strictness's or higher, so a stricter ask refuses more pairs
-unread (2026-12-06, out of fold: 23.4% of the pairs asked at lenient, 38.4% at balanced
-and strict, losing 3 of 769, 2 of 596 and 1 of 398 served pairs); a calibrated threshold
-below lenient's reads every pair.
+Chosen out of fold (train_aligned.py): the gate's own probabilities out of fold, against
+the people's should-hit pairs the whole model serves out of fold at the lenient
+threshold; the threshold is the highest that refuses at most GATE_LOSS of those, and at
+most GATE_MAX. It applies only where the threshold asked for is the lenient one's or
+higher (a calibrated threshold below it reads every pair).
 """
 
 from dataclasses import dataclass
@@ -38,33 +35,22 @@ def gate_rows(rows: list[dict]) -> list[dict]:
 
 
 def pick_gate(
-    rows: list[dict], gate_probs: list[float], probs: list[float], asked: float
+    rows: list[dict], gate_probs: list[float], probs: list[float], lenient: float
 ) -> GateFit:
-    """The gate threshold where `asked` is asked, from out-of-fold gate and model
-    probabilities of `rows`."""
+    """The gate threshold, from out-of-fold gate and model probabilities of `rows`."""
     kept = sorted(
         g
         for r, g, p in zip(rows, gate_probs, probs, strict=True)
-        if r["should_hit"] and r["source"] != "rules" and p >= asked
+        if r["should_hit"] and r["source"] != "rules" and p >= lenient
     )
     allowed = int(GATE_LOSS * len(kept))
-    # never above the threshold asked: what the gate refuses must score below it
-    threshold = min(kept[allowed] if allowed < len(kept) else 0.0, GATE_MAX, asked)
+    # never above the lenient threshold: what the gate refuses must score below any asked
+    threshold = min(kept[allowed] if allowed < len(kept) else 0.0, GATE_MAX, lenient)
     threshold = round(threshold - 1e-6, 6) if threshold > 0 else 0.0
     lost = sum(1 for g in kept if g < threshold)
     refused = sum(1 for g in gate_probs if g < threshold) / max(len(gate_probs), 1)
     return GateFit(threshold, round(refused, 4), lost, len(kept))
 
 
-def pick_gates(
-    rows: list[dict], gate_probs: list[float], probs: list[float], thresholds: dict[str, float]
-) -> dict[str, GateFit]:
-    """One gate threshold per strictness (`thresholds`: the model's)."""
-    return {k: pick_gate(rows, gate_probs, probs, t) for k, t in thresholds.items()}
-
-
-def gate_artifact(
-    model: LogisticModel, fits: dict[str, GateFit], thresholds: dict[str, float]
-) -> dict:
-    steps = sorted((thresholds[k], fit.threshold) for k, fit in fits.items())
-    return {"model": model.__dict__, "steps": steps}
+def gate_artifact(model: LogisticModel, fit: GateFit, lenient: float) -> dict:
+    return {"model": model.__dict__, "threshold": fit.threshold, "from_threshold": lenient}

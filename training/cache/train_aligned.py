@@ -45,7 +45,7 @@ from training.artifacts import (
     REAL_PAIRS_TRAIN4,
     write_artifact,
 )
-from training.cache.nli_gate import gate_artifact, gate_rows, pick_gates
+from training.cache.nli_gate import gate_artifact, gate_rows, pick_gate
 from training.cache.nli_head import (
     fit_head,
     ranges_seen,
@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None, kind: str = "aligned") -> int:
     shipped = {r["id"]: rules.probability(r["a"], r["b"], r["cos"])[0] for r in train}
     if stacked:
         gated = gate_rows(asked)
-        gates = pick_gates(asked, out_of_fold(gated, args.l2), probs, thresholds)
+        gate = pick_gate(asked, out_of_fold(gated, args.l2), probs, thresholds["lenient"])
         gate_model = fit(gated, args.l2)
         verifier.head = fit_head(asked)
         asked = with_oof_columns(asked)
@@ -239,8 +239,8 @@ def main(argv: list[str] | None = None, kind: str = "aligned") -> int:
         "trained_on": trained_on,
     }
     if stacked:
-        figures["gate_out_of_fold"] = {k: asdict(fit) for k, fit in gates.items()}
-        artifact["gate"] = gate_artifact(gate_model, gates, thresholds)
+        figures["gate_out_of_fold"] = asdict(gate)
+        artifact["gate"] = gate_artifact(gate_model, gate, thresholds["lenient"])
         artifact["head"] = verifier.head.__dict__
         artifact["seen"] = ranges_seen(asked, verifier.head)
     text = json.dumps(artifact, separators=(",", ":")) + "\n"
