@@ -3,7 +3,7 @@ the pair model (`verifier_model: pair`, `verifier: lenient`): a rewording people
 (train split), whose cosine is below the old 0.8 floor, is served from the cache; its
 negation is not. The aligned model (`verifier_model: aligned`, `strict`): a rewording
 (train split) is served, another aspect of the same subject is not; so with the nli model
-(`verifier_model: nli`, `strict`). The tier is the
+(`verifier_model: nli`, `balanced`, as docs/cache.md recommends it). The tier is the
 paid-API stand-in; the embedder, the verifiers' ONNX graphs and the store are the real ones.
 """
 
@@ -76,6 +76,7 @@ def test_a_rewording_below_the_old_floor_hits_and_a_negation_does_not(
     assert refused.headers["x-tiergate-cache"] == "miss"
 
 
+STRICTNESS = {"aligned": "strict", "nli": "balanced"}
 ASPECTS = {  # verifier_model: (stored, a rewording, another aspect of the same subject)
     "aligned": (
         "What's Tokyo's population?",
@@ -96,7 +97,7 @@ def test_a_verifier_model_serves_a_rewording_and_not_another_aspect(
 ) -> None:
     stored, reworded, other = ASPECTS[model]
     assert cosine(embedder, other, stored) >= CacheSettings().min_similarity  # verifier saw it
-    with gateway(tmp_path, model, "strict") as url:
+    with gateway(tmp_path, model, STRICTNESS[model]) as url:
         first = ask(url, stored)
         assert eventually(lambda: ask(url, stored).headers["x-tiergate-cache"] == "hit", 10)
         hit = ask(url, reworded)
