@@ -95,15 +95,3 @@ def test_recent_lengths_are_kept_and_no_more(
         feed = {"x": np.zeros((1, length), np.float32), "mask": np.ones((1, length), np.int64)}
         split.run(feed)
     assert list(split._by_length) == [3, 5]
-
-
-def test_warmed_lengths_need_no_prelude_at_their_first_pass(tmp_path: Path) -> None:
-    _, prelude, data = split_files(tmp_path)
-    split = LengthSplitSession(prelude, data, ("mask",))
-    split.warm([3, 4])
-    assert list(split._by_length) == [3, 4]
-    ran = []
-    split._run_prelude = lambda length: ran.append(length)  # type: ignore[method-assign]
-    feed = {"x": np.zeros((1, 4), np.float32), "mask": np.ones((1, 4), np.int64)}
-    split.run(feed)
-    assert ran == []

@@ -47,15 +47,6 @@ def test_a_pair_scores_the_same_alone_and_after_longer_ones() -> None:
     assert scores.margin(*REWORDING) == pytest.approx(alone, abs=1e-5)
 
 
-def test_warming_stops_when_the_scores_close() -> None:
-    scores = NliScores()  # warms nothing until a cache serves with it
-    warming = scores.warm_in_background()
-    scores.close()
-    warming.join(timeout=10)
-    assert not warming.is_alive()
-    assert len(scores._session._by_length) < len(nli_scores.WARM_LENGTHS)  # stopped early
-
-
 def test_both_directions_are_read_and_remembered(verifier: NliVerifier) -> None:
     nli = verifier.nli
     before = nli.passes

@@ -266,11 +266,6 @@ class LengthSplitSession:
         rest = sorted(self._fed - set(self._windows))
         self._rest_prelude = _session(_pruned(prelude, rest).SerializeToString()) if rest else None
 
-    def warm(self, lengths: Iterable[int]) -> None:
-        """Run the prelude for `lengths` ahead of any pass (a background thread's work)."""
-        for length in lengths:
-            self._length_values(length)
-
     def run(self, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
         """The whole graph's outputs for `inputs` ([1, length] each)."""
         import onnxruntime as ort

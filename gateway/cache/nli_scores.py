@@ -33,12 +33,6 @@ _EXPORT_KIND = "nli-open-length-trimmed-states-split-1"  # bump when the rewritt
 ASKED = "Someone asks: {}"
 MAX_TOKENS = 160  # the graph's own width: both questions together, the longer cut first
 LRU_PAIRS = 4096
-# Lengths whose prelude outputs are made in the background once a cache serves with this
-# verifier (length_split.py, NliVerifier.serve): a length met first costs ~1.5 ms of CPU
-# more (read out of the reference length's windows; ~25 ms when it ran the prelude). On the
-# train pairs 80% of passes take 21-35 word pieces; these ~60 ms of CPU and ~80 MB spare
-# that in a gateway's first minutes.
-WARM_LENGTHS = range(12, 49)
 # The margins on the people's train pairs lie within -5.3..2.4; held within this range, a
 # pair's other direction is bounded, so one direction can rule a pair out (nli_verifier).
 MARGIN_RANGE = (-10.0, 10.0)
@@ -88,28 +82,9 @@ class NliScores:
         if not (prelude.is_file() and data.is_file()):
             split_graph(graph, prelude, data)
         self._session = LengthSplitSession(prelude, data, LENGTH_ONLY)
-        self._stop_warming = threading.Event()
         self._lru: OrderedDict[tuple[str, str], Reading] = OrderedDict()
         self._lock = threading.Lock()
         self.passes = 0  # forward passes run, so tests can see the LRU at work
-
-    def warm_in_background(self) -> threading.Thread:
-        """Run the prelude of WARM_LENGTHS on a thread of its own (a serving gateway's: not
-        a daemon, so an exit waits for the length in hand, a few ms after `close`)."""
-
-        def warm() -> None:
-            for length in WARM_LENGTHS:
-                if self._stop_warming.is_set():
-                    return
-                self._session.warm([length])
-
-        thread = threading.Thread(target=warm, name="nli-warm")
-        thread.start()
-        return thread
-
-    def close(self) -> None:
-        """Stop warming (the sessions stay usable)."""
-        self._stop_warming.set()
 
     def read(self, premise: str, hypothesis: str) -> Reading:
         """(premise, hypothesis), each question read as ASKED."""
