@@ -11,6 +11,9 @@ each length's prelude runs in the warm-up, as a running gateway's is kept per le
 Figures: CPU ms per pass of each (median over passes), their ratios, the word pieces per
 pass, and whether every logit came out bit for bit the same (the rewrites' promise). The
 rewritten graphs' CPU includes their two extra outputs, the states the nli head reads.
+`new_length`: what a length not kept costs the cut graph, its prelude outputs read out of
+the reference length's (length_windows.py) against the prelude run (its outputs alone,
+without wrapping them for the data graph), at each length the passes meet, alternating.
 """
 
 import argparse
@@ -59,25 +62,44 @@ def cpu_ms(run: Callable[[dict], list], ids: np.ndarray) -> tuple[float, np.ndar
     return (time.process_time() - start) * 1000, logits
 
 
-def contestants(tmp: Path) -> dict[str, Callable[[dict], list]]:
+def contestants(tmp: Path) -> tuple[dict[str, Callable[[dict], list]], LengthSplitSession]:
     """Each graph's pass, by name: the package's (width opened), the rewritten one, and the
-    rewritten one cut in two (length_split.py)."""
+    rewritten one cut in two (length_split.py); and the cut one's session."""
     source = package_dir() / "policy_nli_int8.onnx"
     open_width_graph(source, tmp / "open.onnx")
     fast_graph(source, tmp / "fast.onnx")
     split_graph(source, tmp / "prelude.onnx", tmp / "data.onnx")
     baseline, rewritten = one_core_session(tmp / "open.onnx"), one_core_session(tmp / "fast.onnx")
     split = LengthSplitSession(tmp / "prelude.onnx", tmp / "data.onnx", LENGTH_ONLY)
-    return {
+    runs = {
         "baseline": lambda feed: baseline.run(None, feed),
         "rewritten": lambda feed: rewritten.run(None, feed),
         "split": split.run,
+    }
+    return runs, split
+
+
+def new_length(split: LengthSplitSession, lengths: list[int]) -> dict[str, Any]:
+    """CPU ms to make a length's prelude outputs: read out of windows, or the prelude run."""
+    read_ms, run_ms = [], []
+    for length in lengths:
+        start = time.process_time()
+        split._run_prelude(length)
+        read_ms.append((time.process_time() - start) * 1000)
+        start = time.process_time()
+        split._whole_prelude(length)
+        run_ms.append((time.process_time() - start) * 1000)
+    return {
+        "lengths": len(lengths),
+        "read_cpu_ms_p50": round(statistics.median(read_ms), 3),
+        "prelude_run_cpu_ms_p50": round(statistics.median(run_ms), 3),
+        "ratio_paired_median": paired(read_ms, run_ms),
     }
 
 
 def measure(passes: list[np.ndarray]) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        runs = contestants(Path(tmp))
+        runs, split = contestants(Path(tmp))
     for ids in passes:  # warm each, and the split graph's prelude at each length
         for run in runs.values():
             cpu_ms(run, ids)
@@ -102,6 +124,7 @@ def measure(passes: list[np.ndarray]) -> dict:
         result[f"{name}_ratio_paired_median"] = paired(ms[name], ms["baseline"])
         result[f"{name}_logits_bit_for_bit"] = same[name]
     result["split_vs_rewritten_paired_median"] = paired(ms["split"], ms["rewritten"])
+    result["new_length"] = new_length(split, sorted({ids.shape[1] for ids in passes}))
     return result
 
 
@@ -131,6 +154,9 @@ def main() -> None:
     }
     result["goals"]["split_vs_rewritten"] = common.goal(
         result["split_vs_rewritten_paired_median"], GOAL_RATIO, higher_is_better=False
+    )
+    result["goals"]["new_length_read_vs_run"] = common.goal(
+        result["new_length"]["ratio_paired_median"], GOAL_RATIO, higher_is_better=False
     )
     print(json.dumps(result, indent=2))
     common.write_result("nli_graph", result)
