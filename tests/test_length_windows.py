@@ -65,3 +65,11 @@ def test_equal_reference_values_are_one_array() -> None:
 
     _, reference = find_windows(twice, ["a", "b"])
     assert reference["a"] is reference["b"]
+
+
+def test_an_output_that_shrinks_as_the_length_grows_is_refused() -> None:
+    def shrinking(length: int) -> dict[str, np.ndarray]:
+        return {"rows": TABLE[0, : 200 - length]}
+
+    windows, _ = find_windows(shrinking, ["rows"])
+    assert windows == {}
