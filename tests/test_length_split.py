@@ -95,3 +95,45 @@ def test_recent_lengths_are_kept_and_no_more(
         feed = {"x": np.zeros((1, length), np.float32), "mask": np.ones((1, length), np.int64)}
         split.run(feed)
     assert list(split._by_length) == [3, 5]
+
+
+def test_a_prelude_output_that_is_no_window_runs_the_prelude_at_every_length(
+    tmp_path: Path,
+) -> None:
+    """1/length (a mean's scale) is no window of a longer length's: the session reads no
+    windows and runs the prelude, with the same outputs as the whole graph."""
+    model = positions_graph()
+    model.graph.node.extend(
+        [
+            helper.make_node("Cast", ["n"], ["n_f"], to=TensorProto.FLOAT),
+            helper.make_node("Reciprocal", ["n_f"], ["inverse"]),
+            helper.make_node("Mul", ["masked", "inverse"], ["mean_scaled"]),
+        ]
+    )
+    model.graph.output.append(
+        helper.make_tensor_value_info("mean_scaled", TensorProto.FLOAT, [1, "n"])
+    )
+    onnx.save(model, str(tmp_path / "whole.onnx"))
+    first, rest = split_by_length(model, ("mask",))
+    onnx.save(first, str(tmp_path / "prelude.onnx"))
+    onnx.save(rest, str(tmp_path / "data.onnx"))
+    split = LengthSplitSession(tmp_path / "prelude.onnx", tmp_path / "data.onnx", ("mask",))
+    assert split._windows == {}
+    reference = one_core_session(tmp_path / "whole.onnx")
+    for length in (1, 7, 41):
+        feed = {"x": np.ones((1, length), np.float32), "mask": np.ones((1, length), np.int64)}
+        for got, want in zip(split.run(feed), reference.run(None, feed), strict=True):
+            assert np.array_equal(got, want)
+
+
+def test_a_prelude_of_windows_only_is_read_not_run(tmp_path: Path) -> None:
+    _, prelude, data = split_files(tmp_path)
+    split = LengthSplitSession(prelude, data, ("mask",))
+    assert set(split._windows) == split._fed == {"positions", "mask_f"}
+    ran = []
+    whole = split._whole_prelude
+    split._whole_prelude = lambda length: ran.append(length) or whole(length)  # type: ignore[method-assign]
+    for length in (3, 128, 129):
+        feed = {"x": np.zeros((1, length), np.float32), "mask": np.ones((1, length), np.int64)}
+        split.run(feed)
+    assert ran == [129]  # past the reference length only

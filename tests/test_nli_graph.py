@@ -77,7 +77,7 @@ def test_every_shorter_length_is_read_out_of_the_reference_lengths_outputs() -> 
     """Each prelude output of every length up to the reference is its window (or shape),
     bit for bit: no part of the prelude runs for a new length there."""
     split = NliScores()._session
-    assert set(split._windows) == split._fed and split._rest_prelude is None
+    assert set(split._windows) == split._fed
     for length in range(1, REFERENCE_LENGTH + 1):
         read, whole = split._read_windows(length), split._whole_prelude(length)
         for name, want in whole.items():

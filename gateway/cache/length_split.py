@@ -12,8 +12,8 @@ make), keeps the tensors where they meet the rest, and writes two graphs:
   length is written into it as a constant instead, so ONNX Runtime fuses around it as it
   does in the whole graph.
 `LengthSplitSession` runs the pair and keeps the prelude's outputs of recent lengths
-(BYTES_KEPT); a length's outputs that are windows of a longer length's are read out of
-those (length_windows.py) and only the rest of the prelude runs.
+(BYTES_KEPT); where every output of the prelude is a window of a longer length's, a
+shorter length's are read out of those (length_windows.py) and the prelude does not run.
 The same kernels see the same numbers, so the outputs are bit for bit the whole graph's
 (tests/test_length_split.py); where ONNX Runtime would fuse differently (a scale it can
 now see), that fusion is disabled on the data graph.
@@ -262,9 +262,9 @@ class LengthSplitSession:
         self._by_length: OrderedDict[int, tuple[dict[str, Any], int]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
-        self._windows, self._reference = find_windows(self._whole_prelude, self._fed)
-        rest = sorted(self._fed - set(self._windows))
-        self._rest_prelude = _session(_pruned(prelude, rest).SerializeToString()) if rest else None
+        windows, self._reference = find_windows(self._whole_prelude, self._fed)
+        # all read, or none: a prelude run for the rest would make them all anyway
+        self._windows = windows if set(windows) == self._fed else {}
 
     def run(self, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
         """The whole graph's outputs for `inputs` ([1, length] each)."""
@@ -296,11 +296,8 @@ class LengthSplitSession:
         (each layer's gather index is the same)."""
         import onnxruntime as ort
 
-        arrays = (
-            self._read_windows(length)
-            if length <= REFERENCE_LENGTH
-            else self._whole_prelude(length)
-        )
+        read = self._windows and length <= REFERENCE_LENGTH
+        arrays = self._read_windows(length) if read else self._whole_prelude(length)
         shared: dict[tuple, Any] = {}
         by_identity: dict[int, Any] = {}  # windows read once for several names
         values = {}
@@ -319,7 +316,7 @@ class LengthSplitSession:
         return _outputs(self._prelude, self._fed, length, self._length_only)
 
     def _read_windows(self, length: int) -> dict[str, np.ndarray]:
-        """The fed values of a length up to the reference: windows, and the rest's run."""
+        """The fed values of a length up to the reference, read out of its windows."""
         read: dict[tuple[int, Any], np.ndarray] = {}
         arrays = {}
         for name, window in self._windows.items():
@@ -328,9 +325,6 @@ class LengthSplitSession:
             if key not in read:
                 read[key] = window.read(reference, length)
             arrays[name] = read[key]
-        if self._rest_prelude is not None:
-            rest = self._fed - set(self._windows)
-            arrays |= _outputs(self._rest_prelude, rest, length, self._length_only)
         return arrays
 
 
@@ -341,34 +335,3 @@ def _outputs(
     names = sorted(names)
     feed = prelude_feed(session, length, length_only)
     return dict(zip(names, session.run(names, feed), strict=True))
-
-
-def _pruned(prelude: Path, outputs: list[str]) -> Any:
-    """The prelude with `outputs` only, and the nodes they need."""
-    import onnx
-
-    model = onnx.load(str(prelude))
-    graph = model.graph
-    needed = set(outputs)
-    kept: set[int] = set()
-    grew = True
-    while grew:  # the rewritten graph's nodes are not in order
-        grew = False
-        for i, node in enumerate(graph.node):
-            if i not in kept and needed & set(node.output):
-                kept.add(i)
-                needed |= {x for x in [*node.input, *_outer_names(node)] if x}
-                grew = True
-    nodes = [node for i, node in enumerate(graph.node) if i in kept]
-    del graph.node[:]
-    graph.node.extend(nodes)
-    types = {v.name: v for v in graph.output}
-    del graph.output[:]
-    graph.output.extend(types[name] for name in outputs)
-    inputs = [i for i in graph.input if i.name in needed]
-    del graph.input[:]
-    graph.input.extend(inputs)
-    weights = [w for w in graph.initializer if w.name in needed]
-    del graph.initializer[:]
-    graph.initializer.extend(weights)
-    return model
