@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from gateway.cache.length_windows import REFERENCE_LENGTH, find_windows
+from gateway.cache.length_windows import REFERENCE_LENGTH, find_windows, value_key
 
 # Fusions the data graph must not get that the whole graph does not: with the attention's
 # scale now a constant, ONNX Runtime would fold it into the product (another rounding).
@@ -304,7 +304,7 @@ class LengthSplitSession:
         size = 0
         for name, array in arrays.items():
             if id(array) not in by_identity:
-                key = (array.dtype.str, array.shape, array.tobytes())
+                key = value_key(array)
                 if key not in shared:
                     shared[key] = ort.OrtValue.ortvalue_from_numpy(array)
                     size += array.nbytes
