@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from gateway.cache import nli_scores
+from gateway.cache.entry import CachedAnswer
 from gateway.cache.nli_scores import (
     MARGIN_RANGE,
     NLI_FEATURES,
@@ -22,9 +23,15 @@ from gateway.cache.nli_scores import (
     NliUnavailable,
     nli_features,
 )
-from gateway.cache.nli_verifier import ALL_FEATURES, NO_GATE, NliVerifier, direction_features
+from gateway.cache.nli_verifier import (
+    ALL_FEATURES,
+    NO_GATE,
+    READ_LIMIT,
+    NliVerifier,
+    direction_features,
+)
 from gateway.cache.semantic import CacheQuery, SemanticCache
-from gateway.cache.verifier import STRICTNESS, PairVerifier
+from gateway.cache.verifier import STRICTNESS, ModelReads, PairVerifier
 from gateway.cache.verifiers import VERIFIER_MODELS, load_verifier
 from gateway.embedding.embedder import Embedder
 from gateway.policy import CacheSettings
@@ -278,3 +285,55 @@ def test_the_head_reads_a_rewording_above_another_aspect(verifier: NliVerifier) 
     rewording = [verifier.direction(*REWORDING), verifier.direction(*reversed(REWORDING))]
     narrower = [verifier.direction(*NARROWER), verifier.direction(*reversed(NARROWER))]
     assert min(d.head for d in rewording) > 0 > min(d.head for d in narrower)
+
+
+CENTER = "How do I center a div in CSS?"
+OTHER_ASPECTS = ("How do I center text in CSS?", "How do I center an image in CSS?")
+
+
+def test_a_lookup_reads_one_pair_past_the_rules_and_the_gate(
+    verifier: NliVerifier, embedder: Embedder
+) -> None:
+    """Pairs the vetoes or the gate decide cost no read; past the lookup's one read, a
+    pair that needs one is refused without a pass."""
+    reads = ModelReads(1)
+    vetoed = ("How many bytes are in 4 KB?", "How many bytes are in 8 KB?")
+    assert not verifier.verify(*vetoed, cosine(embedder, *vetoed), "balanced", None, reads).accept
+    cos = cosine(embedder, *OTHER_QUESTION)
+    gated = verifier.verify(*OTHER_QUESTION, cos, "lenient", None, reads)
+    assert not gated.accept and reads.left == 1
+    first = verifier.verify(CENTER, OTHER_ASPECTS[0], 0.84, "balanced", None, reads)
+    assert first.reason == "low probability" and reads.left == 0
+    before = verifier.nli.passes
+    second = verifier.verify(CENTER, OTHER_ASPECTS[1], 0.83, "balanced", None, reads)
+    assert (second.accept, second.reason) == (False, READ_LIMIT)
+    assert verifier.nli.passes == before
+    unlimited = verifier.verify(CENTER, REWORDING[0], 0.99, "balanced", None, None)
+    assert unlimited.accept  # no limit where none is given (calibration, the pair files)
+
+
+async def test_through_a_real_cache_one_candidate_is_read_a_lookup(
+    tmp_path: Path, embedder: Embedder
+) -> None:
+    """Two stored questions each ask another aspect: the lookup reads the closer one (both
+    directions) and refuses the other unread."""
+    verifier = NliVerifier.load()
+    settings = CacheSettings(
+        enabled=True, path=str(tmp_path / "c.sqlite3"), verifier_model="nli", verifier="balanced"
+    )
+    cache = await SemanticCache.open(settings, embedder, verifier)
+
+    def query(text: str) -> CacheQuery:
+        return CacheQuery("s", "t", "auto", text, None, 0.0)
+
+    try:
+        for text in OTHER_ASPECTS:
+            answer = CachedAnswer(f"the answer to {text}", "stop", 10, 5, "small", "m", None)
+            await cache.store(query(text), lambda t=text: embedder.embed(t), answer, None)
+        before = verifier.nli.passes
+        route = settings.for_route(None)
+        found = await cache.lookup(query(CENTER), lambda: embedder.embed(CENTER), route)
+    finally:
+        await cache.close()
+    assert found.outcome == "miss" and found.refused == 2
+    assert verifier.nli.passes - before == 2

@@ -51,7 +51,7 @@ class NumbersMustMatch:
         self.thresholds: list[float | None] = []  # the calibrated threshold each call got
 
     def verify(
-        self, query: str, candidate: str, cosine: float, strictness: str, threshold=None
+        self, query: str, candidate: str, cosine: float, strictness: str, threshold=None, reads=None
     ) -> Verdict:
         self.calls.append((query, candidate, strictness))
         self.thresholds.append(threshold)
@@ -62,7 +62,7 @@ class NumbersMustMatch:
 
 class Broken:
     def verify(
-        self, query: str, candidate: str, cosine: float, strictness: str, threshold=None
+        self, query: str, candidate: str, cosine: float, strictness: str, threshold=None, reads=None
     ) -> Verdict:
         raise RuntimeError("model file missing")
 

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from gateway.cache.pair_model import PAIR_CONFIG, PairBatcher, PairModel
-from gateway.cache.verifier import STRICTNESS, PairVerifier, Verdict
+from gateway.cache.verifier import STRICTNESS, ModelReads, PairVerifier, Verdict
 
 # Vetoes the pair model overrules: on the train split of the people's pairs the scope-word
 # veto refused 36 should-hit pairs for 26 must-not ones, the question-word veto 11 for 9
@@ -67,9 +67,11 @@ class CrossVerifier:
         cosine: float,
         strictness: str = "balanced",
         threshold: float | None = None,
+        reads: ModelReads | None = None,
     ) -> Verdict:
         """One pair, blocking (the cosine is not read: the pair model reads the texts).
-        `threshold`, when given, replaces the strictness's."""
+        `threshold`, when given, replaces the strictness's; `reads` is not limited here
+        (the request path scores a lookup's candidates together: verify_many)."""
         t = self._threshold(strictness, threshold)
         decided = decide(self.rules, query, candidate)
         if decided is not None:

@@ -6,9 +6,10 @@ the last layer's states averaged over word pieces).
 Fitted as `aligned` is (`python -m training cache nli`: the people's train pairs with the
 rule-made ones, thresholds picked out of fold), with the head fitted first and stacked out
 of fold (training/cache/nli_head.py); shipped as nli_model.json. Costs two passes of the
-NLI model per pair no veto decides (~11 ms of one core each for short questions), fewer
-where the passes cannot matter, on top of `aligned`'s: opt-in, for deployments that trade
-lookup time for served rewordings (docs/cache.md).
+NLI model per pair no veto or gate decides (~5 ms of one core each for short questions),
+fewer where the passes cannot matter, on top of `aligned`'s, for one such pair a lookup
+(ModelReads): opt-in, for deployments that trade lookup time for served rewordings
+(docs/cache.md).
 """
 
 import os
@@ -23,7 +24,7 @@ from gateway.cache.nli_scores import MARGIN_RANGE, NLI_FEATURES, NliScores, nli_
 from gateway.cache.pair_features import align, vetoes
 from gateway.cache.pair_text import WordStats, analyse
 from gateway.cache.token_states import TokenStates
-from gateway.cache.verifier import LogisticModel, logit, sigmoid
+from gateway.cache.verifier import LogisticModel, ModelReads, logit, sigmoid
 from gateway.embedding.embedder import Embedder
 
 NLI_MODEL = Path(__file__).with_name("nli_model.json")
@@ -68,6 +69,7 @@ NO_HEAD = LogisticModel([0.0], [1.0], [0.0], 0.0)  # a placeholder until trainin
 # and the second is skipped where the first rules a pair out: on the gateway benchmark's
 # reworded traffic 0.91 passes a lookup instead of 1.46 (12.4 ms of CPU instead of 17.1).
 SPARE_CORE = len(os.sched_getaffinity(0)) > 1
+READ_LIMIT = "another candidate was read"  # the lookup's model reads are spent (verdicts.py)
 
 
 @dataclass(frozen=True)
@@ -164,12 +166,18 @@ class NliVerifier(AlignedVerifier):
         return super().pair_features(query, candidate, cosine) + flags
 
     def probability_against(
-        self, query: str, candidate: str, cosine: float, needed: float
+        self,
+        query: str,
+        candidate: str,
+        cosine: float,
+        needed: float,
+        reads: ModelReads | None = None,
     ) -> tuple[float, str]:
-        """The gate first (no pass where it refuses); then the pair read (new, stored):
-        when even a second direction as strong as any train pair's leaves it short of
-        `needed`, the second pass is skipped (read in turn: SPARE_CORE). A skip can only
-        refuse, never serve: the best it could reach is returned, below `needed`.
+        """The gate first (no pass where it refuses); then, where the lookup has a read
+        left (`reads`), the pair read (new, stored): when even a second direction as
+        strong as any train pair's leaves it short of `needed`, the second pass is skipped
+        (read in turn: SPARE_CORE). A skip can only refuse, never serve: the best it could
+        reach is returned, below `needed`.
         """
         decided = self.decide(query, candidate)
         if decided is not None:
@@ -177,6 +185,8 @@ class NliVerifier(AlignedVerifier):
         rest = self._before_nli(query, candidate, cosine)
         if (gated := self.gate.refuses(rest, needed)) is not None:
             return gated, ""
+        if reads is not None and not reads.take():
+            return self.gate.model.probability(rest), READ_LIMIT
         if self.other_direction is not None and not self.crowded():
             other = self.other_direction.submit(self.direction, candidate, query)
             first = self.direction(query, candidate)

@@ -35,7 +35,7 @@ from gateway.cache.entry import STORABLE_FINISH_REASONS, CachedAnswer, Entry
 from gateway.cache.store import CLOSE_WAIT_S, Store, StoreUnavailable, stop_task
 from gateway.cache.tables import EntryTables
 from gateway.cache.verdicts import verdicts
-from gateway.cache.verifier import Verdict
+from gateway.cache.verifier import ModelReads, Verdict
 from gateway.embedding.embedder import Embedder
 from gateway.policy import CacheSettings, RouteCacheSettings
 
@@ -85,6 +85,7 @@ class Verifier(Protocol):
         cosine: float,
         strictness: str,
         threshold: float | None = None,
+        reads: ModelReads | None = None,
     ) -> Verdict: ...
 
 

@@ -30,6 +30,21 @@ class Verdict:
     reason: str  # "ok", or why not: "numbers differ", "negation", "entity", "low probability"
 
 
+@dataclass
+class ModelReads:
+    """How many more of one lookup's candidates a verifier's model may read (its passes):
+    a verifier with a costly model (nli) refuses a pair that needs a read past the last.
+    One per lookup, its candidates verified in turn: no lock."""
+
+    left: int
+
+    def take(self) -> bool:
+        if self.left <= 0:
+            return False
+        self.left -= 1
+        return True
+
+
 @dataclass(frozen=True)
 class LogisticModel:
     mean: list[float]
@@ -113,19 +128,27 @@ class PairVerifier:
         cosine: float,
         strictness: str = "balanced",
         threshold: float | None = None,
+        reads: ModelReads | None = None,
     ) -> Verdict:
-        """`threshold` (a calibrated `cache.verifier_threshold`) replaces the strictness's."""
+        """`threshold` (a calibrated `cache.verifier_threshold`) replaces the strictness's;
+        `reads`: the lookup's model reads left, None for no limit (calibration, the pair
+        files); verifiers without a costly model ignore it."""
         if strictness not in self.thresholds:
             raise ValueError(f"strictness must be one of {', '.join(STRICTNESS)}")
         needed = self.thresholds[strictness] if threshold is None else threshold
-        p, reason = self.probability_against(query, candidate, cosine, needed)
+        p, reason = self.probability_against(query, candidate, cosine, needed, reads)
         if reason:
             return Verdict(False, p, reason)
         accept = p >= needed
         return Verdict(accept, p, "ok" if accept else "low probability")
 
     def probability_against(
-        self, query: str, candidate: str, cosine: float, needed: float
+        self,
+        query: str,
+        candidate: str,
+        cosine: float,
+        needed: float,
+        reads: ModelReads | None = None,
     ) -> tuple[float, str]:
         """probability(), where a verifier may stop early once the pair is sure to fall
         short of `needed` (then the probability is an upper bound below it)."""
