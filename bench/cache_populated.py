@@ -1,0 +1,188 @@
+"""The semantic cache with many entries in one scope: wrong hits where a lookup has neighbours.
+
+    python -m bench.cache_populated [--limit N]
+
+bench/cache_eval.py keeps each held-out pair in a scope of its own, so a lookup meets one
+candidate: it measures the verifier pair by pair. A deployment's scope holds many questions,
+and a lookup verifies up to `cache.candidates` of them, each one more chance of a wrong hit.
+Here one scope holds every stored question of the six held-out sets and, as neighbours, every
+question of the train pairs (both sides); then each held-out pair's new question is looked
+up once (nothing is stored on a miss). A hit serves the pair's own stored question ("own":
+right for a should-hit pair, wrong for a must-not one), a question joined to the asked one
+through pairs people marked should-hit in any pair file ("joined": right), or another
+question ("other": not judged here; each is listed in the JSON, asked and served, for a
+person to judge: many ask the same in other words, some do not).
+
+Settings in the same run: `nli` as docs/cache.md recommends it (balanced, floor 0.4) with one
+model read a lookup (gateway/cache/verdicts.py) and with a read for every candidate, and the
+default policy. Figures on all six held-out sets (people's pairs): each kind of pair served
+own / joined / other; goals on the must-not pairs served their own edit (certainly wrong),
+with the upper 95% Clopper-Pearson bound. Writes cache_populated.json (TIERGATE_BENCH_RESULTS).
+"""
+
+import argparse
+import asyncio
+import json
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench import common
+from bench.cache_eval import MUST_NOT, NLI_RECOMMENDED, SHOULD_HIT, held_out, share
+from gateway.cache import verdicts
+from gateway.cache.semantic import CachedAnswer, CacheQuery, SemanticCache
+from gateway.cache.verifiers import load_verifier
+from gateway.embedding.embedder import Embedder
+from gateway.policy import CacheSettings
+from training.artifacts import REAL_PAIRS, REAL_PAIRS_DIR
+from training.bounds import upper_bound
+from training.cache.real_pairs import groups_of, normal_key
+
+HELDOUT_FILES = {
+    "heldout": REAL_PAIRS,
+    **{f"heldout{n}": REAL_PAIRS_DIR / f"pairs_heldout{n}.jsonl" for n in range(2, 7)},
+}
+GOAL_WRONG, GOAL_BOUND = 0.01, 0.02
+SCOPE = "populated"
+
+
+def all_pairs() -> list[dict]:
+    """Every row of every pair file (for which questions people joined as should-hit)."""
+    rows = []
+    for path in sorted(REAL_PAIRS_DIR.glob("*.jsonl")):
+        rows += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return rows
+
+
+def neighbours(rows: list[dict]) -> list[str]:
+    """Both questions of every train pair."""
+    return [q for r in rows if r["split"].startswith("train") for q in (r["a"], r["b"])]
+
+
+def judge(row: dict, served: str | None, joined: dict[str, str]) -> str:
+    """'miss', 'own' (the pair's own stored question), 'joined' (one joined to the asked
+    question through should-hit pairs) or 'other'."""
+    if served is None:
+        return "miss"
+    if served == row["b"]:
+        return "own"
+    asked, got = normal_key(row["a"]), normal_key(served)
+    same = asked == got or joined.get(asked, asked) == joined.get(got, got)
+    return "joined" if same else "other"
+
+
+@contextmanager
+def reads_per_lookup(n: int) -> Iterator[None]:
+    """The lookups' model reads set to `n` for a run (the shipped value is restored)."""
+    shipped = verdicts.MODEL_READS_PER_LOOKUP
+    verdicts.MODEL_READS_PER_LOOKUP = n
+    try:
+        yield
+    finally:
+        verdicts.MODEL_READS_PER_LOOKUP = shipped
+
+
+async def run(
+    rows: list[dict], stored: list[str], vectors: dict[str, np.ndarray], settings: dict
+) -> list[str | None]:
+    """`stored` in one scope, then each row's new question looked up: the question of the
+    entry it served (None: a miss)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        policy = CacheSettings(enabled=True, path=str(Path(tmp) / "c.sqlite3"), **settings)
+        cache = await SemanticCache.open(policy, Embedder(), load_verifier(policy.verifier_model))
+        answer = CachedAnswer("answer", "stop", 10, 5, "small", "m", None)
+        for text in stored:
+            await cache.store(_q(text), _vector(vectors[text]), answer, None)
+        route, served = policy.for_route(None), []
+        for r in rows:
+            found = await cache.lookup(_q(r["a"]), _vector(vectors[r["a"]]), route)
+            hit = found.outcome in ("exact", "semantic") and found.entry_id is not None
+            served.append(_stored(cache, found.entry_id) if hit else None)
+        await cache.close()
+    return served
+
+
+def _stored(cache: SemanticCache, entry_id: str) -> str | None:
+    held = cache.tables.get(entry_id)
+    return held.question if held is not None else None
+
+
+def _q(text: str) -> CacheQuery:
+    return CacheQuery(SCOPE, "bench", "auto", text, None, 0.0)
+
+
+def _vector(vector: np.ndarray):
+    async def embed() -> np.ndarray:
+        return vector
+
+    return embed
+
+
+def figures(rows: list[dict], served: list[str | None], judged: list[str]) -> dict[str, Any]:
+    """Per kind of pair (the people's should-hit and must-not pairs): how many were served
+    each way; the must-not pairs served their own edit (certainly wrong) with the bound;
+    and the other hits, listed."""
+    people = [i for i, r in enumerate(rows) if r["source"] != "rules"]
+    out: dict[str, Any] = {}
+    for kind, categories in (("should_hit", SHOULD_HIT), ("must_not", MUST_NOT)):
+        picked = [judged[i] for i in people if rows[i]["category"] in categories]
+        out[kind] = {"pairs": len(picked)} | {
+            f"served_{way}": picked.count(way) for way in ("own", "joined", "other")
+        }
+    hit, wrong = out["should_hit"], out["must_not"]
+    hit["right_share"] = share(hit["served_own"] + hit["served_joined"], hit["pairs"])
+    wrong["own_share"] = share(wrong["served_own"], wrong["pairs"])
+    wrong["own_upper_95"] = round(upper_bound(wrong["served_own"], wrong["pairs"]), 4)
+    out["other_hits"] = [
+        {"split": rows[i]["split"], "category": rows[i]["category"], "asked": rows[i]["a"]}
+        | {"served": served[i], "own": rows[i]["b"]}
+        for i in people
+        if judged[i] == "other"
+    ]
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--limit", type=int, default=None, help="the first N pairs of each set")
+    args = parser.parse_args()
+    rows = [r for split, path in HELDOUT_FILES.items() for r in held_out(path, split, args.limit)]
+    every = all_pairs()
+    joined = groups_of([r for r in every if r["should_hit"]])
+    stored = list(dict.fromkeys([r["b"] for r in rows] + neighbours(every)))
+    texts = list(dict.fromkeys(stored + [r["a"] for r in rows]))
+    vectors = dict(zip(texts, Embedder().embed_many(texts), strict=True))
+    candidates = CacheSettings().candidates
+    runs = {
+        "nli_balanced": (NLI_RECOMMENDED, verdicts.MODEL_READS_PER_LOOKUP),
+        "nli_balanced_every_candidate_read": (NLI_RECOMMENDED, candidates),
+        "default": ({}, verdicts.MODEL_READS_PER_LOOKUP),
+    }
+    result: dict[str, Any] = {
+        "cpu_model": common.cpu_model(),
+        "stored_questions": len(stored),
+        "heldout_lookups": len(rows),
+    }
+    for name, (settings, reads) in runs.items():
+        with reads_per_lookup(reads):
+            served = asyncio.run(run(rows, stored, vectors, settings))
+        judged = [judge(r, s, joined) for r, s in zip(rows, served, strict=True)]
+        result[name] = {"settings": settings, "model_reads": reads}
+        result[name] |= figures(rows, served, judged)
+        shown = {k: v for k, v in result[name].items() if k != "other_hits"}
+        print(name, json.dumps(shown), f"{len(result[name]['other_hits'])} other hits")
+    nli = result["nli_balanced"]
+    result["goals"] = {
+        "must_not_own_share": common.goal(nli["must_not"]["own_share"], GOAL_WRONG, False),
+        "must_not_own_upper_95": common.goal(nli["must_not"]["own_upper_95"], GOAL_BOUND, False),
+    }
+    print("cpu", result["cpu_model"])
+    common.write_result("cache_populated", result)
+
+
+if __name__ == "__main__":
+    main()
