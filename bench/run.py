@@ -24,6 +24,7 @@ BENCHMARKS = [
     "structured",
     "memory",
     "cache_eval",
+    "cache_populated",
     "nli_graph",
     "cache_lookup",
     "cache_replay",

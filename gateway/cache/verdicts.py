@@ -20,12 +20,14 @@ from gateway.cache.verifier import ModelReads, Verdict
 
 logger = logging.getLogger("tiergate.cache")
 # On the gateway benchmark's reworded traffic (the people's train pairs' stored questions
-# in one scope, their rewordings and edits asked; balanced, floor 0.4, 3 candidates) the
-# nli model read 1.25 pairs a lookup, and the second and third candidates' reads served
-# few of the pairs' own questions (435 against 431 with one read) but more of other
-# entries to must-not questions (79 against 49): each pair read is one more chance of a
-# wrong hit, so one read a lookup also keeps a lookup's wrong hits near a pair's
-# calibrated rate. 0.86 reads a lookup instead of 1.25 (2026-12-06, Xeon, 2 cores).
+# in one scope, their rewordings and edits asked; nli, balanced, floor 0.4, 3 candidates)
+# the nli model read 1.25 pairs a lookup, 0.86 with one read. Of 1,597 lookups, 41 were
+# served only with a read per candidate, mostly by a second or third candidate at a low
+# cosine: read by hand, ~28 of them wrong ("What is iteration?" served "Can you explain
+# recursion?", "Write an email accepting the job offer" one asking for a pay rise) and ~13
+# right. Each pair read is one more chance of a wrong hit, so one read a lookup also keeps
+# a lookup's wrong hits near a pair's calibrated rate (bench/cache_populated.py measures it
+# on the held-out sets). 2026-12-06, Xeon, 2 cores.
 MODEL_READS_PER_LOOKUP = 1
 
 
