@@ -13,9 +13,9 @@ through pairs people marked should-hit in any pair file ("joined": right), or an
 question ("other": not judged here; each is listed in the JSON, asked and served, for a
 person to judge: many ask the same in other words, some do not).
 
-Settings in the same run: `nli` as docs/cache.md recommends it (balanced, floor 0.4) with one
-model read a lookup (gateway/cache/verdicts.py) and with a read for every candidate, and the
-default policy. Figures on all six held-out sets (people's pairs): each kind of pair served
+Settings in the same run: `nli` as docs/cache.md recommends it (balanced, floor 0.4), the same
+with `cache.model_reads: 1` (one candidate a lookup read by the NLI model), and the default
+policy. Figures on all six held-out sets (people's pairs): each kind of pair served
 own / joined / other; goals on the must-not pairs served their own edit (certainly wrong),
 with the upper 95% Clopper-Pearson bound. Writes cache_populated.json (TIERGATE_BENCH_RESULTS).
 """
@@ -24,8 +24,6 @@ import argparse
 import asyncio
 import json
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +31,6 @@ import numpy as np
 
 from bench import common
 from bench.cache_eval import MUST_NOT, NLI_RECOMMENDED, SHOULD_HIT, held_out, share
-from gateway.cache import verdicts
 from gateway.cache.semantic import CachedAnswer, CacheQuery, SemanticCache
 from gateway.cache.verifiers import load_verifier
 from gateway.embedding.embedder import Embedder
@@ -73,17 +70,6 @@ def judge(row: dict, served: str | None, joined: dict[str, str]) -> str:
     asked, got = normal_key(row["a"]), normal_key(served)
     same = asked == got or joined.get(asked, asked) == joined.get(got, got)
     return "joined" if same else "other"
-
-
-@contextmanager
-def reads_per_lookup(n: int) -> Iterator[None]:
-    """The lookups' model reads set to `n` for a run (the shipped value is restored)."""
-    shipped = verdicts.MODEL_READS_PER_LOOKUP
-    verdicts.MODEL_READS_PER_LOOKUP = n
-    try:
-        yield
-    finally:
-        verdicts.MODEL_READS_PER_LOOKUP = shipped
 
 
 async def run(
@@ -156,22 +142,20 @@ def main() -> None:
     stored = list(dict.fromkeys([r["b"] for r in rows] + neighbours(every)))
     texts = list(dict.fromkeys(stored + [r["a"] for r in rows]))
     vectors = dict(zip(texts, Embedder().embed_many(texts), strict=True))
-    candidates = CacheSettings().candidates
     runs = {
-        "nli_balanced": (NLI_RECOMMENDED, verdicts.MODEL_READS_PER_LOOKUP),
-        "nli_balanced_every_candidate_read": (NLI_RECOMMENDED, candidates),
-        "default": ({}, verdicts.MODEL_READS_PER_LOOKUP),
+        "nli_balanced": NLI_RECOMMENDED,
+        "nli_balanced_one_read": NLI_RECOMMENDED | {"model_reads": 1},
+        "default": {},
     }
     result: dict[str, Any] = {
         "cpu_model": common.cpu_model(),
         "stored_questions": len(stored),
         "heldout_lookups": len(rows),
     }
-    for name, (settings, reads) in runs.items():
-        with reads_per_lookup(reads):
-            served = asyncio.run(run(rows, stored, vectors, settings))
+    for name, settings in runs.items():
+        served = asyncio.run(run(rows, stored, vectors, settings))
         judged = [judge(r, s, joined) for r, s in zip(rows, served, strict=True)]
-        result[name] = {"settings": settings, "model_reads": reads}
+        result[name] = {"settings": settings}
         result[name] |= figures(rows, served, judged)
         shown = {k: v for k, v in result[name].items() if k != "other_hits"}
         print(name, json.dumps(shown), f"{len(result[name]['other_hits'])} other hits")

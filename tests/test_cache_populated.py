@@ -1,11 +1,8 @@
 """bench/cache_populated.py's judging: a hit on the pair's own stored question, on one
 people joined to the asked question through should-hit pairs, or on another; the must-not
-pairs' own hits are the certain wrong ones; the model-read limit is restored after a run."""
+pairs' own hits are the certain wrong ones."""
 
-import pytest
-
-from bench.cache_populated import figures, judge, reads_per_lookup
-from gateway.cache import verdicts
+from bench.cache_populated import figures, judge
 from training.cache.real_pairs import groups_of
 
 ASKED = "How do I undo the last commit in git?"
@@ -49,11 +46,3 @@ def test_figures_count_each_kind_and_list_the_other_hits() -> None:
     assert (out["must_not"]["served_own"], out["must_not"]["served_other"]) == (1, 1)
     assert out["must_not"]["own_share"] == 0.5
     assert [h["served"] for h in out["other_hits"]] == ["another question"]
-
-
-def test_the_read_limit_is_restored_after_a_run() -> None:
-    shipped = verdicts.MODEL_READS_PER_LOOKUP
-    with pytest.raises(RuntimeError), reads_per_lookup(shipped + 2):
-        assert shipped + 2 == verdicts.MODEL_READS_PER_LOOKUP
-        raise RuntimeError("a run failed")
-    assert shipped == verdicts.MODEL_READS_PER_LOOKUP

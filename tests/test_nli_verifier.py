@@ -312,14 +312,21 @@ def test_a_lookup_reads_one_pair_past_the_rules_and_the_gate(
     assert unlimited.accept  # no limit where none is given (calibration, the pair files)
 
 
-async def test_through_a_real_cache_one_candidate_is_read_a_lookup(
-    tmp_path: Path, embedder: Embedder
+@pytest.mark.parametrize(("model_reads", "passes"), [(1, 2), (None, 4)])
+async def test_through_a_real_cache_model_reads_limit_the_candidates_read(
+    tmp_path: Path, embedder: Embedder, model_reads: int | None, passes: int
 ) -> None:
-    """Two stored questions each ask another aspect: the lookup reads the closer one (both
-    directions) and refuses the other unread."""
+    """Two stored questions each ask another aspect: with `cache.model_reads: 1` the lookup
+    reads the closer one (both directions) and refuses the other unread; by default it
+    reads both."""
     verifier = NliVerifier.load()
+    verifier.other_direction = ThreadPoolExecutor(1)  # both directions of a read, at once
     settings = CacheSettings(
-        enabled=True, path=str(tmp_path / "c.sqlite3"), verifier_model="nli", verifier="balanced"
+        enabled=True,
+        path=str(tmp_path / "c.sqlite3"),
+        verifier_model="nli",
+        verifier="balanced",
+        model_reads=model_reads,
     )
     cache = await SemanticCache.open(settings, embedder, verifier)
 
@@ -336,4 +343,9 @@ async def test_through_a_real_cache_one_candidate_is_read_a_lookup(
     finally:
         await cache.close()
     assert found.outcome == "miss" and found.refused == 2
-    assert verifier.nli.passes - before == 2
+    assert verifier.nli.passes - before == passes
+
+
+def test_model_reads_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="greater than 0"):
+        CacheSettings(model_reads=0)

@@ -7,9 +7,9 @@ Fitted as `aligned` is (`python -m training cache nli`: the people's train pairs
 rule-made ones, thresholds picked out of fold), with the head fitted first and stacked out
 of fold (training/cache/nli_head.py); shipped as nli_model.json. Costs two passes of the
 NLI model per pair no veto or gate decides (~5 ms of one core each for short questions),
-fewer where the passes cannot matter, on top of `aligned`'s, for one such pair a lookup
-(ModelReads): opt-in, for deployments that trade lookup time for served rewordings
-(docs/cache.md).
+fewer where the passes cannot matter, on top of `aligned`'s; `cache.model_reads` caps the
+pairs a lookup reads (ModelReads): opt-in, for deployments that trade lookup time for
+served rewordings (docs/cache.md).
 """
 
 import os

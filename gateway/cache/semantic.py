@@ -183,7 +183,13 @@ class SemanticCache:
         ][: self.settings.candidates]
         refused, reason = 0, None
         found = verdicts(
-            self._verifier, self._verify_thread, query.text, candidates, strictness, threshold
+            self._verifier,
+            self._verify_thread,
+            query.text,
+            candidates,
+            strictness,
+            threshold,
+            self.settings.model_reads,
         )
         try:
             for hit, _ in candidates:

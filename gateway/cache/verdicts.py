@@ -6,8 +6,8 @@ verify thread, off the event loop, one candidate at a time, so that a lookup sto
 verifying at the candidate it serves. A verifier that fails refuses: a miss, never a wrong
 hit.
 
-A lookup's model reads are limited (MODEL_READS_PER_LOOKUP): candidates that the vetoes or
-the nli gate decide cost no read; past the limit, a candidate that needs one is refused.
+A policy may limit a lookup's model reads (`cache.model_reads`): candidates that the vetoes
+or the nli gate decide cost no read; past the limit, a candidate that needs one is refused.
 """
 
 import asyncio
@@ -19,16 +19,6 @@ from typing import Any
 from gateway.cache.verifier import ModelReads, Verdict
 
 logger = logging.getLogger("tiergate.cache")
-# On the gateway benchmark's reworded traffic (the people's train pairs' stored questions
-# in one scope, their rewordings and edits asked; nli, balanced, floor 0.4, 3 candidates)
-# the nli model read 1.25 pairs a lookup, 0.86 with one read. Of 1,597 lookups, 41 were
-# served only with a read per candidate, mostly by a second or third candidate at a low
-# cosine: read by hand, ~28 of them wrong ("What is iteration?" served "Can you explain
-# recursion?", "Write an email accepting the job offer" one asking for a pay rise) and ~13
-# right. Each pair read is one more chance of a wrong hit, so one read a lookup also keeps
-# a lookup's wrong hits near a pair's calibrated rate (bench/cache_populated.py measures it
-# on the held-out sets). 2026-12-06, Xeon, 2 cores.
-MODEL_READS_PER_LOOKUP = 1
 
 
 def _failed(exc: Exception) -> Verdict:
@@ -43,6 +33,7 @@ async def verdicts(
     candidates: list[tuple],
     strictness: str,
     threshold: float | None,
+    model_reads: int | None = None,
 ) -> AsyncIterator[Verdict | None]:
     """Each (hit, held) candidate's verdict, in order, computed as the caller asks for it;
     None where no verifier is asked. After a failure every later candidate is refused."""
@@ -63,7 +54,7 @@ async def verdicts(
         return
     loop = asyncio.get_running_loop()
     failure: Verdict | None = None
-    reads = ModelReads(MODEL_READS_PER_LOOKUP)
+    reads = ModelReads(model_reads) if model_reads is not None else None
     for hit, held in candidates:
         if failure is None:
             try:
