@@ -325,8 +325,9 @@ NOTES: dict[str, str] = {
     "0.8 floor.",
     "cache_populated": "The six held-out sets' new questions looked up in one scope that "
     "holds their stored questions and the train pairs' questions; baseline: nli (balanced, "
-    "floor 0.4) reading every candidate, against the same with cache.model_reads 1. Other "
-    "entries served are listed in the JSON, not judged: many ask the same in other words.",
+    "floor 0.4) reading every candidate, against the same with cache.model_reads 1. A hit "
+    "on another question is right when should-hit pairs join the two, wrong when a must-not "
+    "pair sets them apart (populated_judged.jsonl: the first run's other hits, judged).",
     "nli_graph": "Both directions of the people's train pairs as the nli verifier reads "
     "them; the three graphs alternate pass by pass on one core: only the ratio counts.",
     "embedder_compare": "Pairs written by people (train split only; the held-out split is "
