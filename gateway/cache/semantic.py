@@ -27,15 +27,15 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal
 
 import numpy as np
 
 from gateway.cache.entry import STORABLE_FINISH_REASONS, CachedAnswer, Entry
 from gateway.cache.store import CLOSE_WAIT_S, Store, StoreUnavailable, stop_task
 from gateway.cache.tables import EntryTables
-from gateway.cache.verdicts import verdicts
-from gateway.cache.verifier import ModelReads, Verdict
+from gateway.cache.verdicts import Verifier, verdicts
+from gateway.cache.verifier import Verdict
 from gateway.embedding.embedder import Embedder
 from gateway.policy import CacheSettings, RouteCacheSettings
 
@@ -75,18 +75,6 @@ class Lookup:
     similarity: float | None = None  # 1.0 for an exact hit; a miss: the best candidate's
     refused: int = 0  # candidates the verifier refused
     reason: str | None = None  # why a bypass / the first refusal
-
-
-class Verifier(Protocol):
-    def verify(
-        self,
-        query: str,
-        candidate: str,
-        cosine: float,
-        strictness: str,
-        threshold: float | None = None,
-        reads: ModelReads | None = None,
-    ) -> Verdict: ...
 
 
 class SemanticCache:

@@ -14,11 +14,25 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Protocol
 
 from gateway.cache.verifier import ModelReads, Verdict
 
 logger = logging.getLogger("tiergate.cache")
+
+
+class Verifier(Protocol):
+    """What a cache asks of its verifier, one pair at a time."""
+
+    def verify(
+        self,
+        query: str,
+        candidate: str,
+        cosine: float,
+        strictness: str,
+        threshold: float | None = None,
+        reads: ModelReads | None = None,
+    ) -> Verdict: ...
 
 
 def _failed(exc: Exception) -> Verdict:
