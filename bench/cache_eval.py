@@ -57,6 +57,7 @@ GOAL_SERVED, GOAL_WRONG, GOAL_BOUND, GOAL_P50_MS = 0.70, 0.01, 0.02, 15.0
 SHOULD_HIT = ("paraphrase", "near_repeat")
 MUST_NOT = ("negation", "number", "entity", "scope", "antonym", "unrelated")
 FLOORS = (0.4, 0.5, 0.6, 0.65, 0.7, 0.8)
+ANSWER = CachedAnswer("answer", "stop", 10, 5, "small", "m", None)  # what every entry holds
 BASELINE = {"verifier_model": "logistic", "min_similarity": 0.8, "verifier": "strict"}
 RUN_NAMES = {"logistic": "logistic", "aligned": "aligned", "nli": "nli", "pair": "pair_model"}
 # What docs/cache.md recommends with the nli verifier: balanced at the 0.4 floor. Out of
@@ -163,13 +164,12 @@ async def through_cache(rows: list[dict], embedder: Embedder, settings: dict) ->
         verifier = load_verifier(policy.verifier_model)
         cache = await SemanticCache.open(policy, embedder, verifier)
         route = policy.for_route(None)
-        stored = CachedAnswer("answer", "stop", 10, 5, "small", "m", None)
         served, wall, cpu = [], [], []
         for r in rows:
             scope = f"pair-{r['id']}"
-            await cache.store(_q(scope, r["b"]), _embed(embedder, r["b"]), stored, None)
+            await cache.store(bench_query(scope, r["b"]), _embed(embedder, r["b"]), ANSWER, None)
             start, start_cpu = time.perf_counter(), time.process_time()
-            found = await cache.lookup(_q(scope, r["a"]), _embed(embedder, r["a"]), route)
+            found = await cache.lookup(bench_query(scope, r["a"]), _embed(embedder, r["a"]), route)
             wall.append((time.perf_counter() - start) * 1000)
             cpu.append((time.process_time() - start_cpu) * 1000)
             served.append(found.outcome in ("exact", "semantic"))
@@ -184,7 +184,8 @@ async def through_cache(rows: list[dict], embedder: Embedder, settings: dict) ->
     }
 
 
-def _q(scope: str, text: str) -> CacheQuery:
+def bench_query(scope: str, text: str) -> CacheQuery:
+    """A lookup of `text` in `scope` (one tenant and route for every bench query)."""
     return CacheQuery(scope, "bench", "auto", text, None, 0.0)
 
 

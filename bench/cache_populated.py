@@ -33,8 +33,16 @@ from typing import Any
 import numpy as np
 
 from bench import common
-from bench.cache_eval import MUST_NOT, NLI_RECOMMENDED, SHOULD_HIT, held_out, share
-from gateway.cache.semantic import CachedAnswer, CacheQuery, SemanticCache
+from bench.cache_eval import (
+    ANSWER,
+    MUST_NOT,
+    NLI_RECOMMENDED,
+    SHOULD_HIT,
+    bench_query,
+    held_out,
+    share,
+)
+from gateway.cache.semantic import SemanticCache
 from gateway.cache.verifiers import load_verifier
 from gateway.embedding.embedder import Embedder
 from gateway.policy import CacheSettings
@@ -96,19 +104,22 @@ def judge(row: dict, served: str | None, labels: Labels) -> str:
 
 
 async def run(
-    rows: list[dict], stored: list[str], vectors: dict[str, np.ndarray], settings: dict
+    rows: list[dict],
+    stored: list[str],
+    vectors: dict[str, np.ndarray],
+    embedder: Embedder,
+    settings: dict,
 ) -> list[str | None]:
     """`stored` in one scope, then each row's new question looked up: the question of the
     entry it served (None: a miss)."""
     with tempfile.TemporaryDirectory() as tmp:
         policy = CacheSettings(enabled=True, path=str(Path(tmp) / "c.sqlite3"), **settings)
-        cache = await SemanticCache.open(policy, Embedder(), load_verifier(policy.verifier_model))
-        answer = CachedAnswer("answer", "stop", 10, 5, "small", "m", None)
+        cache = await SemanticCache.open(policy, embedder, load_verifier(policy.verifier_model))
         for text in stored:
-            await cache.store(_q(text), _vector(vectors[text]), answer, None)
+            await cache.store(bench_query(SCOPE, text), _vector(vectors[text]), ANSWER, None)
         route, served = policy.for_route(None), []
         for r in rows:
-            found = await cache.lookup(_q(r["a"]), _vector(vectors[r["a"]]), route)
+            found = await cache.lookup(bench_query(SCOPE, r["a"]), _vector(vectors[r["a"]]), route)
             hit = found.outcome in ("exact", "semantic") and found.entry_id is not None
             served.append(_stored(cache, found.entry_id) if hit else None)
         await cache.close()
@@ -118,10 +129,6 @@ async def run(
 def _stored(cache: SemanticCache, entry_id: str) -> str | None:
     held = cache.tables.get(entry_id)
     return held.question if held is not None else None
-
-
-def _q(text: str) -> CacheQuery:
-    return CacheQuery(SCOPE, "bench", "auto", text, None, 0.0)
 
 
 def _vector(vector: np.ndarray):
@@ -173,7 +180,8 @@ def main() -> None:
     labels = Labels.of(every)
     stored = list(dict.fromkeys([r["b"] for r in rows] + neighbours(every)))
     texts = list(dict.fromkeys(stored + [r["a"] for r in rows]))
-    vectors = dict(zip(texts, Embedder().embed_many(texts), strict=True))
+    embedder = Embedder()
+    vectors = dict(zip(texts, embedder.embed_many(texts), strict=True))
     runs = {
         "nli_balanced": NLI_RECOMMENDED,
         "nli_balanced_one_read": NLI_RECOMMENDED | {"model_reads": 1},
@@ -185,7 +193,7 @@ def main() -> None:
         "heldout_lookups": len(rows),
     }
     for name, settings in runs.items():
-        served = asyncio.run(run(rows, stored, vectors, settings))
+        served = asyncio.run(run(rows, stored, vectors, embedder, settings))
         judged = [judge(r, s, labels) for r, s in zip(rows, served, strict=True)]
         result[name] = {"settings": settings}
         result[name] |= figures(rows, served, judged)
