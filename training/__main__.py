@@ -14,6 +14,7 @@
     python -m training cache pair-model
     python -m training cache sharegpt-candidates [--limit N]
     python -m training cache real-pairs
+    python -m training cache neighbours --out FILE
     python -m training cache later-set --set train2|train3|heldout2|heldout3|heldout4|heldout5
     python -m training cache calibrate [--pairs FILE --target-wrong 0.01 --write ...]
 
@@ -53,6 +54,10 @@ STEPS: dict[str, dict[str, tuple[str, str]]] = {
         "aligned": (
             "training.cache.train_aligned",
             "fit the aligned verifier (lexical + word-piece alignment features)",
+        ),
+        "neighbours": (
+            "training.cache.neighbours",
+            "the train questions' crowded-scope neighbours, to judge",
         ),
         "nli": (
             "training.cache.train_nli",
