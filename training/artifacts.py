@@ -47,6 +47,11 @@ REAL_PAIRS_TRAIN3 = REAL_PAIRS_DIR / "pairs_train3.jsonl"
 REAL_PAIRS_HELDOUT5 = REAL_PAIRS_DIR / "pairs_heldout5.jsonl"
 REAL_PAIRS_TRAIN4 = REAL_PAIRS_DIR / "pairs_train4.jsonl"
 REAL_PAIRS_HELDOUT6 = REAL_PAIRS_DIR / "pairs_heldout6.jsonl"
+# Judged lookups of a crowded train scope (train side, may be fitted on; judged_rows.py).
+TRAIN_JUDGED = (
+    REAL_PAIRS_DIR / "populated_judged_train.jsonl",
+    REAL_PAIRS_DIR / "neighbours_judged_train.jsonl",
+)
 
 
 def cpu_model() -> str:

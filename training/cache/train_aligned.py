@@ -43,8 +43,10 @@ from training.artifacts import (
     REAL_PAIRS_TRAIN2,
     REAL_PAIRS_TRAIN3,
     REAL_PAIRS_TRAIN4,
+    TRAIN_JUDGED,
     write_artifact,
 )
+from training.cache.judged_rows import JUDGED_WEIGHT, is_people, judged_report, with_folds
 from training.cache.nli_gate import gate_artifact, gate_rows, pick_gate
 from training.cache.nli_head import (
     fit_head,
@@ -106,7 +108,7 @@ def pick_thresholds(rows: list[dict], probs: list[float], floor: float, negative
         (
             p
             for r, p in zip(rows, probs, strict=True)
-            if not r["should_hit"] and r["source"] != "rules" and r["cos"] >= floor
+            if not r["should_hit"] and is_people(r) and r["cos"] >= floor
         ),
         reverse=True,
     )
@@ -121,7 +123,7 @@ def pick_thresholds(rows: list[dict], probs: list[float], floor: float, negative
 def served_report(rows: list[dict], scored: dict[str, float], thresholds: dict) -> dict:
     """The people's pairs served per strictness and floor (`scored`: every pair's
     probability by id, the rules' 0 or 1 included)."""
-    people = [r for r in rows if r["source"] != "rules"]
+    people = [r for r in rows if is_people(r)]
     pos = sum(r["should_hit"] for r in people)
     neg = len(people) - pos
     report = {}
@@ -140,8 +142,8 @@ def served_report(rows: list[dict], scored: dict[str, float], thresholds: dict) 
 def served_at_wrong(rows: list[dict], scored: dict[str, float], floor: float) -> dict:
     """The most should-hit people's pairs any threshold serves with k must-not served:
     a comparison of two models that no threshold choice tilts."""
-    people = [r for r in rows if r["source"] != "rules" and r["cos"] >= floor]
-    pos = sum(r["should_hit"] for r in rows if r["source"] != "rules")
+    people = [r for r in rows if is_people(r) and r["cos"] >= floor]
+    pos = sum(r["should_hit"] for r in rows if is_people(r))
     wrong = sorted((scored[r["id"]] for r in people if not r["should_hit"]), reverse=True)
     out = {}
     for k in (0, 1, 2, 3):
@@ -190,10 +192,15 @@ def main(argv: list[str] | None = None, kind: str = "aligned") -> int:
         nargs="*",
         default=[REAL_PAIRS_TRAIN2, REAL_PAIRS_TRAIN3, REAL_PAIRS_TRAIN4],
     )
+    parser.add_argument("--judged", type=Path, nargs="*", default=list(TRAIN_JUDGED))
+    parser.add_argument("--judged-weight", type=float, default=JUDGED_WEIGHT)
     parser.add_argument("--out", type=Path, default=ARTIFACTS[kind])
     parser.add_argument("--l2", type=float, default=L2[kind])
     args = parser.parse_args(argv)
     train = train_rows(load_rows(args.pairs) + [r for p in args.more_pairs for r in load_rows(p)])
+    judged_rows = [r for p in args.judged for r in load_rows(p)]
+    judged = with_folds(judged_rows, train, FOLDS, args.judged_weight)
+    train += judged
     for r, c in zip(train, cosines(train), strict=True):
         r["cos"] = c
     rules = PairVerifier.load()
@@ -204,7 +211,7 @@ def main(argv: list[str] | None = None, kind: str = "aligned") -> int:
         read_states(verifier, asked)
     probs = out_of_fold(asked, args.l2, stacked)
     floor = CacheSettings().min_similarity
-    negatives = sum(1 for r in train if not r["should_hit"] and r["source"] != "rules")
+    negatives = sum(1 for r in train if not r["should_hit"] and is_people(r))
     thresholds = pick_thresholds(asked, probs, floor, negatives)
     scored = decided | {r["id"]: p for r, p in zip(asked, probs, strict=True)}
     shipped = {r["id"]: rules.probability(r["a"], r["b"], r["cos"])[0] for r in train}
@@ -220,6 +227,8 @@ def main(argv: list[str] | None = None, kind: str = "aligned") -> int:
         "folds": FOLDS,
         "l2": args.l2,
         "people_weight": PEOPLE_WEIGHT,
+        "judged_rows": len(judged),
+        "judged_weight": args.judged_weight,
     }
     figures = {
         "served_at_wrong_out_of_fold": {
@@ -230,6 +239,7 @@ def main(argv: list[str] | None = None, kind: str = "aligned") -> int:
         "target_wrong_out_of_fold": TARGET_WRONG,
         "threshold_floor": floor,
         "out_of_fold": served_report(train, scored, thresholds),
+        "judged_out_of_fold": judged_report(train, scored, thresholds),
         "trained_on": trained_on,
     }
     artifact = {
@@ -244,8 +254,9 @@ def main(argv: list[str] | None = None, kind: str = "aligned") -> int:
         artifact["head"] = verifier.head.__dict__
         artifact["seen"] = ranges_seen(asked, verifier.head)
     text = json.dumps(artifact, separators=(",", ":")) + "\n"
-    sidecar = write_artifact(args.out, text, [args.pairs, *args.more_pairs], figures)
-    shown = ("served_at_wrong_out_of_fold", "thresholds", "gate_out_of_fold")
+    inputs = [args.pairs, *args.more_pairs, *args.judged]
+    sidecar = write_artifact(args.out, text, inputs, figures)
+    shown = ("served_at_wrong_out_of_fold", "thresholds", "judged_out_of_fold", "gate_out_of_fold")
     print(json.dumps({k: figures[k] for k in shown if k in figures}, indent=1))
     print(f"-> {args.out}, provenance -> {sidecar}")
     return 0
