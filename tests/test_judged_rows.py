@@ -1,4 +1,4 @@
-"""Judged crowded-scope lookups as training rows: each takes its asked question's fold,
+"""Judged crowded-scope lookups as training rows: a pair and its reverse share a fold,
 never moves the thresholds picked on the people's pairs, and is reported on its own."""
 
 import pytest
@@ -17,16 +17,18 @@ TRAIN = [
 ]
 
 
-def test_a_judged_row_takes_its_asked_questions_fold() -> None:
+def test_a_judged_row_and_its_reverse_share_a_fold() -> None:
     judged = [
         pair("j1", "sorting a list how", "What is DNS?", False, "judged"),
-        pair("j2", "What is DNS?", "How do I sort a list?", False, "judged"),
-        pair("j3", "and in Python?", "What is DNS?", False, "judged"),
+        pair("j2", "What is DNS?", "sorting a list how", False, "judged"),
+        pair("j3", "What is DNS?", "zebra facts", False, "judged"),
+        pair("j4", "and in Python?", "zebra facts", False, "judged"),
     ]
     out = with_folds(judged, TRAIN, folds=5, weight=2.0)
-    assert [r["fold"] for r in out[:2]] == [2, 4]  # the fold of the a-side's group
-    assert 0 <= out[2]["fold"] < 5  # a question no pair has: a fold by its own hash
-    assert out[2]["fold"] == with_folds(judged[2:], TRAIN, 5, 1.0)[0]["fold"]
+    # the fold of the group of the question whose key sorts first ("sorting" < "what")
+    assert [r["fold"] for r in out[:3]] == [2, 2, 4]
+    assert 0 <= out[3]["fold"] < 5  # questions no pair has: a fold by the first one's hash
+    assert out[3]["fold"] == with_folds(judged[3:], TRAIN, 5, 1.0)[0]["fold"]
     assert {r["weight"] for r in out} == {2.0}
 
 

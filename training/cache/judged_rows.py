@@ -25,15 +25,17 @@ def is_people(row: dict) -> bool:
 
 
 def with_folds(judged: list[dict], train: list[dict], folds: int, weight: float) -> list[dict]:
-    """The judged rows, each in its asked question's fold: the fold of that question's train
-    group, or for a question the fitted pairs leave out (a follow-up, an exact repeat) one
-    by its own hash. A fold's held-back lookups are then asked by questions that none of
-    the models scoring them saw asked."""
+    """The judged rows, each in a fold of one of its questions, the same for a pair and its
+    reverse (the model reads both directions, so a reversed pair in another fold would be
+    scored by a model fitted on it): the train group's fold of the question whose key sorts
+    first, or for a question the fitted pairs leave out (a follow-up, an exact repeat) a
+    fold by its own hash."""
     group = groups_of(train)
     fold_of = {group[normal_key(r["a"])]: r["fold"] for r in train}
     out = []
     for r in judged:
-        key = group.get(normal_key(r["a"]), normal_key(r["a"]))
+        first = min(normal_key(r["a"]), normal_key(r["b"]))
+        key = group.get(first, first)
         fold = fold_of.get(key, int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) % folds)
         out.append(r | {"fold": fold, "weight": weight})
     return out
