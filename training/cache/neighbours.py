@@ -1,6 +1,7 @@
 """The train questions' crowded-scope neighbours, for judging: labelled data on lookups.
 
     python -m training cache neighbours --out FILE [--candidates 3 --floor 0.4 --above 0.02]
+                                        [--ask a|b]
 
 A deployment's scope holds many questions, and a lookup's verifier meets the new question's
 nearest stored ones, most of them joined to it by no pair (bench/cache_populated.py). Here
@@ -71,7 +72,7 @@ def candidates(args: argparse.Namespace) -> list[dict]:
     pairs = [r for r in rows if r["split"].startswith("train") and r["source"] != "rules"]
     train = [r for r in rows if r["split"].startswith("train")]
     stored = list(dict.fromkeys(q for r in train for q in (r["a"], r["b"])))
-    asked = list(dict.fromkeys(r["a"] for r in pairs))
+    asked = list(dict.fromkeys(r[args.ask] for r in pairs))
     texts = list(dict.fromkeys(stored + asked))
     vectors = dict(zip(texts, Embedder().embed_many(texts), strict=True))
     verifier, free = NliVerifier.load(), unlabelled(rows)
@@ -109,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--candidates", type=int, default=3)
     parser.add_argument("--floor", type=float, default=0.4)
     parser.add_argument("--above", type=float, default=0.02)
+    # b: the pairs' stored questions asked in turn, for more judged lookups than a's alone
+    parser.add_argument("--ask", choices=("a", "b"), default="a")
     args = parser.parse_args(argv)
     found = candidates(args)
     args.out.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in found))
