@@ -11,7 +11,7 @@ up once (nothing is stored on a miss). A hit serves the pair's own stored questi
 right for a should-hit pair, wrong for a must-not one), a question joined to the asked one
 through should-hit pairs ("joined": right), one that a must-not pair sets apart from it
 ("different": wrong), or another ("other": not judged; listed in the JSON, asked and served,
-for a person to judge). Pairs of every file in training/data/cache_pairs_real/ count, with
+for a person to judge); the wrong hits are listed the same way. Pairs of every file in training/data/cache_pairs_real/ count, with
 populated_judged.jsonl: earlier runs' other hits, judged (never read by training).
 
 Settings in the same run: `nli` as docs/cache.md recommends it (balanced, floor 0.4), the same
@@ -162,13 +162,23 @@ def figures(rows: list[dict], served: list[str | None], judged: list[str]) -> di
         "unjudged": unjudged,
         "share_if_unjudged_wrong": share(wrong + unjudged, lookups),
     }
-    out["other_hits"] = [
+    out["other_hits"] = listed(rows, served, [i for i in people if judged[i] == "other"])
+    wrong_at = [i for i in people if judged[i] == "different" or _wrong_own(rows[i], judged[i])]
+    out["wrong_hits"] = listed(rows, served, wrong_at)
+    return out
+
+
+def _wrong_own(row: dict, way: str) -> bool:
+    return way == "own" and row["category"] in MUST_NOT
+
+
+def listed(rows: list[dict], served: list[str | None], at: list[int]) -> list[dict]:
+    """The hits at `at`: the asked pair's set and kind, what was asked, served and its own."""
+    return [
         {"split": rows[i]["split"], "category": rows[i]["category"], "asked": rows[i]["a"]}
         | {"served": served[i], "own": rows[i]["b"]}
-        for i in people
-        if judged[i] == "other"
+        for i in at
     ]
-    return out
 
 
 def main() -> None:
@@ -197,7 +207,7 @@ def main() -> None:
         judged = [judge(r, s, labels) for r, s in zip(rows, served, strict=True)]
         result[name] = {"settings": settings}
         result[name] |= figures(rows, served, judged)
-        shown = {k: v for k, v in result[name].items() if k != "other_hits"}
+        shown = {k: v for k, v in result[name].items() if not k.endswith("_hits")}
         print(name, json.dumps(shown), f"{len(result[name]['other_hits'])} other hits")
     wrong = result["nli_balanced"]["wrong"]
     result["goals"] = {

@@ -33,7 +33,7 @@ def test_hits_are_judged_own_joined_different_or_other() -> None:
     assert judge(must_not, "How do I delete a git branch?", LABELS) == "other"
 
 
-def test_figures_count_the_wrong_hits_known_and_list_the_others() -> None:
+def test_figures_count_the_wrong_hits_known_and_list_them_and_the_others() -> None:
     rows = [
         row(SAME, True, "paraphrase"),
         row("something", True, "paraphrase"),  # served a question set apart: wrong
@@ -50,3 +50,4 @@ def test_figures_count_the_wrong_hits_known_and_list_the_others() -> None:
     assert (wrong["lookups"], wrong["known"], wrong["unjudged"]) == (4, 2, 1)
     assert wrong["share_if_unjudged_wrong"] == 0.75
     assert [h["served"] for h in out["other_hits"]] == ["another question"]
+    assert [h["served"] for h in out["wrong_hits"]] == [APART, "x"]  # listed for reading
