@@ -11,8 +11,9 @@ up once (nothing is stored on a miss). A hit serves the pair's own stored questi
 right for a should-hit pair, wrong for a must-not one), a question joined to the asked one
 through should-hit pairs ("joined": right), one that a must-not pair sets apart from it
 ("different": wrong), or another ("other": not judged; listed in the JSON, asked and served,
-for a person to judge); the wrong hits are listed the same way. Pairs of every file in training/data/cache_pairs_real/ count, with
-populated_judged.jsonl: earlier runs' other hits, judged (never read by training).
+for a person to judge); the wrong hits are listed the same way. Pairs of every file in
+training/data/cache_pairs_real/ count, with populated_judged.jsonl: earlier runs' other
+hits, judged (never read by training).
 
 Settings in the same run: `nli` as docs/cache.md recommends it (balanced, floor 0.4), the same
 with `cache.model_reads: 1` (one candidate a lookup read by the NLI model), and the default
@@ -163,7 +164,8 @@ def figures(rows: list[dict], served: list[str | None], judged: list[str]) -> di
         "share_if_unjudged_wrong": share(wrong + unjudged, lookups),
     }
     out["other_hits"] = listed(rows, served, [i for i in people if judged[i] == "other"])
-    wrong_at = [i for i in people if judged[i] == "different" or _wrong_own(rows[i], judged[i])]
+    counted = [i for i in people if rows[i]["category"] in SHOULD_HIT + MUST_NOT]
+    wrong_at = [i for i in counted if judged[i] == "different" or _wrong_own(rows[i], judged[i])]
     out["wrong_hits"] = listed(rows, served, wrong_at)
     return out
 
