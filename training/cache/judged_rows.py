@@ -10,9 +10,7 @@ row is one lookup's candidate, not a pair someone wrote), and the judged rows' o
 out-of-fold figures are reported beside them.
 """
 
-import hashlib
-
-from training.cache.real_pairs import groups_of
+from training.cache.real_pairs import groups_of, key_hash
 from training.cache.sharegpt_repeats import normal_key
 
 # a judged row weighs as a people's pair: it is a person-style judgement of real wording
@@ -36,7 +34,7 @@ def with_folds(judged: list[dict], train: list[dict], folds: int, weight: float)
     for r in judged:
         first = min(normal_key(r["a"]), normal_key(r["b"]))
         key = group.get(first, first)
-        fold = fold_of.get(key, int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) % folds)
+        fold = fold_of.get(key, key_hash(key) % folds)
         out.append(r | {"fold": fold, "weight": weight})
     return out
 

@@ -57,7 +57,12 @@ def group_hashes(rows: list[dict], salt: str = "") -> list[int]:
     """Each row's question-group hash (32 bits, `salt` before the group's key): the rows of
     a group share it, so a cut by it puts no question on both sides."""
     group = groups_of(rows)
-    return [int(_hash(salt + group[normal_key(r["a"])])[:8], 16) for r in rows]
+    return [key_hash(group[normal_key(r["a"])], salt) for r in rows]
+
+
+def key_hash(key: str, salt: str = "") -> int:
+    """A question key's 32-bit hash, `salt` before it: what group_hashes gives its group."""
+    return int(_hash(salt + key)[:8], 16)
 
 
 def assign_splits(rows: list[dict]) -> list[dict]:

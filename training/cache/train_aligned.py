@@ -217,11 +217,12 @@ def main(argv: list[str] | None = None, kind: str = "aligned") -> int:
     if stacked:
         read_states(verifier, asked)
     probs = out_of_fold(asked, args.l2, stacked)
-    floor = CacheSettings().min_similarity
+    settings = CacheSettings()
+    floor = settings.min_similarity
     negatives = sum(1 for r in train if not r["should_hit"] and is_people(r))
     per_pair = pick_thresholds(asked, probs, floor, negatives)
     scored = decided | {r["id"]: p for r, p in zip(asked, probs, strict=True)}
-    lookups = lookups_of(train, CacheSettings().candidates)
+    lookups = lookups_of(train, settings.candidates)
     thresholds = {
         name: max(t, lookup_threshold(lookups, scored, TARGET_WRONG[name]))
         for name, t in per_pair.items()
