@@ -199,8 +199,16 @@ def main(argv: list[str] | None = None, kind: str = "aligned") -> int:
         nargs="*",
         default=[REAL_PAIRS_TRAIN2, REAL_PAIRS_TRAIN3, REAL_PAIRS_TRAIN4],
     )
-    parser.add_argument("--judged", type=Path, nargs="*", default=list(TRAIN_JUDGED))
-    parser.add_argument("--judged-weight", type=float, default=JUDGED_WEIGHT)
+    parser.add_argument(
+        "--judged",
+        type=Path,
+        nargs="*",
+        default=list(TRAIN_JUDGED),
+        help="judged crowded-scope lookups to fit on (train side); none: pairs alone",
+    )
+    parser.add_argument(
+        "--judged-weight", type=float, default=JUDGED_WEIGHT, help="a judged row's weight"
+    )
     parser.add_argument("--out", type=Path, default=ARTIFACTS[kind])
     parser.add_argument("--l2", type=float, default=L2[kind])
     args = parser.parse_args(argv)
