@@ -11,6 +11,7 @@ import yaml
 
 from training.artifacts import REAL_PAIRS, write_report
 from training.cache.calibrate import calibrate, read_pairs
+from training.cache.calibrate_lookups import calibrate_lookups, print_lookup_report
 from training.cache.pair_scores import strictness_threshold
 
 REPORT_NAME = "cache_calibration"
@@ -34,6 +35,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", type=Path, help="its embedder, and its current point to compare")
     p.add_argument("--write", action="store_true", help="write the values into --policy")
     p.add_argument("--with-rule-edits", action="store_true", help="score source `rules` too")
+    p.add_argument(
+        "--per-lookup",
+        action="store_true",
+        help="rows sharing `a` are one lookup's stored questions: bound lookups served wrong",
+    )
     return p
 
 
@@ -50,15 +56,21 @@ def main(argv: list[str] | None = None) -> int:
         policy = _load(args.policy) if args.policy else None
         embed, current = _embedder(policy), _current(policy)
         model = policy.cache.verifier_model if policy is not None else "logistic"
-        report = calibrate(
-            rows, embed, args.target_wrong, args.confidence, args.split, current,
-            args.with_rule_edits, model,
-        )  # fmt: skip
+        if args.per_lookup:
+            report = calibrate_lookups(
+                rows, embed, _candidates(policy), args.target_wrong, args.confidence, args.split,
+                current, model, args.with_rule_edits,
+            )  # fmt: skip
+        else:
+            report = calibrate(
+                rows, embed, args.target_wrong, args.confidence, args.split, current,
+                args.with_rule_edits, model,
+            )  # fmt: skip
     except (ValueError, OSError) as exc:
         print(f"calibrate-cache: {exc}", file=sys.stderr)
         return 1
     report["pairs_files"] = [str(path) for path in files]
-    print_report(report)
+    (print_lookup_report if args.per_lookup else print_report)(report)
     print(f"report: {write_report(REPORT_NAME, report, files)}")
     chosen = report["chosen"]
     if chosen is None:
@@ -84,6 +96,12 @@ def _load(path: Path):
         return load_policy(path)
     except PolicyError as exc:
         raise ValueError(f"{path}: {exc.issues[0]} (tiergate check-policy lists all)") from None
+
+
+def _candidates(policy) -> int:
+    from gateway.policy import CacheSettings
+
+    return (policy.cache if policy is not None else CacheSettings()).candidates
 
 
 def _embedder(policy):

@@ -1,0 +1,156 @@
+"""Calibration per lookup: the floor and threshold for a bound on lookups served wrong, when
+one scope holds many questions (`tiergate calibrate-cache --per-lookup`).
+
+Pair by pair (calibrate.py) each pair is a scope of its own. In a crowded scope a lookup
+meets several stored questions and serves the first the verifier accepts, so a threshold
+that lets 1% of must-not pairs through lets more lookups through wrong (docs/cache.md,
+"Per lookup too"). Here the rows that share an asked question `a` are one lookup and their
+`b`s what that scope holds: the exact table first (the same text up to spacing), then the
+`candidates` nearest at the floor or above, nearest first, as gateway/cache/semantic.py
+reads them; the first whose probability reaches the threshold is served, right when its row
+says should-hit. The bound is on wrong lookups over all lookups (the rate a deployment sees
+on /admin/stats), and the chosen point serves the most lookups right within it.
+"""
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from training.bounds import pairs_needed, upper_bound
+from training.cache.calibrate import (
+    FLOORS,
+    THRESHOLDS,
+    Embed,
+    Scored,
+    score,
+    scored_rows,
+    with_category,
+)
+
+
+@dataclass(frozen=True)
+class LookupOutcome:
+    lookups: int
+    right: int
+    wrong: int
+    could_hit: int  # lookups with a should-hit row among their stored questions
+
+    def figures(self, confidence: float) -> dict[str, Any]:
+        return {
+            "lookups": self.lookups,
+            "could_hit": self.could_hit,
+            "served_right": self.right,
+            "served_rate": round(self.right / self.could_hit, 4) if self.could_hit else 0.0,
+            "served_wrong": self.wrong,
+            "wrong_rate": round(self.wrong / self.lookups, 4) if self.lookups else 0.0,
+            "wrong_rate_upper": round(upper_bound(self.wrong, self.lookups, confidence), 4),
+        }
+
+
+def lookups(scored: Scored) -> list[list[int]]:
+    """Row indices grouped by asked question, nearest stored question first."""
+    groups: dict[str, list[int]] = defaultdict(list)
+    for i, r in enumerate(scored.rows):
+        groups[r["a"]].append(i)
+    return [sorted(ix, key=lambda i: -scored.cosine[i]) for _, ix in sorted(groups.items())]
+
+
+def served_row(
+    scored: Scored, found: list[int], floor: float, threshold: float, candidates: int
+) -> int | None:
+    """The row a lookup serves, or None: the exact table, then the verifier's first accept."""
+    exact = next((i for i in found if scored.exact[i]), None)
+    if exact is not None:
+        return exact
+    near = [i for i in found if scored.cosine[i] >= floor][:candidates]
+    return next((i for i in near if scored.probability[i] >= threshold), None)
+
+
+def outcome(
+    scored: Scored, groups: list[list[int]], floor: float, threshold: float, candidates: int
+) -> LookupOutcome:
+    right = wrong = 0
+    for found in groups:
+        i = served_row(scored, found, floor, threshold, candidates)
+        if i is not None:
+            right += scored.rows[i]["should_hit"]
+            wrong += not scored.rows[i]["should_hit"]
+    could_hit = sum(any(scored.rows[i]["should_hit"] for i in found) for found in groups)
+    return LookupOutcome(len(groups), right, wrong, could_hit)
+
+
+def choose(
+    scored: Scored, groups: list[list[int]], target: float, confidence: float, candidates: int
+) -> dict[str, Any] | None:
+    """The grid point serving the most lookups right within the bound; None when none is."""
+    best: tuple | None = None
+    for floor in FLOORS:
+        for threshold in THRESHOLDS:
+            seen = outcome(scored, groups, floor, threshold, candidates)
+            if upper_bound(seen.wrong, seen.lookups, confidence) > target:
+                continue
+            key = (seen.right, -seen.wrong, threshold, floor)  # then the stricter point
+            best = max(best, key) if best else key
+    if best is None:
+        return None
+    return {"min_similarity": best[3], "verifier_threshold": best[2]}
+
+
+def calibrate_lookups(
+    rows: list[dict],
+    embed: Embed,
+    candidates: int,
+    target: float = 0.01,
+    confidence: float = 0.95,
+    split: str = "train",
+    current: tuple[float, float] | None = None,
+    model: str = "logistic",
+    with_rule_edits: bool = False,
+) -> dict[str, Any]:
+    """The report, as calibrate() gives it, with lookups in place of pairs."""
+    tuned = scored_rows([with_category(r) for r in rows], split, with_rule_edits)
+    if not any(r["should_hit"] for r in tuned):
+        raise ValueError(f"split {split!r} has no should-hit rows to serve")
+    scored = score(tuned, embed, model)
+    groups = lookups(scored)
+    chosen = choose(scored, groups, target, confidence, candidates)
+    report: dict[str, Any] = {
+        "per_lookup": True,
+        "split": split,
+        "verifier_model": model,
+        "candidates": candidates,
+        "target_wrong": target,
+        "confidence": confidence,
+        "lookups_needed": pairs_needed(target, confidence),
+        "chosen": chosen,
+    }
+    for name, point in (("chosen", chosen), ("current", current and _point(*current))):
+        if point is not None:
+            floor, threshold = point["min_similarity"], point["verifier_threshold"]
+            seen = outcome(scored, groups, floor, threshold, candidates)
+            report[name] = point | seen.figures(confidence)
+    return report
+
+
+def _point(floor: float, threshold: float) -> dict[str, float]:
+    return {"min_similarity": floor, "verifier_threshold": threshold}
+
+
+def print_lookup_report(report: dict[str, Any]) -> None:
+    print(f"pairs: {', '.join(report['pairs_files'])} (split {report['split']}), per lookup")
+    print(f"verifier_model: {report['verifier_model']}; candidates {report['candidates']}")
+    target, conf = report["target_wrong"], report["confidence"]
+    if report["chosen"] is None:
+        print(
+            f"no (floor, threshold) keeps the {conf:.0%} upper bound of lookups served wrong "
+            f"at or below {target:.2%}: that takes at least {report['lookups_needed']} lookups"
+        )
+    for name, title in (("chosen", "chosen"), ("current", "the policy now")):
+        if point := report.get(name):
+            print(
+                f"{title}: min_similarity {point['min_similarity']}, verifier threshold "
+                f"{point['verifier_threshold']}\n  served right {point['served_rate']:.1%} "
+                f"({point['served_right']}/{point['could_hit']} lookups that could hit); wrong "
+                f"{point['wrong_rate']:.2%} ({point['served_wrong']}/{point['lookups']}), upper "
+                f"{conf:.0%} bound {point['wrong_rate_upper']:.2%}"
+            )
