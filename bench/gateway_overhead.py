@@ -9,8 +9,8 @@ and semantic lookup, store (and the verifier whenever a neighbour is close enoug
 `--torch-embedder` adds the same cached gateway with its embedder on torch instead of
 ONNX Runtime (the reference the embedder's speed-up is read against).
 `--verifier-model logistic nli` adds, per model, a cached gateway with that
-`cache.verifier_model` (nli as docs/cache.md recommends it: balanced at the 0.4 floor) fed
-questions people reworded: each train pair's stored question is
+`cache.verifier_model` (nli as docs/cache.md recommends it: balanced at the 0.4 floor, one
+model read a lookup) fed questions people reworded: each train pair's stored question is
 sent first (not measured), then the measured requests ask the rewordings and the must-not
 edits of the pairs (training/data/cache_pairs_real, train split, people's and rule-made), so
 most requests have a close neighbour for the verifier to read; some are hits (no backend
@@ -217,8 +217,8 @@ def start_reworded(
     asked: list[str],
 ) -> Target:
     """A cached gateway with `cache.verifier_model: model` (nli as docs/cache.md
-    recommends it: balanced, floor 0.4), asked `asked` in turn (the questions they reword
-    are stored by `run` once the gateway is up)."""
+    recommends it: balanced, floor 0.4, one model read), asked `asked` in turn (the
+    questions they reword are stored by `run` once the gateway is up)."""
     settings = NLI_RECOMMENDED if model == "nli" else {"verifier_model": model}
     extra = "".join(f", {key}: {value}" for key, value in settings.items())
     target = start_cached(stack, work, stub_port, env, f"tiergate-cache-{model}", extra)

@@ -173,14 +173,17 @@ def nli_graph_rows(result: dict[str, Any]) -> list[Row]:
 
 
 def cache_populated_rows(result: dict[str, Any]) -> list[Row]:
-    """Held-out lookups in one populated scope: nli (every candidate read), nli with
-    `model_reads: 1` against it (same run), and the default policy."""
+    """Held-out lookups in one populated scope: nli as recommended, its variant against it
+    (same run: every candidate read since 2026-12-07, one read before), and the default."""
     rows: list[Row] = []
     for name, base_name in (
         ("nli_balanced", None),
         ("nli_balanced_one_read", "nli_balanced"),
+        ("nli_balanced_every_read", "nli_balanced"),
         ("default", None),
     ):
+        if name not in result:
+            continue
         run, base = result[name], result[base_name] if base_name else None
         for label, figure in (
             ("should-hit served right (own or joined)", _served_right),
