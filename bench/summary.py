@@ -114,8 +114,9 @@ NOTES: dict[str, str] = {
     "holds every set of its run; baseline: the old default, the logistic verifier at the "
     "0.8 floor.",
     "cache_populated": "The six held-out sets' new questions looked up in one scope that "
-    "holds their stored questions and the train pairs' questions; baseline: nli (balanced, "
-    "floor 0.4) reading every candidate, against the same with cache.model_reads 1. A hit "
+    "holds their stored questions and the train pairs' questions; nli_balanced is nli as "
+    "recommended (balanced, floor 0.4; with cache.model_reads 1 since 2026-12-07), the "
+    "baseline of its variant in the same run (every candidate read since then, one before). A hit "
     "on another question is right when should-hit pairs join the two, wrong when a must-not "
     "pair sets them apart (populated_judged.jsonl: the first run's other hits, judged).",
     "nli_graph": "Both directions of the people's train pairs as the nli verifier reads "
