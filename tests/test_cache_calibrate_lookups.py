@@ -12,14 +12,20 @@ from pathlib import Path
 import pytest
 
 from gateway.cache.semantic import CachedAnswer, CacheQuery, SemanticCache
-from gateway.cache.verifier import PairVerifier
+from gateway.cache.verifiers import load_verifier
 from gateway.cli import main as tiergate
 from gateway.embedding.embedder import Embedder
 from gateway.policy import CacheSettings
 from training.artifacts import REAL_PAIRS
 from training.bounds import pairs_needed, upper_bound
 from training.cache.calibrate import FLOORS, THRESHOLDS, read_pairs, score, scored_rows
-from training.cache.calibrate_lookups import calibrate_lookups, lookups, outcome, served_row
+from training.cache.calibrate_lookups import (
+    calibrate_lookups,
+    lookups,
+    outcome,
+    reads_of,
+    served_row,
+)
 
 NEIGHBOURS = REAL_PAIRS.with_name("neighbours_judged_train.jsonl")
 CANDIDATES = 3
@@ -61,22 +67,38 @@ def test_the_chosen_point_is_the_best_within_the_bound(
     assert outcome(scored, groups, *point, CANDIDATES).wrong == chosen["served_wrong"]
 
 
+@pytest.mark.parametrize(
+    ("model", "model_reads", "threshold"),
+    [("logistic", None, 0.3), ("nli", 1, 0.8), ("nli", None, 0.8)],
+)
 async def test_the_simulated_lookups_are_what_the_cache_does(
-    scope_rows: list[dict], embedder: Embedder, tmp_path: Path
+    scope_rows: list[dict],
+    embedder: Embedder,
+    tmp_path: Path,
+    model: str,
+    model_reads: int | None,
+    threshold: float,
 ) -> None:
     """Each asked question in a scope holding its rows' stored questions, through the real
-    cache: it serves the stored question the simulation serves, or none when it does."""
-    scored = score(scope_rows, embedder.embed_many)
-    groups = [g for g in lookups(scored) if len(g) > 1][:40]
-    floor, threshold = 0.5, 0.3
+    cache: it serves the stored question the simulation serves, or none when it does. With
+    `nli` the gate refuses (0.8 is above its lenient threshold) and, with `model_reads: 1`,
+    a lookup stops reading after its first gated-through candidate."""
+    crowded = [r for r in scope_rows if sum(o["a"] == r["a"] for o in scope_rows) > 1]
+    scored = score(crowded[:120], embedder.embed_many, model)
+    groups = [g for g in lookups(scored) if len(g) > 1]
+    reads = reads_of(scored, model, model_reads)
+    floor = 0.5
     settings = CacheSettings(
         enabled=True,
         path=str(tmp_path / "c.sqlite3"),
         min_similarity=floor,
         verifier_threshold=threshold,
         candidates=CANDIDATES,
+        verifier_model=model,
+        model_reads=model_reads,
     )
-    cache = await SemanticCache.open(settings, embedder, PairVerifier.load())
+    # a verifier of its own: closing the cache stops its threads
+    cache = await SemanticCache.open(settings, embedder, load_verifier(model))
     served, simulated = [], []
     try:
         for n, found in enumerate(groups):
@@ -89,12 +111,17 @@ async def test_the_simulated_lookups_are_what_the_cache_does(
             asked = CacheQuery(f"scope-{n}", "t", "auto", a, None)
             hit = await cache.lookup(asked, lambda a=a: embedder.embed(a), settings.for_route(None))
             served.append(hit.answer.text if hit.answer is not None else None)
-            i = served_row(scored, found, floor, threshold, CANDIDATES)
+            i = served_row(scored, found, floor, threshold, CANDIDATES, reads)
             simulated.append(scored.rows[i]["b"] if i is not None else None)
     finally:
         await cache.close()
     assert served == simulated
     assert 0 < sum(s is not None for s in served) < len(groups)  # both outcomes seen
+    assert (reads is None) == (model == "logistic")  # only nli's reads are counted
+    if model_reads is not None:  # the limit decided some lookup here: the check can fail
+        unlimited = reads_of(scored, model, None)
+        every = [served_row(scored, g, floor, threshold, CANDIDATES, unlimited) for g in groups]
+        assert [scored.rows[i]["b"] if i is not None else None for i in every] != simulated
 
 
 def test_the_command_reports_lookups_and_refuses_too_few(

@@ -165,6 +165,13 @@ class NliVerifier(AlignedVerifier):
         flags = [float(v in fired) for v in self.SOFT_VETOES]
         return super().pair_features(query, candidate, cosine) + flags
 
+    def gate_probability(self, query: str, candidate: str, cosine: float) -> float | None:
+        """The gate model's probability of a pair no rule decides; None where a rule does
+        (calibration: which candidates of a lookup would spend a model read)."""
+        if self.decide(query, candidate) is not None:
+            return None
+        return self.gate.model.probability(self._before_nli(query, candidate, cosine))
+
     def probability_against(
         self,
         query: str,

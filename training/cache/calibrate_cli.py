@@ -57,9 +57,10 @@ def main(argv: list[str] | None = None) -> int:
         embed, current = _embedder(policy), _current(policy)
         model = policy.cache.verifier_model if policy is not None else "logistic"
         if args.per_lookup:
+            cache = _cache(policy)
             report = calibrate_lookups(
-                rows, embed, _candidates(policy), args.target_wrong, args.confidence, args.split,
-                current, model, args.with_rule_edits,
+                rows, embed, cache.candidates, args.target_wrong, args.confidence, args.split,
+                current, model, args.with_rule_edits, cache.model_reads,
             )  # fmt: skip
         else:
             report = calibrate(
@@ -98,10 +99,11 @@ def _load(path: Path):
         raise ValueError(f"{path}: {exc.issues[0]} (tiergate check-policy lists all)") from None
 
 
-def _candidates(policy) -> int:
+def _cache(policy):
+    """The policy's cache settings (its candidates and model reads), else the defaults."""
     from gateway.policy import CacheSettings
 
-    return (policy.cache if policy is not None else CacheSettings()).candidates
+    return policy.cache if policy is not None else CacheSettings()
 
 
 def _embedder(policy):

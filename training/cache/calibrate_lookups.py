@@ -10,11 +10,18 @@ that lets 1% of must-not pairs through lets more lookups through wrong (docs/cac
 reads them; the first whose probability reaches the threshold is served, right when its row
 says should-hit. The bound is on wrong lookups over all lookups (the rate a deployment sees
 on /admin/stats), and the chosen point serves the most lookups right within it.
+
+With a verifier that gates its model's reads (`nli`), candidates are read as a lookup reads
+them (nli_verifier.py): one a rule decides costs no read; one the gate refuses (at
+thresholds from the gate's own up) is refused without one; each other spends a read, and
+once a policy's `cache.model_reads` are spent the rest are refused.
 """
 
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from training.bounds import pairs_needed, upper_bound
 from training.cache.calibrate import (
@@ -26,6 +33,7 @@ from training.cache.calibrate import (
     scored_rows,
     with_category,
 )
+from training.cache.pair_scores import verifier_for
 
 
 @dataclass(frozen=True)
@@ -47,6 +55,37 @@ class LookupOutcome:
         }
 
 
+@dataclass(frozen=True)
+class Reads:
+    """What a lookup's model reads cost, per row of a Scored: `limit` reads a lookup (None:
+    no limit; the gate still refuses)."""
+
+    limit: int | None
+    gate: np.ndarray  # the gate's probability; nan where a rule decides (no read)
+    gate_threshold: float
+    from_threshold: float
+
+    def gated(self, i: int, threshold: float) -> bool:
+        return threshold >= self.from_threshold and bool(self.gate[i] < self.gate_threshold)
+
+    def spends(self, i: int) -> bool:
+        return not np.isnan(self.gate[i])
+
+
+def reads_of(scored: Scored, model: str, limit: int | None) -> Reads | None:
+    """The rows' read costs where the verifier counts reads (a gate before its model's
+    reads); else None."""
+    verifier = verifier_for(model)
+    if not hasattr(verifier, "gate_probability"):
+        return None
+    gate = [
+        verifier.gate_probability(r["a"], r["b"], float(cos))
+        for r, cos in zip(scored.rows, scored.cosine, strict=True)
+    ]
+    as_array = np.array([np.nan if g is None else g for g in gate], dtype=float)
+    return Reads(limit, as_array, verifier.gate.threshold, verifier.gate.from_threshold)
+
+
 def lookups(scored: Scored) -> list[list[int]]:
     """Row indices grouped by asked question, nearest stored question first."""
     groups: dict[str, list[int]] = defaultdict(list)
@@ -56,22 +95,39 @@ def lookups(scored: Scored) -> list[list[int]]:
 
 
 def served_row(
-    scored: Scored, found: list[int], floor: float, threshold: float, candidates: int
+    scored: Scored,
+    found: list[int],
+    floor: float,
+    threshold: float,
+    candidates: int,
+    reads: Reads | None = None,
 ) -> int | None:
     """The row a lookup serves, or None: the exact table, then the verifier's first accept."""
     exact = next((i for i in found if scored.exact[i]), None)
     if exact is not None:
         return exact
-    near = [i for i in found if scored.cosine[i] >= floor][:candidates]
-    return next((i for i in near if scored.probability[i] >= threshold), None)
+    left = reads.limit if reads is not None else None
+    for i in [i for i in found if scored.cosine[i] >= floor][:candidates]:
+        if reads is not None and reads.spends(i):
+            if reads.gated(i, threshold) or left == 0:
+                continue
+            left = None if left is None else left - 1
+        if scored.probability[i] >= threshold:
+            return i
+    return None
 
 
 def outcome(
-    scored: Scored, groups: list[list[int]], floor: float, threshold: float, candidates: int
+    scored: Scored,
+    groups: list[list[int]],
+    floor: float,
+    threshold: float,
+    candidates: int,
+    reads: Reads | None = None,
 ) -> LookupOutcome:
     right = wrong = 0
     for found in groups:
-        i = served_row(scored, found, floor, threshold, candidates)
+        i = served_row(scored, found, floor, threshold, candidates, reads)
         if i is not None:
             right += scored.rows[i]["should_hit"]
             wrong += not scored.rows[i]["should_hit"]
@@ -80,13 +136,18 @@ def outcome(
 
 
 def choose(
-    scored: Scored, groups: list[list[int]], target: float, confidence: float, candidates: int
+    scored: Scored,
+    groups: list[list[int]],
+    target: float,
+    confidence: float,
+    candidates: int,
+    reads: Reads | None = None,
 ) -> dict[str, Any] | None:
     """The grid point serving the most lookups right within the bound; None when none is."""
     best: tuple | None = None
     for floor in FLOORS:
         for threshold in THRESHOLDS:
-            seen = outcome(scored, groups, floor, threshold, candidates)
+            seen = outcome(scored, groups, floor, threshold, candidates, reads)
             if upper_bound(seen.wrong, seen.lookups, confidence) > target:
                 continue
             key = (seen.right, -seen.wrong, threshold, floor)  # then the stricter point
@@ -106,19 +167,23 @@ def calibrate_lookups(
     current: tuple[float, float] | None = None,
     model: str = "logistic",
     with_rule_edits: bool = False,
+    model_reads: int | None = None,
 ) -> dict[str, Any]:
-    """The report, as calibrate() gives it, with lookups in place of pairs."""
+    """The report, as calibrate() gives it, with lookups in place of pairs; `model_reads`:
+    the policy's `cache.model_reads`."""
     tuned = scored_rows([with_category(r) for r in rows], split, with_rule_edits)
     if not any(r["should_hit"] for r in tuned):
         raise ValueError(f"split {split!r} has no should-hit rows to serve")
     scored = score(tuned, embed, model)
     groups = lookups(scored)
-    chosen = choose(scored, groups, target, confidence, candidates)
+    reads = reads_of(scored, model, model_reads)
+    chosen = choose(scored, groups, target, confidence, candidates, reads)
     report: dict[str, Any] = {
         "per_lookup": True,
         "split": split,
         "verifier_model": model,
         "candidates": candidates,
+        "model_reads": reads.limit if reads is not None else None,
         "target_wrong": target,
         "confidence": confidence,
         "lookups_needed": pairs_needed(target, confidence),
@@ -127,7 +192,7 @@ def calibrate_lookups(
     for name, point in (("chosen", chosen), ("current", current and _point(*current))):
         if point is not None:
             floor, threshold = point["min_similarity"], point["verifier_threshold"]
-            seen = outcome(scored, groups, floor, threshold, candidates)
+            seen = outcome(scored, groups, floor, threshold, candidates, reads)
             report[name] = point | seen.figures(confidence)
     return report
 
@@ -138,7 +203,11 @@ def _point(floor: float, threshold: float) -> dict[str, float]:
 
 def print_lookup_report(report: dict[str, Any]) -> None:
     print(f"pairs: {', '.join(report['pairs_files'])} (split {report['split']}), per lookup")
-    print(f"verifier_model: {report['verifier_model']}; candidates {report['candidates']}")
+    reads = report["model_reads"] or "every candidate"
+    print(
+        f"verifier_model: {report['verifier_model']}; candidates {report['candidates']}; "
+        f"model reads {reads}"
+    )
     target, conf = report["target_wrong"], report["confidence"]
     if report["chosen"] is None:
         print(
