@@ -67,6 +67,22 @@ def test_the_chosen_point_is_the_best_within_the_bound(
     assert outcome(scored, groups, *point, CANDIDATES).wrong == chosen["served_wrong"]
 
 
+def test_the_chosen_point_is_checked_on_the_held_out_lookups(
+    scope_rows: list[dict], embedder: Embedder
+) -> None:
+    """Rows of split `heldout` are never tuned on: the chosen point is read on their lookups."""
+    held = [r for r in read_pairs(REAL_PAIRS) if r["split"] == "heldout"][:150]
+    held = scored_rows(held, "heldout", with_rule_edits=False)
+    report = calibrate_lookups(scope_rows + held, embedder.embed_many, CANDIDATES, target=0.03)
+    point = (report["chosen"]["min_similarity"], report["chosen"]["verifier_threshold"])
+    scored = score(held, embedder.embed_many)
+    expected = outcome(scored, lookups(scored), *point, CANDIDATES).figures(0.95)
+    assert report["heldout_check"] == expected
+    assert expected["lookups"] == len({r["a"] for r in held}) and expected["served_right"] > 0
+    whole = calibrate_lookups(scope_rows + held, embedder.embed_many, CANDIDATES, 0.03, split="all")
+    assert "heldout_check" not in whole  # tuned on them: nothing held out to check
+
+
 @pytest.mark.parametrize(
     ("model", "model_reads", "threshold"),
     [("logistic", None, 0.3), ("nli", 1, 0.8), ("nli", None, 0.8)],
@@ -133,6 +149,7 @@ def test_the_command_reports_lookups_and_refuses_too_few(
     assert tiergate([*args, "--target-wrong", "0.05"]) == 0
     out = capsys.readouterr().out
     assert "per lookup" in out and "lookups that could hit" in out
+    assert "held-out check" not in out  # the file has no held-out rows
     assert "min_similarity:" in out  # the snippet to paste
     few = tmp_path / "few.jsonl"
     few.write_text("".join(json.dumps(r) + "\n" for r in scope_rows[:40]))

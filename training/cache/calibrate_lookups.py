@@ -171,7 +171,8 @@ def calibrate_lookups(
 ) -> dict[str, Any]:
     """The report, as calibrate() gives it, with lookups in place of pairs; `model_reads`:
     the policy's `cache.model_reads`."""
-    tuned = scored_rows([with_category(r) for r in rows], split, with_rule_edits)
+    rows = [with_category(r) for r in rows]
+    tuned = scored_rows(rows, split, with_rule_edits)
     if not any(r["should_hit"] for r in tuned):
         raise ValueError(f"split {split!r} has no should-hit rows to serve")
     scored = score(tuned, embed, model)
@@ -194,7 +195,26 @@ def calibrate_lookups(
             floor, threshold = point["min_similarity"], point["verifier_threshold"]
             seen = outcome(scored, groups, floor, threshold, candidates, reads)
             report[name] = point | seen.figures(confidence)
+    held = [r for r in scored_rows(rows, "all", with_rule_edits) if r.get("split") == "heldout"]
+    if chosen is not None and split not in ("heldout", "all") and held:
+        seen = _check(held, embed, model, chosen, candidates, model_reads)
+        report["heldout_check"] = seen.figures(confidence)
     return report
+
+
+def _check(
+    rows: list[dict],
+    embed: Embed,
+    model: str,
+    point: dict[str, float],
+    candidates: int,
+    model_reads: int | None,
+) -> LookupOutcome:
+    """The chosen point on the held-out rows' lookups (never tuned on)."""
+    scored = score(rows, embed, model)
+    reads = reads_of(scored, model, model_reads)
+    floor, threshold = point["min_similarity"], point["verifier_threshold"]
+    return outcome(scored, lookups(scored), floor, threshold, candidates, reads)
 
 
 def _point(floor: float, threshold: float) -> dict[str, float]:
@@ -216,10 +236,18 @@ def print_lookup_report(report: dict[str, Any]) -> None:
         )
     for name, title in (("chosen", "chosen"), ("current", "the policy now")):
         if point := report.get(name):
-            print(
-                f"{title}: min_similarity {point['min_similarity']}, verifier threshold "
-                f"{point['verifier_threshold']}\n  served right {point['served_rate']:.1%} "
-                f"({point['served_right']}/{point['could_hit']} lookups that could hit); wrong "
-                f"{point['wrong_rate']:.2%} ({point['served_wrong']}/{point['lookups']}), upper "
-                f"{conf:.0%} bound {point['wrong_rate_upper']:.2%}"
-            )
+            floor, threshold = point["min_similarity"], point["verifier_threshold"]
+            print(f"{title}: min_similarity {floor}, verifier threshold {threshold}")
+            print(_figures_line(point, conf))
+    if check := report.get("heldout_check"):
+        print("held-out check (never tuned on), chosen point:")
+        print(_figures_line(check, conf))
+
+
+def _figures_line(point: dict[str, Any], confidence: float) -> str:
+    return (
+        f"  served right {point['served_rate']:.1%} ({point['served_right']}/"
+        f"{point['could_hit']} lookups that could hit); wrong {point['wrong_rate']:.2%} "
+        f"({point['served_wrong']}/{point['lookups']}), upper {confidence:.0%} bound "
+        f"{point['wrong_rate_upper']:.2%}"
+    )
