@@ -124,15 +124,27 @@ def choose(scored: Scored, target: float, confidence: float) -> dict[str, Any] |
     """The grid point serving the most should-hit pairs within the bound; None when none is."""
     label = np.array([r["should_hit"] for r in scored.rows], dtype=bool)
     must_not = int((~label).sum())
+
+    def measure(floor: float, threshold: float) -> tuple[int, int, int]:
+        served = scored.served(floor, threshold)
+        return int((served & label).sum()), int((served & ~label).sum()), must_not
+
+    return best_point(measure, target, confidence)
+
+
+def best_point(
+    measure: Callable[[float, float], tuple[int, int, int]], target: float, confidence: float
+) -> dict[str, Any] | None:
+    """The (floor, threshold) of the grid serving the most right where the upper bound of
+    the wrong rate is within `target`; `measure` gives (right, wrong, the rate's base) of a
+    point. Ties: fewer wrong, then the stricter point. None when no point is within."""
     best: tuple | None = None
     for floor in FLOORS:
         for threshold in THRESHOLDS:
-            served = scored.served(floor, threshold)
-            wrong = int((served & ~label).sum())
-            if upper_bound(wrong, must_not, confidence) > target:
+            right, wrong, base = measure(floor, threshold)
+            if upper_bound(wrong, base, confidence) > target:
                 continue
-            # most served, then fewest wrong, then the stricter point
-            key = (int((served & label).sum()), -wrong, threshold, floor)
+            key = (right, -wrong, threshold, floor)
             best = max(best, key) if best else key
     if best is None:
         return None

@@ -25,10 +25,9 @@ import numpy as np
 
 from training.bounds import pairs_needed, upper_bound
 from training.cache.calibrate import (
-    FLOORS,
-    THRESHOLDS,
     Embed,
     Scored,
+    best_point,
     score,
     scored_rows,
     with_category,
@@ -144,17 +143,12 @@ def choose(
     reads: Reads | None = None,
 ) -> dict[str, Any] | None:
     """The grid point serving the most lookups right within the bound; None when none is."""
-    best: tuple | None = None
-    for floor in FLOORS:
-        for threshold in THRESHOLDS:
-            seen = outcome(scored, groups, floor, threshold, candidates, reads)
-            if upper_bound(seen.wrong, seen.lookups, confidence) > target:
-                continue
-            key = (seen.right, -seen.wrong, threshold, floor)  # then the stricter point
-            best = max(best, key) if best else key
-    if best is None:
-        return None
-    return {"min_similarity": best[3], "verifier_threshold": best[2]}
+
+    def measure(floor: float, threshold: float) -> tuple[int, int, int]:
+        seen = outcome(scored, groups, floor, threshold, candidates, reads)
+        return seen.right, seen.wrong, seen.lookups
+
+    return best_point(measure, target, confidence)
 
 
 def calibrate_lookups(
