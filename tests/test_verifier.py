@@ -110,6 +110,8 @@ NOT_VETOED = [
     ("When did World War 2 start?", "When did WWII start?"),
     ("write a short poem about rain", "write a brief poem about rain"),
     ("What's your favourite colour?", "What's your favorite color?"),
+    # "how to" starts a verb, not a direction
+    ("How do I read a CSV file into a pandas dataframe?", "How to read a CSV file in pandas"),
 ]
 STILL_VETOED = [
     ("How do I sort a list in Java?", "How do I sort a list in JavaScript?", "entity"),
@@ -125,6 +127,13 @@ STILL_VETOED = [
     ("Why did World War 2 start?", "Why did World War I start?", "numbers differ"),
     ("js sort an array of numbers", "TS sort an array of numbers", "entity"),
     ("my package has shipped", "my package hasnt shipped", "negation"),
+    # "to" and "into" point the same way
+    (
+        "how to convert a JSON string to a dict in python",
+        "How do I convert a Python dict into a JSON string?",
+        "direction",
+    ),
+    ("How do I turn a PDF to a Word file?", "How do I turn a Word file into a PDF?", "direction"),
 ]
 
 

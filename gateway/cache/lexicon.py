@@ -12,6 +12,15 @@ def _words(text: str) -> list[str]:
     return text.split()
 
 
+# Words after which "to" starts a verb ("how to read a CSV"), so it points nowhere: the
+# direction veto reads the "to" of "a dict to JSON", not of "how to".
+INFINITIVE_LEADS = frozenset(
+    _words(
+        """how what where when whether which who want need way ways best try trying able going
+        have has had used like"""
+    )
+)
+
 # Words that carry no content of their own: a pair differing only in these is the same ask.
 STOPWORDS = frozenset(
     _words(

@@ -32,7 +32,9 @@ FEATURES = (
     "log_content",
     "cosine_x_matched",
 )
-DIRECTIONAL = ("to", "into", "from", "than")
+# Words that mark a direction, grouped where they say the same: "a dict to JSON" and "JSON
+# into a dict" are one swap (people's pairs write both).
+DIRECTIONAL = (("to", "into"), ("from",), ("than",))
 
 
 @dataclass(frozen=True)
@@ -156,21 +158,23 @@ def has_antonym(a: PairText, b: PairText) -> bool:
     return _opposite_by_affix(only_a, only_b)
 
 
-def _after(text: PairText, prep: str) -> set[str]:
+def _after(text: PairText, preps: tuple[str, ...]) -> set[str]:
+    """The first content word after each of `preps` (an infinitive's "to" left out)."""
     words = [t.lower for t in text.tokens]
     found = set()
     for i, w in enumerate(words):
-        if w == prep:
-            nxt = next((v for v in words[i + 1 :] if v not in lx.STOPWORDS), None)
-            if nxt:
-                found.add(nxt)
+        if w not in preps or (w == "to" and i and words[i - 1] in lx.INFINITIVE_LEADS):
+            continue
+        nxt = next((v for v in words[i + 1 :] if v not in lx.STOPWORDS), None)
+        if nxt:
+            found.add(nxt)
     return found
 
 
 def direction_swapped(a: PairText, b: PairText) -> bool:
-    """ "Celsius to Fahrenheit" vs "Fahrenheit to Celsius": same words, other direction."""
-    for prep in DIRECTIONAL:
-        xa, xb = _after(a, prep), _after(b, prep)
+    """ "Celsius to Fahrenheit" vs "Fahrenheit into Celsius": same words, other direction."""
+    for preps in DIRECTIONAL:
+        xa, xb = _after(a, preps), _after(b, preps)
         moved = xa ^ xb  # a swap moves words on both sides, a rewording only on one
         if xa - xb and xb - xa and all(w in a.words and w in b.words for w in moved):
             return True
