@@ -132,6 +132,18 @@ def test_another_veto_still_refuses_beside_a_soft_one(verifier: NliVerifier) -> 
     assert verifier.decide(query, stored) == (0.0, "numbers differ")
 
 
+def test_each_side_asking_a_question_word_the_other_lacks_is_refused(
+    verifier: NliVerifier,
+) -> None:
+    """ "question word" is left to the model; a switch from one distinct question word to
+    another (when against who) is not, and "whom" asks what "who" does."""
+    query, stored = "When was penicillin discovered?", "Who discovered penicillin?"
+    assert verifier.decide(query, stored) == (0.0, "another fact")
+    assert verifier.decide(stored, query) == (0.0, "another fact")
+    rewording = ("Who wrote Pride and Prejudice?", "Pride and Prejudice was written by whom?")
+    assert verifier.decide(*rewording) is None
+
+
 def test_the_model_serves_the_rewording_only(verifier: NliVerifier, embedder: Embedder) -> None:
     served = verifier.verify(*REWORDING, cosine(embedder, *REWORDING), "balanced")
     refused = verifier.verify(*NARROWER, cosine(embedder, *NARROWER), "lenient")

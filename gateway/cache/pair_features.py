@@ -205,6 +205,18 @@ def _case_differs(a: PairText, b: PairText) -> bool:
     return any(not t.initial and t.raw not in forms.get(t.lower, {t.raw}) for t in b.tokens)
 
 
+def _asks_another_fact(qa: frozenset[str], qb: frozenset[str]) -> bool:
+    """Each side asks a distinct question word the other does not (when vs who wrote it):
+    a harder rule than "question word", which a model may overrule (nli, cross)."""
+    qa, qb = _one_who(qa), _one_who(qb)
+    distinct = lx.DISTINCT_QUESTION_WORDS
+    return bool((qa - qb) & distinct and (qb - qa) & distinct)
+
+
+def _one_who(asks: frozenset[str]) -> frozenset[str]:
+    return frozenset("who" if w == "whom" else w for w in asks)
+
+
 def veto(a: PairText, b: PairText, al: Alignment, stats: WordStats) -> str | None:
     """Why the two cannot share an answer, or None when no hard rule says so."""
     return next(vetoes(a, b, al, stats), None)
@@ -236,6 +248,8 @@ def vetoes(a: PairText, b: PairText, al: Alignment, stats: WordStats) -> Iterato
     qa, qb = a.asks, b.asks
     if qa - qb and qb - qa and (qa ^ qb) & lx.DISTINCT_QUESTION_WORDS:
         yield "question word"
+    if _asks_another_fact(qa, qb):
+        yield "another fact"
 
 
 def features(
