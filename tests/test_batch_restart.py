@@ -3,7 +3,8 @@ next start the batch resumes from the lines without a result. With the embedded 
 store a real `tiergate serve` subprocess is killed (SIGKILL) mid-batch and started again;
 with Redis a `tiergate serve` on one replica is killed mid-batch and another (a new app on the
 same Redis) finishes it.
-Both on the real SmolLM2-135M, over loopback with the openai client."""
+A gateway stopped gracefully leaves the same. All on the real SmolLM2-135M, over loopback
+with the openai client."""
 
 import time
 from pathlib import Path
@@ -111,3 +112,17 @@ def test_redis_batch_finished_by_the_next_gateway(redis_url: str, tmp_path: Path
         assert failed.status == "failed" and failed.failed_at
         assert failed.errors is not None and failed.errors.data[0].code == "invalid_file"
         assert 1 <= _requests(url) <= REDIS_LINES - before  # only the lines left ran here
+
+
+def test_a_graceful_stop_loses_and_repeats_no_line(one_torch_thread: None, redis_url: str) -> None:
+    """A gateway stopped the usual way (lines in flight aborted, BatchRunner.close) mid-batch:
+    the next one ends the batch with every line once and runs none the first had ended.
+    How many the first ends before it stops depends on the machine, so none may be left."""
+    cache = f'{{enabled: true, store: redis, redis_url: "{redis_url}", redis_prefix: batchgs}}'
+    text = policy(cache)
+    with run_uvicorn(create_app(parse_policy(text, env={}))) as url:
+        batch = create(client(url), _lines())
+        before = _until_some_done(client(url), batch.id)
+    with run_uvicorn(create_app(parse_policy(text, env={}))) as url:
+        _check_all_once(client(url), batch.id)
+        assert _requests(url) <= LINES - before

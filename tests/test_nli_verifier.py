@@ -137,9 +137,12 @@ def test_each_side_asking_a_question_word_the_other_lacks_is_refused(
 ) -> None:
     """ "question word" is left to the model; a switch from one distinct question word to
     another (when against who) is not, and "whom" asks what "who" does."""
-    query, stored = "When was penicillin discovered?", "Who discovered penicillin?"
-    assert verifier.decide(query, stored) == (0.0, "another fact")
-    assert verifier.decide(stored, query) == (0.0, "another fact")
+    for query, stored in (
+        ("When was penicillin discovered?", "Who discovered penicillin?"),
+        ("When was penicillin discovered?", "Penicillin was discovered by whom?"),
+    ):
+        assert verifier.decide(query, stored) == (0.0, "another fact")
+        assert verifier.decide(stored, query) == (0.0, "another fact")
     rewording = ("Who wrote Pride and Prejudice?", "Pride and Prejudice was written by whom?")
     assert verifier.decide(*rewording) is None
 

@@ -110,6 +110,8 @@ NOT_VETOED = [
     ("When did World War 2 start?", "When did WWII start?"),
     ("write a short poem about rain", "write a brief poem about rain"),
     ("What's your favourite colour?", "What's your favorite color?"),
+    # a question word that ends the question asks, and "whom" asks what "who" does
+    ("Who wrote Pride and Prejudice?", "Pride and Prejudice was written by whom?"),
     # "how to" starts a verb, not a direction
     ("How do I read a CSV file into a pandas dataframe?", "How to read a CSV file in pandas"),
 ]
@@ -127,6 +129,7 @@ STILL_VETOED = [
     ("Why did World War 2 start?", "Why did World War I start?", "numbers differ"),
     ("js sort an array of numbers", "TS sort an array of numbers", "entity"),
     ("my package has shipped", "my package hasnt shipped", "negation"),
+    ("When was penicillin discovered?", "Penicillin was discovered by whom?", "question word"),
     # "to" and "into" point the same way
     (
         "how to convert a JSON string to a dict in python",

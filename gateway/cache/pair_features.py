@@ -208,13 +208,8 @@ def _case_differs(a: PairText, b: PairText) -> bool:
 def _asks_another_fact(qa: frozenset[str], qb: frozenset[str]) -> bool:
     """Each side asks a distinct question word the other does not (when vs who wrote it):
     a harder rule than "question word", which a model may overrule (nli, cross)."""
-    qa, qb = _one_who(qa), _one_who(qb)
     distinct = lx.DISTINCT_QUESTION_WORDS
     return bool((qa - qb) & distinct and (qb - qa) & distinct)
-
-
-def _one_who(asks: frozenset[str]) -> frozenset[str]:
-    return frozenset("who" if w == "whom" else w for w in asks)
 
 
 def veto(a: PairText, b: PairText, al: Alignment, stats: WordStats) -> str | None:

@@ -328,12 +328,14 @@ def _quoted(text: str) -> frozenset[str]:
 
 
 def asked_words(tokens: list[Token]) -> frozenset[str]:
-    """Question words that ask: opening a clause, or after an asking word ("tell me why")."""
+    """Question words that ask: opening a clause, after an asking word ("tell me why") or
+    ending the text ("it was written by whom?"); "whom" asks what "who" does."""
+    last = len(tokens) - 1
     return frozenset(
-        t.lower
+        "who" if t.lower == "whom" else t.lower
         for i, t in enumerate(tokens)
         if t.lower in lx.QUESTION_WORDS
-        and (t.opens_clause or tokens[i - 1].lower in lx.ASKING_WORDS)
+        and (t.opens_clause or tokens[i - 1].lower in lx.ASKING_WORDS or i == last)
     )
 
 
