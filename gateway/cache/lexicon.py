@@ -7,23 +7,14 @@ template for, so these are lists of the language, not of our pair set. Corpus st
 """
 
 
-def _words(text: str) -> list[str]:
+def word_list(text: str) -> list[str]:
     """A word list written as one string (shorter to read than a list of strings)."""
     return text.split()
 
 
-# Words after which "to" starts a verb ("how to read a CSV"), so it points nowhere: the
-# direction veto reads the "to" of "a dict to JSON", not of "how to".
-INFINITIVE_LEADS = frozenset(
-    _words(
-        """how what where when whether which who want need way ways best try trying able going
-        have has had used like"""
-    )
-)
-
 # Words that carry no content of their own: a pair differing only in these is the same ask.
 STOPWORDS = frozenset(
-    _words(
+    word_list(
         """a an the of to in on at for from by with about as into onto over under than then and or
         but if so because while though although whether is am are was were be been being do does
         did done doing have has had having can could would will shall should may might must need
@@ -80,7 +71,9 @@ CONTRACTIONS = {
     # typed without the apostrophe; not "cant", "wont", "shant": words of their own
     **{
         f"{verb}nt": f"{verb} not"
-        for verb in _words("is are was were has have had do does did would should could must need")
+        for verb in word_list(
+            "is are was were has have had do does did would should could must need"
+        )
     },
     "w/o": "without",
 }
@@ -308,7 +301,7 @@ AMBIGUOUS_UNITS = frozenset(w for w in UNITS if len(w) == 1 or w in {"in", "min"
 
 # Not "may", "march": usually no dates; seasons are opposites in ANTONYMS instead.
 DATES = frozenset(
-    _words(
+    word_list(
         """january february april june july august september october november december jan feb apr
         jun jul aug sept oct nov monday tuesday wednesday thursday friday saturday sunday today
         tomorrow yesterday tonight weekend weekday morning afternoon evening night noon midnight
@@ -377,7 +370,7 @@ WEAK_NUMBER_WORDS = frozenset({"one", "second", "once", "double", "last"})
 # Words that narrow or redirect what answer is wanted: audience, format, length, quantity,
 # platform. One present on one side only means another answer.
 SCOPE_WORDS = frozenset(
-    _words(
+    word_list(
         """beginner beginners novice expert experts advanced intermediate professional
         professionals kid kids child children teen teenager teenagers adult adults student
         students senior seniors junior juniors developer developers manager managers list
@@ -388,16 +381,5 @@ SCOPE_WORDS = frozenset(
         best worst top bottom cheapest fastest easiest hardest biggest smallest largest highest
         lowest free paid online offline mobile desktop web formal informal funny serious polite
         rude history future past present current latest recent stepwise"""
-    )
-)
-QUESTION_WORDS = frozenset({"who", "whom", "when", "where", "why", "what", "how", "which", "whose"})
-# A switch between these asks for another fact (when vs where was it founded).
-DISTINCT_QUESTION_WORDS = frozenset({"who", "whom", "when", "where", "why", "whose"})
-# A question word after these asks ("tell me why", "not sure when"); elsewhere in a
-# sentence it joins clauses ("it crashes when I open it") and asks nothing.
-ASKING_WORDS = frozenset(
-    _words(
-        """me us know explain wondering wonder understand tell ask asking show idea sure
-        curious about on"""
     )
 )

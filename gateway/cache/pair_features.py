@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from gateway.cache import lexicon as lx
 from gateway.cache import names
+from gateway.cache import question_words as qw
 from gateway.cache.pair_text import PairText, WordStats, lemma_candidates
 
 FEATURES = (
@@ -163,7 +164,7 @@ def _after(text: PairText, preps: tuple[str, ...]) -> set[str]:
     words = [t.lower for t in text.tokens]
     found = set()
     for i, w in enumerate(words):
-        if w not in preps or (w == "to" and i and words[i - 1] in lx.INFINITIVE_LEADS):
+        if w not in preps or (w == "to" and i and words[i - 1] in qw.INFINITIVE_LEADS):
             continue
         nxt = next((v for v in words[i + 1 :] if v not in lx.STOPWORDS), None)
         if nxt:
@@ -208,7 +209,7 @@ def _case_differs(a: PairText, b: PairText) -> bool:
 def _asks_another_fact(qa: frozenset[str], qb: frozenset[str]) -> bool:
     """Each side asks a distinct question word the other does not (when vs who wrote it):
     a harder rule than "question word", which a model may overrule (nli, cross)."""
-    distinct = lx.DISTINCT_QUESTION_WORDS
+    distinct = qw.DISTINCT_QUESTION_WORDS
     return bool((qa - qb) & distinct and (qb - qa) & distinct)
 
 
@@ -241,7 +242,7 @@ def vetoes(a: PairText, b: PairText, al: Alignment, stats: WordStats) -> Iterato
     if any(_is_scope(w) for w in unmatched):
         yield "scope"
     qa, qb = a.asks, b.asks
-    if qa - qb and qb - qa and (qa ^ qb) & lx.DISTINCT_QUESTION_WORDS:
+    if qa - qb and qb - qa and (qa ^ qb) & qw.DISTINCT_QUESTION_WORDS:
         yield "question word"
     if _asks_another_fact(qa, qb):
         yield "another fact"

@@ -10,6 +10,7 @@ from functools import lru_cache
 
 from gateway.cache import lexicon as lx
 from gateway.cache import names
+from gateway.cache import question_words as qw
 
 WORD = re.compile(r"[A-Za-z][A-Za-z0-9+#]*|[0-9]+")
 NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
@@ -328,14 +329,12 @@ def _quoted(text: str) -> frozenset[str]:
 
 
 def asked_words(tokens: list[Token]) -> frozenset[str]:
-    """Question words that ask: opening a clause, after an asking word ("tell me why") or
-    ending the text ("it was written by whom?"); "whom" asks what "who" does."""
-    last = len(tokens) - 1
+    """Question words that ask: opening a clause, after "tell me"... or last ("by whom?")."""
     return frozenset(
         "who" if t.lower == "whom" else t.lower
         for i, t in enumerate(tokens)
-        if t.lower in lx.QUESTION_WORDS
-        and (t.opens_clause or tokens[i - 1].lower in lx.ASKING_WORDS or i == last)
+        if t.lower in qw.QUESTION_WORDS
+        and (t.opens_clause or tokens[i - 1].lower in qw.ASKING_WORDS or i == len(tokens) - 1)
     )
 
 
