@@ -84,10 +84,15 @@ class Gate:
 
     def refuses(self, rest: list[float], needed: float) -> float | None:
         """The gate's probability when it refuses the pair; None when the passes decide."""
-        if needed < self.from_threshold:
+        if needed < self.from_threshold:  # no gate read at all
             return None
         p = self.model.probability(rest)
-        return p if p < self.threshold else None
+        return p if self.refuses_at(p, needed) else None
+
+    def refuses_at(self, probability: float, needed: float) -> bool:
+        """Whether a pair the gate gives `probability` is refused at threshold `needed`
+        (calibration replays lookups with this rule)."""
+        return needed >= self.from_threshold and probability < self.threshold
 
 
 NO_GATE = Gate(LogisticModel([0.0], [1.0], [0.0], 0.0), 0.0, 1.0)  # refuses nothing

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from gateway.cache.nli_verifier import Gate
 from training.bounds import pairs_needed, upper_bound
 from training.cache.calibrate import (
     Embed,
@@ -61,11 +62,10 @@ class Reads:
 
     limit: int | None
     gate: np.ndarray  # the gate's probability; nan where a rule decides (no read)
-    gate_threshold: float
-    from_threshold: float
+    rule: Gate  # the verifier's gate: when a probability is refused
 
     def gated(self, i: int, threshold: float) -> bool:
-        return threshold >= self.from_threshold and bool(self.gate[i] < self.gate_threshold)
+        return self.rule.refuses_at(float(self.gate[i]), threshold)
 
     def spends(self, i: int) -> bool:
         return not np.isnan(self.gate[i])
@@ -82,7 +82,7 @@ def reads_of(scored: Scored, model: str, limit: int | None) -> Reads | None:
         for r, cos in zip(scored.rows, scored.cosine, strict=True)
     ]
     as_array = np.array([np.nan if g is None else g for g in gate], dtype=float)
-    return Reads(limit, as_array, verifier.gate.threshold, verifier.gate.from_threshold)
+    return Reads(limit, as_array, verifier.gate)
 
 
 def lookups(scored: Scored) -> list[list[int]]:
