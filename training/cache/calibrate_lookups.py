@@ -61,14 +61,14 @@ class Reads:
     no limit; the gate still refuses)."""
 
     limit: int | None
-    gate: np.ndarray  # the gate's probability; nan where a rule decides (no read)
-    rule: Gate  # the verifier's gate: when a probability is refused
+    gate_probability: np.ndarray  # per row; nan where a rule decides (no read)
+    gate: Gate  # the verifier's: which probabilities it refuses
 
     def gated(self, i: int, threshold: float) -> bool:
-        return self.rule.refuses_at(float(self.gate[i]), threshold)
+        return self.gate.refuses_at(float(self.gate_probability[i]), threshold)
 
     def spends(self, i: int) -> bool:
-        return not np.isnan(self.gate[i])
+        return not np.isnan(self.gate_probability[i])
 
 
 def reads_of(scored: Scored, model: str, limit: int | None) -> Reads | None:
@@ -124,14 +124,27 @@ def outcome(
     candidates: int,
     reads: Reads | None = None,
 ) -> LookupOutcome:
+    right, wrong = _served_counts(scored, groups, floor, threshold, candidates, reads)
+    could_hit = sum(any(scored.rows[i]["should_hit"] for i in found) for found in groups)
+    return LookupOutcome(len(groups), right, wrong, could_hit)
+
+
+def _served_counts(
+    scored: Scored,
+    groups: list[list[int]],
+    floor: float,
+    threshold: float,
+    candidates: int,
+    reads: Reads | None,
+) -> tuple[int, int]:
+    """Lookups served right and served wrong at one point."""
     right = wrong = 0
     for found in groups:
         i = served_row(scored, found, floor, threshold, candidates, reads)
         if i is not None:
             right += scored.rows[i]["should_hit"]
             wrong += not scored.rows[i]["should_hit"]
-    could_hit = sum(any(scored.rows[i]["should_hit"] for i in found) for found in groups)
-    return LookupOutcome(len(groups), right, wrong, could_hit)
+    return right, wrong
 
 
 def choose(
@@ -145,8 +158,8 @@ def choose(
     """The grid point serving the most lookups right within the bound; None when none is."""
 
     def measure(floor: float, threshold: float) -> tuple[int, int, int]:
-        seen = outcome(scored, groups, floor, threshold, candidates, reads)
-        return seen.right, seen.wrong, seen.lookups
+        right, wrong = _served_counts(scored, groups, floor, threshold, candidates, reads)
+        return right, wrong, len(groups)  # no could_hit: the same at every point
 
     return best_point(measure, target, confidence)
 
