@@ -9,9 +9,9 @@ import math
 import numpy as np
 
 from gateway.cache.nli_verifier import ALL_FEATURES, HEAD_FEATURES
+from training.cache.logistic_fit import fit_logistic
 from training.cache.nli_head import fit_head, ranges_seen, with_columns, with_oof_columns
 from training.cache.train_aligned import FOLDS, out_of_fold
-from training.cache.train_verifier import fit_logistic
 
 HEAD_AT = [ALL_FEATURES.index(name) for name in HEAD_FEATURES]
 

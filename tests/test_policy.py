@@ -179,7 +179,7 @@ def test_default_policy_uses_bundled_local_models() -> None:
     configs = [s.to_config(name) for name, s in engines.items()]
     assert {(c.weights, c.kv_dtype) for c in configs} == {("blocks", "bf16")}
     assert policy.tiers["large"].fallback == "small"
-    assert policy.cache.enabled and policy.cache.verifier == "strict"  # on by default
+    assert policy.cache.enabled and policy.cache.verifier == "balanced"  # on by default
     assert policy.routes["auto"].rules[0].min_score is not None  # routed by difficulty
 
 

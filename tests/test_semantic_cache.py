@@ -162,7 +162,7 @@ async def test_verifier_refusals_are_counted_and_the_floor_alone_would_hit(
     await put(cache, embeds, "What is 2+2?")
     refused = await ask(cache, embeds, "What is 2+3?")
     assert (refused.outcome, refused.refused, refused.reason) == ("miss", 1, "numbers differ")
-    assert verifier.calls == [("What is 2+3?", "What is 2+2?", "strict")]
+    assert verifier.calls == [("What is 2+3?", "What is 2+2?", "balanced")]
     floor_only = RouteCacheSettings(enabled=True, min_similarity=0.75, verifier="off")
     assert (await ask(cache, embeds, "What is 2+3?", route=floor_only)).outcome == "semantic"
     accepted = await ask(cache, embeds, "what's 2+2 ?")

@@ -9,7 +9,7 @@
     python -m training router record-traffic
     python -m training router reference-traffic [--limit N]
     python -m training cache pairs
-    python -m training cache verifier [--limit N]
+    python -m training cache verifier [--l2 1]
     python -m training cache aligned [--l2 30]
     python -m training cache pair-model
     python -m training cache sharegpt-candidates [--limit N]
@@ -50,7 +50,10 @@ STEPS: dict[str, dict[str, tuple[str, str]]] = {
     },
     "cache": {
         "pairs": ("training.cache.build_pairs", "build the verifier's labelled pair set"),
-        "verifier": ("training.cache.train_verifier", "train the pair verifier"),
+        "verifier": (
+            "training.cache.train_verifier",
+            "fit the logistic verifier (the default: lexical features)",
+        ),
         "aligned": (
             "training.cache.train_aligned",
             "fit the aligned verifier (lexical + word-piece alignment features)",

@@ -33,7 +33,9 @@ PAIR_MODEL_CONFIG = PAIR_CONFIG  # gateway/cache/pair_model.json
 ALIGNED_MODEL = ALIGNED_ARTIFACT  # gateway/cache/aligned_model.json
 NLI_MODEL = NLI_ARTIFACT  # gateway/cache/nli_model.json
 DIFFICULTY_EXAMPLES = ROOT / "router_policies" / "difficulty_examples.jsonl"
-CACHE_PAIRS = DATA / "cache_pairs.jsonl"  # rule-made, the verifier's training set
+CACHE_PAIRS = DATA / "cache_pairs.jsonl"  # rule-made pairs (pairs.jsonl takes its `rules` rows)
+# word statistics the vetoes and features read (document frequency, capitalisation)
+CACHE_WORDS = DATA / "cache_words.json"
 # Pairs written by people, with a held-out split (python -m training cache real-pairs).
 REAL_PAIRS_DIR = DATA / "cache_pairs_real"
 REAL_PAIRS = REAL_PAIRS_DIR / "pairs.jsonl"

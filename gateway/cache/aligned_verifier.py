@@ -12,8 +12,8 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from gateway.cache.pair_features import FEATURES, align, features
-from gateway.cache.pair_text import WordStats, analyse
+from gateway.cache.pair_features import FEATURES
+from gateway.cache.pair_text import WordStats
 from gateway.cache.token_states import TOKEN_FEATURES, TokenStates
 from gateway.cache.verifier import LogisticModel, PairVerifier
 from gateway.embedding.embedder import Embedder
@@ -67,8 +67,7 @@ class AlignedVerifier(PairVerifier):
 
     def pair_features(self, query: str, candidate: str, cosine: float) -> list[float]:
         """ALL_FEATURES of a pair (what training fits on, for pairs no rule decides)."""
-        a, b = analyse(query, self.stats), analyse(candidate, self.stats)
-        lexical = features(a, b, align(a, b, self.stats), cosine, self.stats)
+        lexical = super().pair_features(query, candidate, cosine)
         return lexical + self.states.features(query, candidate)
 
     def probability(self, query: str, candidate: str, cosine: float) -> tuple[float, str]:

@@ -3,8 +3,9 @@
 Similarity only finds candidates; cosine cannot tell "enable 2FA" from "disable 2FA"
 (must-not pairs score above paraphrases, see DESIGN.md). The verifier applies hard vetoes
 (pair_features.veto) and then a logistic model over the cosine and token-alignment
-features, trained by `python -m training cache verifier` and shipped as
-verifier_model.json. Pure Python over the artifact: no model load, tens of microseconds a
+features, fitted by `python -m training cache verifier` as the other verifiers' models are
+(training/cache/train_aligned.py: the people's train pairs, thresholds out of fold) and
+shipped as verifier_model.json. Pure Python over the artifact: no model load, tens of microseconds a
 pair (bench/cache_eval.py measures it).
 """
 
@@ -72,6 +73,7 @@ def logit(p: float) -> float:
 
 
 class PairVerifier:
+    FEATURES: tuple[str, ...] = FEATURES  # what its model reads (pair_features)
     # Vetoes left to the model as features (their flags), not refusals; none for `logistic`.
     SOFT_VETOES: tuple[str, ...] = ()
 
@@ -102,9 +104,12 @@ class PairVerifier:
         decided = self.decide(query, candidate)
         if decided is not None:
             return decided
+        return self.model.probability(self.pair_features(query, candidate, cosine)), ""
+
+    def pair_features(self, query: str, candidate: str, cosine: float) -> list[float]:
+        """FEATURES of a pair (what training fits on, for pairs no rule decides)."""
         a, b = analyse(query, self.stats), analyse(candidate, self.stats)
-        al = align(a, b, self.stats)
-        return self.model.probability(features(a, b, al, cosine, self.stats)), ""
+        return features(a, b, align(a, b, self.stats), cosine, self.stats)
 
     def decide(self, query: str, candidate: str) -> tuple[float, str] | None:
         """What the rules alone decide: (0, the veto) or (1, "") for the same words; None

@@ -22,7 +22,7 @@ import numpy as np
 
 from gateway.cache.nli_verifier import HEAD_FEATURES, NliVerifier
 from gateway.cache.verifier import LogisticModel
-from training.cache.train_verifier import fit_logistic
+from training.cache.logistic_fit import fit_logistic
 
 HEAD_L2 = 100.0
 _COLUMNS = [NliVerifier.FEATURES.index(name) for name in HEAD_FEATURES]
