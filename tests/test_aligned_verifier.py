@@ -100,7 +100,7 @@ def test_vetoes_decide_before_any_forward_pass(verifier, embedder) -> None:
 
 
 def test_a_rewording_scores_above_a_changed_piece(verifier, embedder) -> None:
-    rewording = verifier.verify(*REWORDING, cosine(embedder, *REWORDING), "strict")
+    rewording = verifier.verify(*REWORDING, cosine(embedder, *REWORDING), "balanced")
     narrower = verifier.verify(*NARROWER, cosine(embedder, *NARROWER), "lenient")
     assert rewording.accept and rewording.reason == "ok"
     assert not narrower.accept and narrower.reason == "low probability"
@@ -121,7 +121,12 @@ def test_a_query_is_run_once_for_all_its_candidates(verifier: AlignedVerifier) -
 
 async def test_through_a_real_cache(tmp_path: Path, embedder: Embedder) -> None:
     hit, miss = await cached_lookups(
-        tmp_path, embedder, "aligned", REWORDING[1], [REWORDING[0], "What is the area of Tokyo?"]
+        tmp_path,
+        embedder,
+        "aligned",
+        REWORDING[1],
+        [REWORDING[0], "What is the area of Tokyo?"],
+        "balanced",
     )
     assert hit.outcome == "semantic" and hit.answer.text == f"the answer to {REWORDING[1]}"
     assert miss.outcome == "miss"

@@ -76,7 +76,7 @@ def test_a_rewording_below_the_old_floor_hits_and_a_negation_does_not(
     assert refused.headers["x-tiergate-cache"] == "miss"
 
 
-STRICTNESS = {"aligned": "strict", "nli": "balanced"}
+STRICTNESS = {"aligned": "balanced", "nli": "balanced"}
 ASPECTS = {  # verifier_model: (stored, a rewording, another aspect of the same subject)
     "aligned": (
         "What's Tokyo's population?",
