@@ -37,20 +37,25 @@ def test_each_shipped_artifact_names_its_data_code_and_figures(artifact: Path) -
 
 
 def test_the_entry_point_trains_the_verifier_with_its_sidecar(tmp_path: Path) -> None:
+    """`python -m training cache verifier` (the people's train pairs, thresholds out of
+    fold, ~30 s) writes what ships, with a sidecar naming its data."""
     out = tmp_path / "verifier.json"
-    cmd = [sys.executable, "-m", "training", "cache", "verifier", "--limit", "300"]
-    done = subprocess.run(
-        [*cmd, "--out", str(out)], cwd=artifacts.ROOT, capture_output=True, text=True
-    )
+    cmd = [sys.executable, "-m", "training", "cache", "verifier", "--out", str(out)]
+    done = subprocess.run(cmd, cwd=artifacts.ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     model = json.loads(out.read_text())
     record = json.loads((tmp_path / "verifier.provenance.json").read_text())
     assert record["sha256"] == artifacts.sha256_of(out)
-    assert record["command"] == f"python -m training cache verifier --limit 300 --out {out}"
-    pairs = artifacts.DATA / "cache_pairs.jsonl"
-    assert record["data"]["training/data/cache_pairs.jsonl"] == artifacts.sha256_of(pairs)
+    assert record["command"] == f"python -m training cache verifier --out {out}"
+    for data in (artifacts.REAL_PAIRS, artifacts.CACHE_WORDS):
+        name = str(data.relative_to(artifacts.ROOT))
+        assert record["data"][name] == artifacts.sha256_of(data)
     assert record["figures"]["thresholds"] == model["thresholds"]
-    assert record["figures"]["trained_on"]["pairs"] == 300
+    shipped = json.loads(artifacts.VERIFIER_MODEL.read_text())
+    for key in ("weights", "mean", "scale"):
+        assert model["model"][key] == pytest.approx(shipped["model"][key], abs=2e-6)
+    assert model["thresholds"] == pytest.approx(shipped["thresholds"], abs=2e-6)
+    assert model["word_stats"] == shipped["word_stats"]
 
 
 def test_tiergate_train_runs_the_same_steps(capsys: pytest.CaptureFixture) -> None:
