@@ -356,7 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--window", default="1h", choices=["1m", "1h", "all"])
     p.set_defaults(func=stats)
     p = sub.add_parser("train", help="a training step: router|cache STEP (python -m training)")
-    p.add_argument("step", nargs=argparse.REMAINDER, help="e.g. cache verifier --limit 400")
+    p.add_argument("step", nargs=argparse.REMAINDER, help="e.g. cache verifier --l2 1")
     p.set_defaults(func=train)
     p = sub.add_parser("router", help="router learn: fit the router to your tiers from traffic")
     p.add_argument("action", choices=["learn"])
