@@ -6,9 +6,9 @@ lookups, thresholds picked out of fold for the same wrong-hit targets.
 
 Until 2026-12-07 it was fitted on the rule-made pair file (cache_pairs.jsonl, whose
 hand-written paraphrase groups weighed 10x) with thresholds picked on that file's dev
-slice: 96 of its pairs were the people's held-out pairs, and one pair more or less on dev
-moved the strict threshold by 0.06 (docs/cache.md). ~1 min of embedding on one core, then
-seconds of fitting (train_aligned.py says the rest).
+slice: 96 of the pairs it was fitted on were the people's held-out pairs, and one pair
+more or less on dev moved the strict threshold by 0.06 (docs/cache.md). ~1 min of
+embedding on one core, then seconds of fitting (train_aligned.py says the rest).
 """
 
 import json
