@@ -5,8 +5,8 @@ Similarity only finds candidates; cosine cannot tell "enable 2FA" from "disable 
 (pair_features.veto) and then a logistic model over the cosine and token-alignment
 features, fitted by `python -m training cache verifier` as the other verifiers' models are
 (training/cache/train_aligned.py: the people's train pairs, thresholds out of fold) and
-shipped as verifier_model.json. Pure Python over the artifact: no model load, tens of microseconds a
-pair (bench/cache_eval.py measures it).
+shipped as verifier_model.json. Pure Python over the artifact: no model load, tens of
+microseconds a pair (bench/cache_eval.py measures it).
 """
 
 import json

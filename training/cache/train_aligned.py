@@ -41,6 +41,7 @@ import numpy as np
 
 from gateway.cache.aligned_verifier import AlignedVerifier
 from gateway.cache.nli_verifier import NliVerifier
+from gateway.cache.pair_text import WordStats
 from gateway.cache.verifier import STRICTNESS, LogisticModel, PairVerifier
 from gateway.embedding.embedder import Embedder
 from gateway.policy import CacheSettings
@@ -172,10 +173,14 @@ def served_at_wrong(rows: list[dict], scored: dict[str, float], floor: float) ->
 
 
 def untrained(kind: str, rules: PairVerifier) -> PairVerifier:
-    """A verifier of `kind` with the shipped vetoes (`rules`), its model still to fit."""
+    """A verifier of `kind` with the shipped vetoes (`rules`), its model still to fit.
+    `logistic` reads the word statistics its artifact will carry (every verifier reads
+    that artifact's at run time), not the ones its previous fit shipped."""
     placeholder = {name: 0.5 for name in STRICTNESS}
     if kind == "logistic":
-        return PairVerifier(rules.model, placeholder, rules.stats)
+        stats = word_stats()
+        words = WordStats(stats["idf"], stats["capitalised"], stats["max_idf"])
+        return PairVerifier(rules.model, placeholder, words)
     verifier = NliVerifier if kind == "nli" else AlignedVerifier
     return verifier.assemble(rules.model, placeholder, rules.stats)
 
