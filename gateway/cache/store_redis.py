@@ -128,8 +128,10 @@ class RedisStore:
             try:
                 if not self._synced:
                     entries = await self.load()
-                    await self._listener.replace_all(entries)
+                    # Counted before the tables change: whoever sees them emptied (a test, /admin)
+                    # must also see the resync that emptied them.
                     self.resyncs += 1
+                    await self._listener.replace_all(entries)
                     logger.info("semantic cache resynced from redis: %d entries", len(entries))
                 await self._read_events()
                 await self._check_generation()
