@@ -1,6 +1,7 @@
 """The docs a reader follows: README.md stays a short front page, and every relative link in
 it and in docs/ leads to a file (and a heading) that exists."""
 
+import enum
 import re
 import typing
 from pathlib import Path
@@ -9,6 +10,7 @@ from pydantic import BaseModel
 
 from bench import summary
 from gateway.policy.schema import Policy
+from gateway.policy.settings import DEFAULT_MAX_CONCURRENT
 
 ROOT = Path(__file__).resolve().parent.parent
 README_MAX_LINES = 300
@@ -76,27 +78,52 @@ def _models_in(annotation: object) -> list[type[BaseModel]]:
     return [m for arg in typing.get_args(annotation) for m in _models_in(arg)]
 
 
-def _policy_keys(model: type[BaseModel], prefix: str = "", seen: set | None = None) -> set[str]:
-    """Every leaf key of the policy schema, spelled as docs/policies.md's table spells it: a
-    section used twice (`limits.default`, `limits.tenants.<name>`) is listed where it first
-    appears."""
+def test_every_policy_key_is_documented() -> None:
+    """A key added to the schema without a line in docs/policies.md's table fails here."""
+    table = (ROOT / "docs" / "policies.md").read_text()
+    assert {key for key in _policy_defaults(Policy) if f"`{key}`" not in table} == set()
+
+
+# Defaults the settings apply when a key is unset (the schema's own default is None).
+APPLIED_DEFAULTS = {"limits.default.max_concurrent": f"`{DEFAULT_MAX_CONCURRENT}`"}
+TABLE_ROW = re.compile(r"^\| `([^`]+)` \| [^|]* \| (.*) \|$", flags=re.M)
+
+
+def _spelled(default: object) -> str:
+    if default is None:
+        return "unset"
+    return f"`{default.value if isinstance(default, enum.Enum) else default}`"
+
+
+def _policy_defaults(model: type[BaseModel], prefix: str = "", seen: set | None = None) -> dict:
+    """Every leaf key of the policy schema and its default, spelled as docs/policies.md's
+    table spells them: a section used twice (`limits.default`, `limits.tenants.<name>`) is
+    listed where it first appears."""
     seen = set() if seen is None else seen
-    keys: set[str] = set()
+    defaults: dict[str, str] = {}
     for name, field in model.model_fields.items():
         path = prefix + (field.alias or name)
         subs = _models_in(field.annotation)
         if not subs:
-            keys.add(path)
+            required = field.is_required()
+            default = None if required else field.get_default(call_default_factory=True)
+            defaults[path] = "required" if required else _spelled(default)
         origin = typing.get_origin(field.annotation)
         tail = "[]." if origin is list else ".<name>." if origin is dict else "."
         for sub in subs:
             if sub not in seen:
                 seen.add(sub)
-                keys |= _policy_keys(sub, path + tail, seen)
-    return keys
+                defaults |= _policy_defaults(sub, path + tail, seen)
+    return defaults
 
 
-def test_every_policy_key_is_documented() -> None:
-    """A key added to the schema without a line in docs/policies.md's table fails here."""
-    table = (ROOT / "docs" / "policies.md").read_text()
-    assert {key for key in _policy_keys(Policy) if f"`{key}`" not in table} == set()
+def test_every_documented_default_is_the_schemas() -> None:
+    """A default changed in the schema but not in docs/policies.md's table fails here (the
+    table once kept `cache.verifier: strict` after the schema moved to `balanced`)."""
+    cells = dict(TABLE_ROW.findall((ROOT / "docs" / "policies.md").read_text()))
+    wrong = {}
+    for key, default in (_policy_defaults(Policy) | APPLIED_DEFAULTS).items():
+        cell = cells.get(key, "")
+        if not (cell.startswith(default) or (default == "unset" and "(unset)" in cell)):
+            wrong[key] = f"schema {default}, docs {cell or 'no row'}"
+    assert wrong == {}
