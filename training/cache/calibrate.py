@@ -91,6 +91,10 @@ def score(rows: list[dict], embed: Embed, model: str = "logistic") -> Scored:
     at = {t: i for i, t in enumerate(texts)}
     cosine = [float(vectors[at[r["a"]]] @ vectors[at[r["b"]]]) for r in rows]
     probability = score_pairs([r["a"] for r in rows], [r["b"] for r in rows], cosine, model)
+    return scored_of(rows, cosine, probability)
+
+
+def scored_of(rows: list[dict], cosine: list[float], probability: list[float]) -> Scored:
     exact = [normalise(r["a"]) == normalise(r["b"]) for r in rows]  # the exact table's form
     return Scored(rows, np.array(cosine), np.array(probability, dtype=float), np.array(exact))
 

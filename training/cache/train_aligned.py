@@ -68,7 +68,7 @@ from training.cache.nli_head import (
     with_oof_columns,
 )
 from training.cache.real_pairs import group_hashes
-from training.cache.scope_lookups import lookup_threshold, lookups_of, outcome
+from training.cache.scope_lookups import lookup_threshold, train_scope
 from training.cache.train_pair_model import LEFT_OUT, load_rows
 
 # chosen on the dev part (before thresholds were picked out of fold): aligned among 3, 10,
@@ -254,10 +254,9 @@ def main(argv: list[str] | None = None, kind: str = "aligned") -> int:
     negatives = sum(1 for r in train if not r["should_hit"] and is_people(r))
     per_pair = pick_thresholds(asked, probs, floor, negatives)
     scored = decided | {r["id"]: p for r, p in zip(asked, probs, strict=True)}
-    lookups = lookups_of(train, settings.candidates)
+    scope = train_scope(train, scored, settings.candidates)
     thresholds = {
-        name: max(t, lookup_threshold(lookups, scored, TARGET_WRONG[name]))
-        for name, t in per_pair.items()
+        name: max(t, lookup_threshold(scope, TARGET_WRONG[name])) for name, t in per_pair.items()
     }
     shipped = {r["id"]: rules.probability(r["a"], r["b"], r["cos"])[0] for r in train}
     if stacked:
@@ -286,9 +285,7 @@ def main(argv: list[str] | None = None, kind: str = "aligned") -> int:
         "threshold_floor": floor,
         "out_of_fold": served_report(train, scored, thresholds),
         "judged_out_of_fold": judged_report(train, scored, thresholds),
-        "lookups_out_of_fold": {
-            n: outcome(lookups, scored, t).report() for n, t in thresholds.items()
-        },
+        "lookups_out_of_fold": {n: scope.outcome(t).figures(0.95) for n, t in thresholds.items()},
         "trained_on": trained_on,
     }
     artifact = {
