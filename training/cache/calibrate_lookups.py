@@ -93,6 +93,11 @@ def lookups(scored: Scored) -> list[list[int]]:
     return [sorted(ix, key=lambda i: -scored.cosine[i]) for _, ix in sorted(groups.items())]
 
 
+def nearest_read(scored: Scored, found: list[int], floor: float, candidates: int) -> list[int]:
+    """The stored questions a lookup's verifier reads: the first `candidates` at the floor."""
+    return [i for i in found if scored.cosine[i] >= floor][:candidates]
+
+
 def served_row(
     scored: Scored,
     found: list[int],
@@ -106,7 +111,7 @@ def served_row(
     if exact is not None:
         return exact
     left = reads.limit if reads is not None else None
-    for i in [i for i in found if scored.cosine[i] >= floor][:candidates]:
+    for i in nearest_read(scored, found, floor, candidates):
         if reads is not None and reads.spends(i):
             if reads.gated(i, threshold) or left == 0:
                 continue

@@ -16,7 +16,7 @@ far neighbours the shipped model gave under 0.02) are left out, so serving is un
 from dataclasses import dataclass
 
 from training.cache.calibrate import Scored, scored_of
-from training.cache.calibrate_lookups import LookupOutcome, lookups, outcome
+from training.cache.calibrate_lookups import LookupOutcome, lookups, nearest_read, outcome
 from training.cache.judged_rows import is_people
 
 # the lowest floor the judged neighbours cover: a lower floor lets more candidates through,
@@ -42,7 +42,7 @@ class TrainScope:
         return {float(s.probability[i]) for i in read if not s.rows[i]["should_hit"]}
 
     def read(self, found: list[int]) -> list[int]:
-        return [i for i in found if self.scored.cosine[i] >= LOOKUP_FLOOR][: self.candidates]
+        return nearest_read(self.scored, found, LOOKUP_FLOOR, self.candidates)
 
 
 def train_scope(rows: list[dict], scored: dict[str, float], candidates: int) -> TrainScope:
