@@ -95,7 +95,9 @@ def _spelled(default: object) -> str:
     return f"`{default.value if isinstance(default, enum.Enum) else default}`"
 
 
-def _policy_defaults(model: type[BaseModel], prefix: str = "", seen: set | None = None) -> dict:
+def _policy_defaults(
+    model: type[BaseModel], prefix: str = "", seen: set | None = None
+) -> dict[str, str]:
     """Every leaf key of the policy schema and its default, spelled as docs/policies.md's
     table spells them: a section used twice (`limits.default`, `limits.tenants.<name>`) is
     listed where it first appears."""

@@ -129,18 +129,18 @@ def outcome(
     candidates: int,
     reads: Reads | None = None,
 ) -> LookupOutcome:
-    right, wrong = _served_counts(scored, groups, floor, threshold, candidates, reads)
+    right, wrong = served_counts(scored, groups, floor, threshold, candidates, reads)
     could_hit = sum(any(scored.rows[i]["should_hit"] for i in found) for found in groups)
     return LookupOutcome(len(groups), right, wrong, could_hit)
 
 
-def _served_counts(
+def served_counts(
     scored: Scored,
     groups: list[list[int]],
     floor: float,
     threshold: float,
     candidates: int,
-    reads: Reads | None,
+    reads: Reads | None = None,
 ) -> tuple[int, int]:
     """Lookups served right and served wrong at one point."""
     right = wrong = 0
@@ -163,7 +163,7 @@ def choose(
     """The grid point serving the most lookups right within the bound; None when none is."""
 
     def measure(floor: float, threshold: float) -> tuple[int, int, int]:
-        right, wrong = _served_counts(scored, groups, floor, threshold, candidates, reads)
+        right, wrong = served_counts(scored, groups, floor, threshold, candidates, reads)
         return right, wrong, len(groups)  # no could_hit: the same at every point
 
     return best_point(measure, target, confidence)

@@ -16,7 +16,13 @@ far neighbours the shipped model gave under 0.02) are left out, so serving is un
 from dataclasses import dataclass
 
 from training.cache.calibrate import Scored, scored_of
-from training.cache.calibrate_lookups import LookupOutcome, lookups, nearest_read, outcome
+from training.cache.calibrate_lookups import (
+    LookupOutcome,
+    lookups,
+    nearest_read,
+    outcome,
+    served_counts,
+)
 from training.cache.judged_rows import is_people
 
 # the lowest floor the judged neighbours cover: a lower floor lets more candidates through,
@@ -34,6 +40,10 @@ class TrainScope:
 
     def outcome(self, threshold: float) -> LookupOutcome:
         return outcome(self.scored, self.groups, LOOKUP_FLOOR, threshold, self.candidates)
+
+    def served_wrong(self, threshold: float) -> int:
+        """Lookups served wrong (no could-hit count: the threshold search asks this often)."""
+        return served_counts(self.scored, self.groups, LOOKUP_FLOOR, threshold, self.candidates)[1]
 
     def wrong_candidates(self) -> set[float]:
         """The probabilities of the must-not rows a lookup reads (at the floor, nearest k)."""
@@ -59,6 +69,6 @@ def lookup_threshold(scope: TrainScope, target: float) -> float:
     wrong: lowered past each wrong candidate's probability while the budget holds."""
     allowed = int(target * len(scope.groups))
     for p in sorted(scope.wrong_candidates(), reverse=True):
-        if p > 0 and scope.outcome(p).wrong > allowed:
+        if p > 0 and scope.served_wrong(p) > allowed:
             return round(min(p + 1e-6, 0.9999), 6)
     return 0.0
