@@ -1,7 +1,7 @@
 """The train questions' crowded-scope neighbours, for judging: labelled data on lookups.
 
     python -m training cache neighbours --out FILE [--candidates 3 --floor 0.4 --above 0.02]
-                                        [--ask a|b]
+                                        [--ask a|b] [--scope-questions FILE]
 
 A deployment's scope holds many questions, and a lookup's verifier meets the new question's
 nearest stored ones, most of them joined to it by no pair (bench/cache_populated.py). Here
@@ -9,7 +9,9 @@ one scope holds both questions of every train pair (train files only); each trai
 new question is looked up in it, its own text left out, and its `--candidates` nearest
 stored questions at cosine `--floor` or more are kept when no pair file says anything of
 the two (the same group, or a must-not pair) and the shipped nli verifier gives them at
-least `--above`: the pairs it may serve or nearly serve. Written one row a pair in pairs.jsonl's
+least `--above`: the pairs it may serve or nearly serve. `--scope-questions` adds stored
+questions that no pair joins (scope_questions_train.txt: the held-out scope holds ~1.4x
+the train questions, and a lookup's wrong hits grow with its neighbours). Written one row a pair in pairs.jsonl's
 schema with `should_hit` null, for a judge to fill in; judged, they go to
 training/data/cache_pairs_real/neighbours_judged_train.jsonl (split `judged_train`), which
 train_aligned.py fits on. No held-out file is read.
@@ -24,7 +26,7 @@ import numpy as np
 
 from gateway.cache.nli_verifier import NliVerifier
 from gateway.embedding.embedder import Embedder
-from training.artifacts import REAL_PAIRS_DIR
+from training.artifacts import REAL_PAIRS_DIR, SCOPE_QUESTIONS_TRAIN
 from training.cache.real_pairs import groups_of, pair_id
 from training.cache.sharegpt_repeats import normal_key
 
@@ -39,6 +41,12 @@ def train_files() -> list[Path]:
 
 def read_rows(paths: list[Path]) -> list[dict]:
     return [json.loads(line) for p in paths for line in p.read_text().splitlines() if line.strip()]
+
+
+def scope_questions(path: Path) -> list[str]:
+    """The questions of a `domain | question` file (lines starting with # are comments)."""
+    lines = [line.strip() for line in path.read_text().splitlines()]
+    return [line.split("|", 1)[1].strip() for line in lines if line and not line.startswith("#")]
 
 
 def unlabelled(rows: list[dict]) -> Callable[[str, str], bool]:
@@ -72,6 +80,8 @@ def candidates(args: argparse.Namespace) -> list[dict]:
     pairs = [r for r in rows if r["split"].startswith("train") and r["source"] != "rules"]
     train = [r for r in rows if r["split"].startswith("train")]
     stored = list(dict.fromkeys(q for r in train for q in (r["a"], r["b"])))
+    if args.scope_questions:
+        stored = list(dict.fromkeys(stored + scope_questions(args.scope_questions)))
     asked = list(dict.fromkeys(r[args.ask] for r in pairs))
     texts = list(dict.fromkeys(stored + asked))
     vectors = dict(zip(texts, Embedder().embed_many(texts), strict=True))
@@ -112,6 +122,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--above", type=float, default=0.02)
     # b: the pairs' stored questions asked in turn, for more judged lookups than a's alone
     parser.add_argument("--ask", choices=("a", "b"), default="a")
+    parser.add_argument(
+        "--scope-questions",
+        type=Path,
+        nargs="?",
+        const=SCOPE_QUESTIONS_TRAIN,
+        help=f"more stored questions (default file: {SCOPE_QUESTIONS_TRAIN.name})",
+    )
     args = parser.parse_args(argv)
     found = candidates(args)
     args.out.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in found))
