@@ -54,6 +54,9 @@ TRAIN_JUDGED = (
     REAL_PAIRS_DIR / "populated_judged_train.jsonl",
     REAL_PAIRS_DIR / "neighbours_judged_train.jsonl",
 )
+# Stored questions that no pair joins, written to make the train scope as crowded as the
+# held-out one (neighbours.py; README beside them). Train side: never held-out text.
+SCOPE_QUESTIONS_TRAIN = REAL_PAIRS_DIR / "scope_questions_train.txt"
 
 
 def cpu_model() -> str:
