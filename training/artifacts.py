@@ -53,6 +53,7 @@ REAL_PAIRS_HELDOUT6 = REAL_PAIRS_DIR / "pairs_heldout6.jsonl"
 TRAIN_JUDGED = (
     REAL_PAIRS_DIR / "populated_judged_train.jsonl",
     REAL_PAIRS_DIR / "neighbours_judged_train.jsonl",
+    REAL_PAIRS_DIR / "neighbours_judged_scope.jsonl",
 )
 # Stored questions that no pair joins, written to make the train scope as crowded as the
 # held-out one (neighbours.py; README beside them). Train side: never held-out text.

@@ -10,10 +10,11 @@ new question is looked up in it, its own text left out, and its `--candidates` n
 stored questions at cosine `--floor` or more are kept when no pair file says anything of
 the two (the same group, or a must-not pair) and the shipped nli verifier gives them at
 least `--above`: the pairs it may serve or nearly serve. `--scope-questions` adds stored
-questions that no pair joins (scope_questions_train.txt: the held-out scope holds ~1.4x
-the train questions, and a lookup's wrong hits grow with its neighbours). Written one row a pair in pairs.jsonl's
-schema with `should_hit` null, for a judge to fill in; judged, they go to
-training/data/cache_pairs_real/neighbours_judged_train.jsonl (split `judged_train`), which
+questions that no pair joins (scope_questions_train.txt: the held-out benchmark's scope
+holds ~1.4x the train questions, and a lookup's wrong hits grow with its neighbours).
+Written one row a pair in pairs.jsonl's schema with `should_hit` null, for a judge to fill
+in; judged, they go to neighbours_judged_train.jsonl, or with `--scope-questions`
+neighbours_judged_scope.jsonl (training/data/cache_pairs_real/, split `judged_train`), which
 train_aligned.py fits on. No held-out file is read.
 """
 
