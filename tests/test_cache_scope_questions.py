@@ -5,7 +5,7 @@ import json
 from collections import Counter
 
 from training import artifacts
-from training.cache.neighbours import scope_questions
+from training.cache.neighbours import scope_questions, train_files
 from training.cache.sharegpt_repeats import normal_key
 
 SCOPE = artifacts.SCOPE_QUESTIONS_TRAIN
@@ -46,7 +46,7 @@ def test_the_reader_takes_the_question_after_the_domain(tmp_path) -> None:
     assert scope_questions(path) == ["how do I sort a list | in place?", "2+2?"]
 
 
-def test_the_judged_scope_rows_are_train_rows_the_thresholds_read() -> None:
+def test_the_judged_scope_rows_are_train_rows_a_trainer_reads() -> None:
     rows = [json.loads(line) for line in JUDGED.read_text().splitlines() if line]
     train = {normal_key(q) for r in _rows("pairs_train") for q in (r["a"], r["b"])}
     train |= {
@@ -60,5 +60,4 @@ def test_the_judged_scope_rows_are_train_rows_the_thresholds_read() -> None:
     assert all(isinstance(r["should_hit"], bool) for r in rows)
     assert all(normal_key(r["a"]) in train and normal_key(r["b"]) in stored for r in rows)
     assert {r["should_hit"] for r in rows} == {True, False}
-    # the scope's thresholds read them; no model is fitted on them
-    assert JUDGED in artifacts.SCOPE_JUDGED and JUDGED not in artifacts.TRAIN_JUDGED
+    assert JUDGED in artifacts.TRAIN_JUDGED and JUDGED in train_files()

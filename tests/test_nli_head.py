@@ -89,17 +89,3 @@ def test_a_feature_with_almost_no_spread_stays_finite() -> None:
     y = (x[:, 0] > 0).astype(float)
     model = fit_logistic(x, y, np.ones(80), l2=1.0)
     assert min(model.scale) > 0 and math.isfinite(model.logit([0.3, 0.7]))
-
-
-def test_a_row_of_weight_zero_is_not_fitted_at_all() -> None:
-    """The crowded scope's calibration rows weigh 0: scored, never fitted, scaling included."""
-    rng = np.random.default_rng(7)
-    x = rng.normal(size=(60, 2))
-    y = (x[:, 0] + 0.3 * rng.normal(size=60) > 0).astype(float)
-    odd = rng.normal(loc=5.0, size=(20, 2))  # far off: it would move the mean and the fit
-    alone = fit_logistic(x, y, np.ones(60), l2=1.0)
-    both = fit_logistic(
-        np.vstack([x, odd]), np.r_[y, np.ones(20)], np.r_[np.ones(60), np.zeros(20)], l2=1.0
-    )
-    assert both == alone
-    assert fit_logistic(np.vstack([x, odd]), np.r_[y, np.ones(20)], np.ones(80)) != alone

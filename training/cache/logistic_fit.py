@@ -11,11 +11,7 @@ L2 = 1.0
 def fit_logistic(
     x: np.ndarray, y: np.ndarray, sample: np.ndarray, l2: float = L2, steps: int = 50
 ) -> LogisticModel:
-    """L2-regularised logistic regression by Newton's method; the classes weigh the same.
-    A row of weight 0 is not fitted at all (not even in the features' scaling): it is only
-    scored, as the crowded scope's calibration rows are (train_aligned.py)."""
-    fitted = sample > 0
-    x, y, sample = x[fitted], y[fitted], sample[fitted]
+    """L2-regularised logistic regression by Newton's method; the classes weigh the same."""
     mean, scale = x.mean(axis=0), x.std(axis=0)
     # a spread the artifact's 6 decimals would round to 0 counts as none: else a new value
     # of that feature would be divided by 0

@@ -53,7 +53,6 @@ from training.artifacts import (
     REAL_PAIRS_TRAIN2,
     REAL_PAIRS_TRAIN3,
     REAL_PAIRS_TRAIN4,
-    SCOPE_JUDGED,
     TRAIN_JUDGED,
     VERIFIER_MODEL,
     write_artifact,
@@ -233,13 +232,6 @@ def main(argv: list[str] | None = None, kind: str = "aligned") -> int:
     parser.add_argument(
         "--judged-weight", type=float, default=JUDGED_WEIGHT, help="a judged row's weight"
     )
-    parser.add_argument(
-        "--scope-judged",
-        type=Path,
-        nargs="*",
-        default=list(SCOPE_JUDGED),
-        help="judged lookups the crowded scope's thresholds read, not fitted on",
-    )
     parser.add_argument("--out", type=Path, default=ARTIFACTS[kind])
     parser.add_argument("--l2", type=float, default=L2[kind])
     args = parser.parse_args(argv)
@@ -247,8 +239,7 @@ def main(argv: list[str] | None = None, kind: str = "aligned") -> int:
     train = train_rows(pairs, PEOPLE_WEIGHT[kind])
     judged_rows = [r for p in args.judged for r in load_rows(p)]
     judged = with_folds(judged_rows, train, FOLDS, args.judged_weight)
-    scope_rows = [r for p in args.scope_judged for r in load_rows(p)]
-    train += judged + with_folds(scope_rows, train, FOLDS, 0.0)
+    train += judged
     for r, c in zip(train, cosines(train), strict=True):
         r["cos"] = c
     rules = PairVerifier.load()
@@ -282,7 +273,6 @@ def main(argv: list[str] | None = None, kind: str = "aligned") -> int:
         "people_weight": PEOPLE_WEIGHT[kind],
         "judged_rows": len(judged),
         "judged_weight": args.judged_weight,
-        "scope_rows_not_fitted": len(scope_rows),
     }
     figures = {
         "served_at_wrong_out_of_fold": {
@@ -312,7 +302,7 @@ def main(argv: list[str] | None = None, kind: str = "aligned") -> int:
         artifact["head"] = verifier.head.__dict__
         artifact["seen"] = ranges_seen(asked, verifier.head)
     text = json.dumps(artifact, separators=(",", ":")) + "\n"
-    inputs = [args.pairs, *args.more_pairs, *args.judged, *args.scope_judged, CACHE_WORDS]
+    inputs = [args.pairs, *args.more_pairs, *args.judged, CACHE_WORDS]
     sidecar = write_artifact(args.out, text, inputs, figures)
     shown = ("served_at_wrong_out_of_fold", "thresholds", "lookups_out_of_fold", "gate_out_of_fold")
     print(json.dumps({k: figures[k] for k in shown if k in figures}, indent=1))
