@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from engine.cache_files import atomic_path
+from gateway.cache.exact_int8 import exact_products
 from gateway.cache.length_split import split_by_length
 
 # Ops that repeat or broadcast the position rows without moving their row axis: the slice
@@ -45,9 +46,9 @@ def fast_graph(source: Path, target: Path) -> None:
         onnx.save(rewritten(source), tmp)
 
 
-def rewritten(source: Path) -> Any:
+def rewritten(source: Path, exact: bool = False) -> Any:
     """The package's graph at `source` with its width open, position rows trimmed and the
-    head's states shown."""
+    head's states shown; `exact`: its int8 products too (exact_int8.py)."""
     import onnx
 
     model = onnx.load(str(source))
@@ -55,6 +56,8 @@ def rewritten(source: Path) -> Any:
     trim_position_rows(model.graph)
     expose(model.graph, POOLED)
     expose_mean(model.graph, LAST_STATES, TOKENS_MEAN)
+    if exact:
+        exact_products(model.graph)
     return model
 
 
@@ -158,12 +161,12 @@ def _attribute(node: Any, name: str) -> Any:
     return None
 
 
-def split_graph(source: Path, prelude: Path, data: Path) -> None:
+def split_graph(source: Path, prelude: Path, data: Path, exact: bool = False) -> None:
     """The package's graph at `source`, rewritten as fast_graph does, then cut in two
     (length_split.py): what a pass computes from its length alone, and the rest."""
     import onnx
 
-    first, rest = split_by_length(rewritten(source), LENGTH_ONLY)
+    first, rest = split_by_length(rewritten(source, exact), LENGTH_ONLY)
     _first_row_only(first.graph, WORD_ROWS)
     for part, target in ((first, prelude), (rest, data)):
         with atomic_path(target) as tmp:

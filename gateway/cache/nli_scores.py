@@ -21,6 +21,7 @@ from typing import NamedTuple
 import numpy as np
 
 from engine.cache_files import cache_path
+from gateway.cache.exact_int8 import products_saturate
 from gateway.cache.length_split import LengthSplitSession
 from gateway.cache.nli_graph import LENGTH_ONLY, split_graph
 
@@ -77,10 +78,12 @@ class NliScores:
         self._tokenizer = Tokenizer.from_file(str(tokenizer_file))
         self._tokenizer.no_padding()
         self._tokenizer.enable_truncation(MAX_TOKENS, strategy="longest_first")
-        prelude = cache_path(graph, _EXPORT_KIND, ".prelude.onnx")
-        data = cache_path(graph, _EXPORT_KIND, ".data.onnx")
+        exact = products_saturate()
+        kind = f"{_EXPORT_KIND}-exact" if exact else _EXPORT_KIND
+        prelude = cache_path(graph, kind, ".prelude.onnx")
+        data = cache_path(graph, kind, ".data.onnx")
         if not (prelude.is_file() and data.is_file()):
-            split_graph(graph, prelude, data)
+            split_graph(graph, prelude, data, exact)
         self._session = LengthSplitSession(prelude, data, LENGTH_ONLY)
         self._lru: OrderedDict[tuple[str, str], Reading] = OrderedDict()
         self._lock = threading.Lock()

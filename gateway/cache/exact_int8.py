@@ -1,0 +1,72 @@
+"""Int8 matrix products made exact on CPUs without VNNI.
+
+The cache's int8 graphs (the NLI model's, the pair model's) multiply uint8 activations by
+int8 weights with `MatMulInteger`. On a CPU with AVX2 but neither AVX-512 VNNI nor
+AVX-VNNI, onnxruntime sums pairs of those products in 16 bits with saturation
+(vpmaddubsw): a 64-term product of 255 and 127 gives 1,048,544 instead of 2,072,640. The
+readings then differ from a VNNI CPU's, where the verifiers were fitted. Here each such
+product becomes a float32 one on the same integers (zero points subtracted first; a
+weight's once, here), cast back to int32: exact while a sum stays under 2^24, which these
+layers' sums do by far.
+"""
+
+from typing import Any
+
+from engine.cpu_features import cpu_features
+
+
+def products_saturate() -> bool:
+    """True where onnxruntime's u8s8 products saturate: no VNNI of either kind."""
+    found = cpu_features()
+    return not (found["avx512_vnni"] or found["avx_vnni"])
+
+
+def exact_products(graph: Any) -> int:
+    """Each MatMulInteger of `graph` rewritten as a float32 MatMul; returns how many."""
+    from onnx import TensorProto, helper
+
+    weights = {w.name: w for w in graph.initializer}
+    nodes, count = [], 0
+    for node in graph.node:
+        if node.op_type != "MatMulInteger":
+            nodes.append(node)
+            continue
+        count += 1
+        name = node.name or node.output[0]
+        a = _centred(nodes, node, 0, f"{name}/exact_a")
+        b = _float_weight(graph, weights, node, f"{name}/exact_b")
+        b = b or _centred(nodes, node, 1, f"{name}/exact_b")
+        product = f"{name}/exact_product"
+        nodes.append(helper.make_node("MatMul", [a, b], [product], name=product))
+        nodes.append(helper.make_node("Cast", [product], list(node.output), to=TensorProto.INT32))
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return count
+
+
+def _centred(nodes: list, node: Any, side: int, base: str) -> str:
+    """Input `side` (0: A, 1: B) of a MatMulInteger as float32 nodes, its zero point off."""
+    from onnx import TensorProto, helper
+
+    nodes.append(helper.make_node("Cast", [node.input[side]], [base], to=TensorProto.FLOAT))
+    zero = node.input[side + 2] if len(node.input) > side + 2 else ""
+    if not zero:
+        return base
+    nodes.append(helper.make_node("Cast", [zero], [f"{base}_zero"], to=TensorProto.FLOAT))
+    nodes.append(helper.make_node("Sub", [base, f"{base}_zero"], [f"{base}_centred"]))
+    return f"{base}_centred"
+
+
+def _float_weight(graph: Any, weights: dict, node: Any, name: str) -> str | None:
+    """B as a float32 initializer, its zero point off, when B and its zero point are
+    initializers (a constant node would run on every pass, or in the length prelude)."""
+    from onnx import numpy_helper
+
+    zero = node.input[3] if len(node.input) > 3 else ""
+    if node.input[1] not in weights or (zero and zero not in weights):
+        return None
+    b = numpy_helper.to_array(weights[node.input[1]]).astype("float32")
+    if zero:
+        b = b - numpy_helper.to_array(weights[zero]).astype("float32")
+    graph.initializer.append(numpy_helper.from_array(b, name))
+    return name
