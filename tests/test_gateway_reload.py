@@ -53,6 +53,11 @@ def url(served: tuple[FastAPI, str], policy_file: Path) -> Iterator[str]:
     wait_for(lambda: served[0].state.gateway.runtime.policy.routes["auto"].default == "small")
 
 
+# a reload that changes engine settings starts the new engine before it answers: on an
+# AVX2-only 2-core CPU that took over httpx's default 5 s
+CALL_TIMEOUT_S = 120.0
+
+
 def write(path: Path, text: str) -> None:
     path.write_text(text)
     stamp = time.time_ns() + 1_000_000_000  # a visibly newer mtime, whatever the fs resolution
@@ -64,13 +69,15 @@ def tier_of(url: str, key: str = KEY) -> str:
         f"{url}/v1/chat/completions",
         json={"model": "auto", **HELLO},
         headers={"Authorization": f"Bearer {key}"},
+        timeout=CALL_TIMEOUT_S,
     )
     assert response.status_code == 200, response.text
     return response.headers["x-tiergate-tier"]
 
 
 def admin(url: str, method: str, path: str, key: str = ADMIN) -> httpx.Response:
-    return httpx.request(method, f"{url}{path}", headers={"Authorization": f"Bearer {key}"})
+    headers = {"Authorization": f"Bearer {key}"}
+    return httpx.request(method, f"{url}{path}", headers=headers, timeout=CALL_TIMEOUT_S)
 
 
 def test_file_change_is_picked_up(url: str, policy_file: Path) -> None:
