@@ -41,7 +41,17 @@ def exact_products(graph: Any) -> int:
         nodes.append(helper.make_node("Cast", [product], list(node.output), to=TensorProto.INT32))
     del graph.node[:]
     graph.node.extend(nodes)
+    _drop_unused_weights(graph)
     return count
+
+
+def _drop_unused_weights(graph: Any) -> None:
+    """The int8 weights and zero points no node reads now (onnxruntime warns of each)."""
+    read = {name for node in graph.node for name in node.input}
+    read |= {out.name for out in graph.output}
+    kept = [w for w in graph.initializer if w.name in read]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
 
 
 def _centred(nodes: list, node: Any, side: int, base: str) -> str:
@@ -70,3 +80,12 @@ def _float_weight(graph: Any, weights: dict, node: Any, name: str) -> str | None
         b = b - numpy_helper.to_array(weights[zero]).astype("float32")
     graph.initializer.append(numpy_helper.from_array(b, name))
     return name
+
+
+def exact_model_bytes(path: Any) -> bytes:
+    """The ONNX graph at `path` with exact_products applied, serialised for a session."""
+    import onnx
+
+    model = onnx.load(str(path))
+    exact_products(model.graph)
+    return model.SerializeToString()

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from gateway.cache.exact_int8 import exact_model_bytes, products_saturate
 from gateway.embedding.embedder import default_model_path
 from gateway.embedding.micro_batch import MicroBatcher
 from gateway.embedding.onnx_backend import one_core_session
@@ -67,7 +68,9 @@ class PairModel:
             hint = "python -m training cache pair-model"
             raise PairModelUnavailable(f"no pair model at {path}: {hint}")
         try:
-            self._session = one_core_session(path)  # one core, as the embedder, beside the engine
+            # exact int8 products where onnxruntime's saturate (no VNNI: exact_int8.py)
+            graph = exact_model_bytes(path) if products_saturate() else path
+            self._session = one_core_session(graph)  # one core, as the embedder, beside the engine
         except ImportError as exc:
             raise PairModelUnavailable("onnxruntime is not installed") from exc
         self._tokenizer = pair_tokenizer()
