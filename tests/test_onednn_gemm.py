@@ -142,6 +142,9 @@ def test_each_row_class_takes_its_measured_winner(
 @pytest.mark.usefixtures("one_torch_thread")
 @pytest.mark.parametrize("weights", ["w8a8", "bf16"])
 def test_a_real_measurement_picks_the_fastest_and_stays_correct(weights: str) -> None:
+    if not onednn.names(weights):
+        # only the panels at the decode row classes: nothing competes, nothing is measured
+        pytest.skip("torch offers no oneDNN candidate for this format here")
     ops = _native(weights)
     w, b, x = _data(4)
     packed = ops.pack_weight(w, 8)
