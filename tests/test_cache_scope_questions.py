@@ -1,11 +1,10 @@
 """The train scope's extra stored questions and their judged neighbours: train-side data
 that must never carry held-out text, and rows a trainer can read."""
 
-import json
 from collections import Counter
 
 from training import artifacts
-from training.cache.neighbours import scope_questions, train_files
+from training.cache.neighbours import read_rows, scope_questions, train_files
 from training.cache.sharegpt_repeats import normal_key
 
 SCOPE = artifacts.SCOPE_QUESTIONS_TRAIN
@@ -14,8 +13,7 @@ DOMAINS = {"coding", "maths", "facts", "howto", "writing", "chitchat", "support"
 
 
 def _rows(name_part: str) -> list[dict]:
-    paths = [p for p in artifacts.REAL_PAIRS_DIR.glob("*.jsonl") if name_part in p.name]
-    return [json.loads(line) for p in paths for line in p.read_text().splitlines() if line]
+    return read_rows([p for p in artifacts.REAL_PAIRS_DIR.glob("*.jsonl") if name_part in p.name])
 
 
 def _written_lines() -> list[str]:
@@ -47,7 +45,7 @@ def test_the_reader_takes_the_question_after_the_domain(tmp_path) -> None:
 
 
 def test_the_judged_scope_rows_are_train_rows_a_trainer_reads() -> None:
-    rows = [json.loads(line) for line in JUDGED.read_text().splitlines() if line]
+    rows = read_rows([JUDGED])
     train = {normal_key(q) for r in _rows("pairs_train") for q in (r["a"], r["b"])}
     train |= {
         normal_key(q)

@@ -59,7 +59,7 @@ def _centred(nodes: list, node: Any, side: int, base: str) -> str:
     from onnx import TensorProto, helper
 
     nodes.append(helper.make_node("Cast", [node.input[side]], [base], to=TensorProto.FLOAT))
-    zero = node.input[side + 2] if len(node.input) > side + 2 else ""
+    zero = _zero_point(node, side)
     if not zero:
         return base
     nodes.append(helper.make_node("Cast", [zero], [f"{base}_zero"], to=TensorProto.FLOAT))
@@ -67,12 +67,17 @@ def _centred(nodes: list, node: Any, side: int, base: str) -> str:
     return f"{base}_centred"
 
 
+def _zero_point(node: Any, side: int) -> str:
+    """The name of input `side`'s zero point (MatMulInteger's inputs 2 and 3), "" if none."""
+    return node.input[side + 2] if len(node.input) > side + 2 else ""
+
+
 def _float_weight(graph: Any, weights: dict, node: Any, name: str) -> str | None:
     """B as a float32 initializer, its zero point off, when B and its zero point are
     initializers (a constant node would run on every pass, or in the length prelude)."""
     from onnx import numpy_helper
 
-    zero = node.input[3] if len(node.input) > 3 else ""
+    zero = _zero_point(node, 1)
     if node.input[1] not in weights or (zero and zero not in weights):
         return None
     b = numpy_helper.to_array(weights[node.input[1]]).astype("float32")
