@@ -79,7 +79,7 @@ class NliScores:
         self._tokenizer.no_padding()
         self._tokenizer.enable_truncation(MAX_TOKENS, strategy="longest_first")
         exact = products_saturate()
-        kind = f"{_EXPORT_KIND}-exact2" if exact else _EXPORT_KIND
+        kind = f"{_EXPORT_KIND}-exact3" if exact else _EXPORT_KIND
         prelude = cache_path(graph, kind, ".prelude.onnx")
         data = cache_path(graph, kind, ".data.onnx")
         if not (prelude.is_file() and data.is_file()):
