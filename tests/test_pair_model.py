@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from gateway.cache import pair_model
 from gateway.cache.cross_verifier import CrossVerifier
 from gateway.cache.pair_model import (
     PAIR_CONFIG,
@@ -105,3 +106,19 @@ async def test_vetoes_decide_before_the_model_and_verdicts_follow_thresholds(ver
     with pytest.raises(ValueError, match="strictness"):
         await verifier.verify_many(query, [stored], "paranoid")
     await verifier.close()
+
+
+def test_where_products_saturate_the_exact_graph_is_written_once(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """On a CPU without VNNI (or told so) the rewritten graph lands in the cache folder
+    and the next start reads it instead of rewriting; both score the same."""
+    monkeypatch.setenv("TIERGATE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(pair_model, "products_saturate", lambda: True)
+    first = PairModel()
+    (written,) = tmp_path.glob("*/*.onnx")
+    stamp = written.stat().st_mtime_ns
+    second = PairModel()
+    assert written.stat().st_mtime_ns == stamp
+    queries, candidates = [a for a, _ in PAIRS], [b for _, b in PAIRS]
+    assert first.score_pairs(queries, candidates) == second.score_pairs(queries, candidates)

@@ -171,7 +171,7 @@ class OnnxBackend:
         return _Tokenized(arrays, lengths, [e.tokens for e in encodings])
 
 
-def one_core_session(path: Path | bytes) -> Any:
+def one_core_session(path: Path) -> Any:
     """An ONNX Runtime session on one core (the embedder's and the verifiers' graphs): as
     the torch embedder, beside the engine's threads a second one only waits for a core."""
     import onnxruntime as ort
@@ -180,8 +180,7 @@ def one_core_session(path: Path | bytes) -> Any:
     options.intra_op_num_threads = 1
     options.inter_op_num_threads = 1
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    graph = path if isinstance(path, bytes) else str(path)  # bytes: a graph rewritten in memory
-    return ort.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
 def _open_session(model_dir: Path) -> Any:
