@@ -24,6 +24,8 @@ import numpy as np
 from engine.cache_files import atomic_path, cache_path
 from engine.cpu_features import cpu_features
 
+EXACT_KIND = "exact3"  # in the cache folders of the rewritten graphs: bump when the rewrite changes
+
 
 def products_saturate() -> bool:
     """True where onnxruntime's u8s8 products saturate: no VNNI of either kind."""
@@ -74,21 +76,17 @@ def _unsigned_weight(graph: Any, weights: dict, node: Any) -> bool:
     initializers; False (and `node` untouched) otherwise."""
     from onnx import numpy_helper
 
-    zero = _zero_point(node, 1)
-    if _weight_type(weights, node) != "int8" or (zero and zero not in weights):
+    known = _known_weight(weights, node)
+    if known is None or known[0].dtype != np.int8:
         return False
+    b, b_zero = known
     name = f"{node.name or node.output[0]}/exact_b"
-    b = numpy_helper.to_array(weights[node.input[1]])
-    b_zero = numpy_helper.to_array(weights[zero]) if zero else np.zeros((), np.int8)
     graph.initializer.append(numpy_helper.from_array(_shifted(b), name))
     graph.initializer.append(numpy_helper.from_array(_shifted(b_zero), f"{name}_zero"))
-    node.input[1] = name
-    while len(node.input) < 3:
-        node.input.append("")  # an absent activation zero point keeps its place
-    if len(node.input) == 3:
-        node.input.append(f"{name}_zero")
-    else:
-        node.input[3] = f"{name}_zero"
+    inputs = list(node.input) + [""] * (4 - len(node.input))  # "": an absent zero point
+    inputs[1], inputs[3] = name, f"{name}_zero"
+    del node.input[:]
+    node.input.extend(inputs)
     return True
 
 
@@ -143,14 +141,24 @@ def _float_weight(graph: Any, weights: dict, node: Any, name: str) -> str | None
     initializers (a constant node would run on every pass, or in the length prelude)."""
     from onnx import numpy_helper
 
+    known = _known_weight(weights, node)
+    if known is None:
+        return None
+    b, b_zero = known
+    graph.initializer.append(numpy_helper.from_array(b.astype("float32") - b_zero, name))
+    return name
+
+
+def _known_weight(weights: dict, node: Any) -> tuple[np.ndarray, np.ndarray] | None:
+    """B and its zero point (0 of B's type if absent) when both are initializers."""
+    from onnx import numpy_helper
+
     zero = _zero_point(node, 1)
     if node.input[1] not in weights or (zero and zero not in weights):
         return None
-    b = numpy_helper.to_array(weights[node.input[1]]).astype("float32")
-    if zero:
-        b = b - numpy_helper.to_array(weights[zero]).astype("float32")
-    graph.initializer.append(numpy_helper.from_array(b, name))
-    return name
+    b = numpy_helper.to_array(weights[node.input[1]])
+    b_zero = numpy_helper.to_array(weights[zero]) if zero else np.zeros((), b.dtype)
+    return b, b_zero
 
 
 def exact_model_file(path: Path, kind: str) -> Path:

@@ -21,7 +21,7 @@ from typing import NamedTuple
 import numpy as np
 
 from engine.cache_files import cache_path
-from gateway.cache.exact_int8 import products_saturate
+from gateway.cache.exact_int8 import EXACT_KIND, products_saturate
 from gateway.cache.length_split import LengthSplitSession
 from gateway.cache.nli_graph import LENGTH_ONLY, split_graph
 
@@ -79,7 +79,7 @@ class NliScores:
         self._tokenizer.no_padding()
         self._tokenizer.enable_truncation(MAX_TOKENS, strategy="longest_first")
         exact = products_saturate()
-        kind = f"{_EXPORT_KIND}-exact3" if exact else _EXPORT_KIND
+        kind = f"{_EXPORT_KIND}-{EXACT_KIND}" if exact else _EXPORT_KIND
         prelude = cache_path(graph, kind, ".prelude.onnx")
         data = cache_path(graph, kind, ".data.onnx")
         if not (prelude.is_file() and data.is_file()):

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from gateway.cache.exact_int8 import exact_model_file, products_saturate
+from gateway.cache.exact_int8 import EXACT_KIND, exact_model_file, products_saturate
 from gateway.embedding.embedder import default_model_path
 from gateway.embedding.micro_batch import MicroBatcher
 from gateway.embedding.onnx_backend import one_core_session
@@ -30,7 +30,6 @@ PAIR_MODEL = Path(__file__).with_name("pair_model.onnx")
 PAIR_CONFIG = Path(__file__).with_name("pair_model.json")  # thresholds picked on dev
 MAX_PAIR_TOKENS = 256  # word pieces of both texts together; the longer side is cut first
 _INPUTS = ("input_ids", "attention_mask", "token_type_ids")
-_EXACT_KIND = "pair-model-exact3"  # the cache folder of its exact graph (exact_int8.py)
 
 
 class PairModelUnavailable(RuntimeError):
@@ -70,7 +69,8 @@ class PairModel:
             raise PairModelUnavailable(f"no pair model at {path}: {hint}")
         try:
             # exact int8 products where onnxruntime's saturate (no VNNI: exact_int8.py)
-            graph = exact_model_file(path, _EXACT_KIND) if products_saturate() else path
+            exact = products_saturate()
+            graph = exact_model_file(path, f"pair-model-{EXACT_KIND}") if exact else path
             self._session = one_core_session(graph)  # one core, as the embedder, beside the engine
         except ImportError as exc:
             raise PairModelUnavailable("onnxruntime is not installed") from exc
