@@ -38,7 +38,6 @@ from typing import Any
 
 from bench import common
 from gateway.cache.semantic import CachedAnswer, CacheQuery, SemanticCache
-from gateway.cache.verifier import STRICTNESS
 from gateway.cache.verifiers import VERIFIER_MODELS, load_verifier
 from gateway.embedding.embedder import Embedder
 from gateway.policy import CacheSettings
@@ -147,12 +146,18 @@ def live_cosines(embedder: Embedder, rows: list[dict]) -> list[float]:
     return [float(vectors[at[r["a"]]] @ vectors[at[r["b"]]]) for r in rows]
 
 
+def with_one_candidate(verifier: Any) -> dict[str, float]:
+    """The verifier's thresholds by strictness, and where it has them the ones a lookup with
+    one candidate is held to (`balanced, one candidate`: what each pair here meets live)."""
+    one = getattr(verifier, "one_candidate", {})
+    return verifier.thresholds | {f"{name}, one candidate": t for name, t in one.items()}
+
+
 def offline(rows: list[dict], cos: list[float], scores: dict, thresholds: dict) -> dict:
     """Every verifier x strictness x floor from the same cosines and scores."""
     out: dict[str, Any] = {}
     for name, probs in scores.items():
-        for strict in STRICTNESS:
-            t = thresholds[name][strict]
+        for strict, t in thresholds[name].items():
             for floor in FLOORS:
                 served = [c >= floor and p >= t for c, p in zip(cos, probs, strict=True)]
                 point: dict[str, Any] = {"threshold": t}
@@ -264,7 +269,7 @@ def main() -> None:
     cos = live_cosines(embedder, rows)
     queries, stored = [r["a"] for r in rows], [r["b"] for r in rows]
     scores = {name: score_pairs(queries, stored, cos, name) for name in VERIFIER_MODELS}
-    thresholds = {name: verifier_for(name).thresholds for name in VERIFIER_MODELS}
+    thresholds = {name: with_one_candidate(verifier_for(name)) for name in VERIFIER_MODELS}
     default = CacheSettings()
     ours = {
         "verifier_model": default.verifier_model,

@@ -83,6 +83,10 @@ STEPS: dict[str, dict[str, tuple[str, str]]] = {
             "a pair set written after the first models (--set: train2, train3 or a held-out "
             "set), checked against every seen pair",
         ),
+        "one-candidate": (
+            "training.cache.one_candidate",
+            "an artifact fitted before 2026-12-07 gets its fit's one-candidate thresholds",
+        ),
         "calibrate": (
             "training.cache.calibrate_cli",
             "the cache's floor and verifier threshold for a wrong-hit bound",

@@ -15,7 +15,7 @@ from pathlib import Path
 from gateway.cache.pair_features import FEATURES
 from gateway.cache.pair_text import WordStats
 from gateway.cache.token_states import TOKEN_FEATURES, TokenStates
-from gateway.cache.verifier import LogisticModel, PairVerifier
+from gateway.cache.verifier import LogisticModel, PairVerifier, with_one_candidate
 from gateway.embedding.embedder import Embedder
 
 ALIGNED_MODEL = Path(__file__).with_name("aligned_model.json")
@@ -48,7 +48,8 @@ class AlignedVerifier(PairVerifier):
             raise ValueError(f"{cls.ARTIFACT.name} has other features: retrain it")
         m = artifact["model"]
         model = LogisticModel(m["mean"], m["scale"], m["weights"], m["bias"])
-        return cls.assemble(model, artifact["thresholds"], PairVerifier.load().stats)
+        verifier = cls.assemble(model, artifact["thresholds"], PairVerifier.load().stats)
+        return with_one_candidate(verifier, artifact)
 
     @classmethod
     def assemble(

@@ -34,7 +34,7 @@ import numpy as np
 from gateway.cache.entry import STORABLE_FINISH_REASONS, CachedAnswer, Entry
 from gateway.cache.store import CLOSE_WAIT_S, Store, StoreUnavailable, stop_task
 from gateway.cache.tables import EntryTables
-from gateway.cache.verdicts import Verifier, verdicts
+from gateway.cache.verdicts import Verifier, one_candidate_threshold, verdicts
 from gateway.cache.verifier import Verdict
 from gateway.embedding.embedder import Embedder
 from gateway.policy import CacheSettings, RouteCacheSettings
@@ -161,14 +161,17 @@ class SemanticCache:
         floor = _setting(rs.min_similarity, self.settings.min_similarity)
         strictness = _setting(rs.verifier, self.settings.verifier)
         threshold = _setting(rs.verifier_threshold, self.settings.verifier_threshold)
-        candidates = [
+        above = [
             (hit, held)
             for hit in hits
             if hit.similarity >= floor
             and (held := self.tables.get(hit.entry_id)) is not None
             and held.live(now)
             and held.serves(query.max_tokens)
-        ][: self.settings.candidates]
+        ]
+        candidates = above[: self.settings.candidates]
+        if threshold is None and len(above) == 1 and self.settings.one_candidate_thresholds:
+            threshold = one_candidate_threshold(self._verifier, strictness)
         refused, reason = 0, None
         found = verdicts(
             self._verifier,

@@ -6,6 +6,9 @@ verify thread, off the event loop, one candidate at a time, so that a lookup sto
 verifying at the candidate it serves. A verifier that fails refuses: a miss, never a wrong
 hit.
 
+A lookup that meets one candidate at or above the floor is one pair: it is held to the
+verifier's pair-by-pair threshold where the verifier has one (one_candidate_threshold).
+
 A policy may limit a lookup's model reads (`cache.model_reads`): candidates that the vetoes
 or the nli gate decide cost no read; past the limit, a candidate that needs one is refused.
 """
@@ -33,6 +36,15 @@ class Verifier(Protocol):
         threshold: float | None = None,
         reads: ModelReads | None = None,
     ) -> Verdict: ...
+
+
+def one_candidate_threshold(verifier: Any, strictness: str) -> float | None:
+    """The threshold a lookup that meets one candidate holds it to (cache
+    `one_candidate_thresholds`); None where the verifier has none: its own then decides."""
+    if verifier is None or strictness == "off":
+        return None
+    read = getattr(verifier, "one_candidate_threshold", None)
+    return read(strictness) if read is not None else None
 
 
 def _failed(exc: Exception) -> Verdict:

@@ -13,6 +13,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from gateway.cache.pair_features import FEATURES, align, features, vetoes
 from gateway.cache.pair_text import WordStats, analyse
@@ -22,6 +23,11 @@ DEFAULT_ARTIFACT = Path(__file__).with_name("verifier_model.json")
 # grows with the square of the length, and the embedder reads no further than this either.
 MAX_COMPARED_CHARS = 2048
 STRICTNESS = ("strict", "balanced", "lenient")
+V = TypeVar("V", bound="PairVerifier")
+# The artifact's thresholds for a lookup with one candidate: picked out of fold pair by pair.
+# `thresholds` are picked on a crowded scope's lookups, where the nearest of many stored
+# questions is often a near miss; a lookup that meets one stored question is one pair.
+ONE_CANDIDATE = "thresholds_one_candidate"
 
 
 @dataclass(frozen=True)
@@ -63,6 +69,18 @@ class LogisticModel:
         return sigmoid(self.logit(x))
 
 
+def with_one_candidate(verifier: V, artifact: dict) -> V:
+    """`verifier` with the artifact's one-candidate thresholds, each no higher than its
+    lookup threshold (an artifact fitted before 2026-12-07 has none)."""
+    given = artifact.get(ONE_CANDIDATE, {})
+    verifier.one_candidate = {
+        name: min(float(given[name]), verifier.thresholds[name])
+        for name in STRICTNESS
+        if name in given
+    }
+    return verifier
+
+
 def sigmoid(z: float) -> float:
     return 1.0 / (1.0 + math.exp(-max(-60.0, min(60.0, z))))
 
@@ -84,6 +102,7 @@ class PairVerifier:
         self.model = model
         self.thresholds = thresholds
         self.stats = stats
+        self.one_candidate: dict[str, float] = {}  # per strictness; none: `thresholds`
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> "PairVerifier":
@@ -97,7 +116,12 @@ class PairVerifier:
         stats = WordStats(words["idf"], words["capitalised"], words["max_idf"])
         m = artifact["model"]
         model = LogisticModel(m["mean"], m["scale"], m["weights"], m["bias"])
-        return cls(model, artifact["thresholds"], stats)
+        return with_one_candidate(cls(model, artifact["thresholds"], stats), artifact)
+
+    def one_candidate_threshold(self, strictness: str) -> float | None:
+        """The threshold of `strictness` for a lookup that meets one candidate; None where
+        the artifact has none (its lookup threshold holds)."""
+        return self.one_candidate.get(strictness)
 
     def probability(self, query: str, candidate: str, cosine: float) -> tuple[float, str]:
         """The model's probability and the veto reason ("" when none); 0 when vetoed."""

@@ -166,6 +166,11 @@ class CacheSettings(StrictModel):
     # `tiergate calibrate-cache` picks for a wrong-hit bound. None: the strictness decides.
     verifier_threshold: float | None = None
     candidates: int = 3  # most candidates the verifier sees per lookup, best first
+    # A lookup whose only candidate at or above the floor is one stored question is one
+    # pair: true holds it to the verifier's pair-by-pair threshold (lower; picked out of
+    # fold on the people's pairs), false to the crowded-scope one. An explicit
+    # verifier_threshold holds every lookup. docs/cache.md
+    one_candidate_thresholds: bool = True
     # most of a lookup's candidates a verifier's model reads (nli: its NLI passes), past
     # those the vetoes or the nli gate decide; None: every candidate. 1 saves ~40% of
     # nli's passes and serves fewer rewordings where a scope holds many neighbours

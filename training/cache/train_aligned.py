@@ -42,7 +42,7 @@ import numpy as np
 from gateway.cache.aligned_verifier import AlignedVerifier
 from gateway.cache.nli_verifier import NliVerifier
 from gateway.cache.pair_text import WordStats
-from gateway.cache.verifier import STRICTNESS, LogisticModel, PairVerifier
+from gateway.cache.verifier import ONE_CANDIDATE, STRICTNESS, LogisticModel, PairVerifier
 from gateway.embedding.embedder import Embedder
 from gateway.policy import CacheSettings
 from training.artifacts import (
@@ -292,6 +292,7 @@ def main(argv: list[str] | None = None, kind: str = "aligned") -> int:
         "features": list(verifier.FEATURES),
         "model": verifier.model.__dict__,
         "thresholds": thresholds,
+        ONE_CANDIDATE: per_pair,  # a lookup that meets one stored question is one pair
         "trained_on": trained_on,
     }
     if kind == "logistic":
