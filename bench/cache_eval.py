@@ -57,7 +57,13 @@ SHOULD_HIT = ("paraphrase", "near_repeat")
 MUST_NOT = ("negation", "number", "entity", "scope", "antonym", "unrelated")
 FLOORS = (0.4, 0.5, 0.6, 0.65, 0.7, 0.8)
 ANSWER = CachedAnswer("answer", "stop", 10, 5, "small", "m", None)  # what every entry holds
-BASELINE = {"verifier_model": "logistic", "min_similarity": 0.8, "verifier": "strict"}
+# the old default: the 0.8 floor, strict, one threshold for every lookup (2026-12-07)
+BASELINE = {
+    "verifier_model": "logistic",
+    "min_similarity": 0.8,
+    "verifier": "strict",
+    "one_candidate_thresholds": False,
+}
 RUN_NAMES = {"logistic": "logistic", "aligned": "aligned", "nli": "nli", "pair": "pair_model"}
 # What docs/cache.md recommends with the nli verifier: balanced at the 0.4 floor. Out of
 # fold on the train pairs (nli_model.provenance.json) at balanced, 6 of 689 wrong at every
