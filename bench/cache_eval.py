@@ -152,7 +152,7 @@ def live_cosines(embedder: Embedder, rows: list[dict]) -> list[float]:
     return [float(vectors[at[r["a"]]] @ vectors[at[r["b"]]]) for r in rows]
 
 
-def with_one_candidate(verifier: Any) -> dict[str, float]:
+def offline_thresholds(verifier: Any) -> dict[str, float]:
     """The verifier's thresholds by strictness, and where it has them the ones a lookup with
     one candidate is held to (`balanced, one candidate`: what each pair here meets live)."""
     one = getattr(verifier, "one_candidate", {})
@@ -275,7 +275,7 @@ def main() -> None:
     cos = live_cosines(embedder, rows)
     queries, stored = [r["a"] for r in rows], [r["b"] for r in rows]
     scores = {name: score_pairs(queries, stored, cos, name) for name in VERIFIER_MODELS}
-    thresholds = {name: with_one_candidate(verifier_for(name)) for name in VERIFIER_MODELS}
+    thresholds = {name: offline_thresholds(verifier_for(name)) for name in VERIFIER_MODELS}
     default = CacheSettings()
     ours = {
         "verifier_model": default.verifier_model,

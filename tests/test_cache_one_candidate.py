@@ -150,3 +150,21 @@ async def test_the_shipped_logistic_serves_a_lone_rewording_it_refuses_among_two
     found = await lookup(crowded, embedder, a)
     assert (found.outcome, found.refused) == ("miss", 2)
     await crowded.close()
+
+
+def test_calibrate_cache_compares_pairs_with_the_threshold_a_lone_pair_meets() -> None:
+    """Pair by pair each pair is a lookup with one candidate: the policy's current point is
+    its one-candidate threshold; per lookup, or with the key off, the crowded-scope one."""
+    from types import SimpleNamespace
+
+    from training.cache.calibrate_cli import _current
+
+    verifier = PairVerifier.load()
+    lone, crowded = verifier.one_candidate["balanced"], verifier.thresholds["balanced"]
+    on = SimpleNamespace(cache=CacheSettings())
+    off = SimpleNamespace(cache=CacheSettings(one_candidate_thresholds=False))
+    fixed = SimpleNamespace(cache=CacheSettings(verifier_threshold=0.9))
+    assert _current(on) == (0.6, lone) and lone < crowded
+    assert _current(on, per_lookup=True) == (0.6, crowded)
+    assert _current(off) == (0.6, crowded)
+    assert _current(fixed) == (0.6, 0.9)

@@ -159,7 +159,8 @@ class PairVerifier:
         threshold: float | None = None,
         reads: ModelReads | None = None,
     ) -> Verdict:
-        """`threshold` (a calibrated `cache.verifier_threshold`) replaces the strictness's;
+        """`threshold` (a calibrated `cache.verifier_threshold`, or the one-candidate one of
+        a lookup that meets one stored question) replaces the strictness's;
         `reads`: the lookup's model reads left, None for no limit (calibration, the pair
         files); verifiers without a costly model ignore it."""
         if strictness not in self.thresholds:

@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         files = args.pairs or [REAL_PAIRS]
         rows = [row for path in files for row in read_pairs(path)]
         policy = _load(args.policy) if args.policy else None
-        embed, current = _embedder(policy), _current(policy)
+        embed, current = _embedder(policy), _current(policy, args.per_lookup)
         model = policy.cache.verifier_model if policy is not None else "logistic"
         if args.per_lookup:
             cache = _cache(policy)
@@ -114,13 +114,16 @@ def _embedder(policy):
     return embedder.embed_many
 
 
-def _current(policy) -> tuple[float, float] | None:
+def _current(policy, per_lookup: bool = False) -> tuple[float, float] | None:
+    """The policy's floor and threshold; pair by pair each pair is a lookup that meets one
+    stored question, so its one-candidate threshold where the policy uses them."""
     if policy is None:
         return None
     cache = policy.cache
     threshold = cache.verifier_threshold
     if threshold is None or cache.verifier == "off":
-        threshold = strictness_threshold(cache.verifier, cache.verifier_model)
+        one = cache.one_candidate_thresholds and not per_lookup
+        threshold = strictness_threshold(cache.verifier, cache.verifier_model, one)
     return cache.min_similarity, threshold
 
 

@@ -10,6 +10,7 @@ from functools import cache
 from typing import Any
 
 from gateway.cache.cross_verifier import CrossVerifier
+from gateway.cache.verdicts import one_candidate_threshold
 from gateway.cache.verifiers import load_verifier
 
 
@@ -31,7 +32,15 @@ def score_pairs(
     ]
 
 
-def strictness_threshold(strictness: str, model: str = "logistic") -> float:
+def strictness_threshold(
+    strictness: str, model: str = "logistic", one_candidate: bool = False
+) -> float:
     """The threshold a policy's `cache.verifier` strictness stands for; `off`: 0, the floor
-    alone (every probability, a vetoed pair's 0 too, reaches it)."""
-    return 0.0 if strictness == "off" else verifier_for(model).thresholds[strictness]
+    alone (every probability, a vetoed pair's 0 too, reaches it). `one_candidate`: for a
+    lookup that meets one stored question (cache.one_candidate_thresholds), where the
+    verifier has such a threshold."""
+    if strictness == "off":
+        return 0.0
+    verifier = verifier_for(model)
+    alone = one_candidate_threshold(verifier, strictness) if one_candidate else None
+    return verifier.thresholds[strictness] if alone is None else alone
